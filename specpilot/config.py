@@ -1,0 +1,56 @@
+"""User-facing configuration objects."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """SGLang's sampling keys. temperature 0 (or top_k 1) is greedy."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1  # <= 0: off
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    min_new_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the offending field."""
+        checks = [
+            ("max_new_tokens", isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 0, "an integer >= 0"),
+            ("temperature", _finite(self.temperature) and self.temperature >= 0, "a number >= 0"),
+            ("top_p", _finite(self.top_p) and 0 < self.top_p <= 1, "in (0, 1]"),
+            ("top_k", isinstance(self.top_k, int), "an integer (<= 0 disables it)"),
+            ("min_p", _finite(self.min_p) and 0 <= self.min_p <= 1, "in [0, 1]"),
+            ("seed", self.seed is None or isinstance(self.seed, int), "an integer"),
+            ("stop", all(isinstance(s, str) and s for s in self.stop), "a list of non-empty strings"),
+            ("stop_token_ids", all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+             "a list of token ids >= 0"),
+            ("min_new_tokens", isinstance(self.min_new_tokens, int) and 0 <= self.min_new_tokens,
+             "an integer >= 0"),
+        ]
+        for name, ok, what in checks:
+            if not ok:
+                raise ValueError(f"sampling param {name} must be {what}, got {getattr(self, name)!r}")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(f"min_new_tokens ({self.min_new_tokens}) exceeds max_new_tokens ({self.max_new_tokens})")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -1,0 +1,182 @@
+"""The engine: requests in, tokens out. Admits waiting requests into free KV slots (batched ragged
+prefill), then advances every running request by one decode step per `step()` call."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specpilot.config import SamplingParams
+from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.model_runner import ModelRunner
+from specpilot.engine.request import Request, StopChecker
+from specpilot.engine.sampling import choose_tokens, make_generator, suppress
+from specpilot.models.build import build_model
+from specpilot.models.checkpoint import Checkpoint, load_checkpoint
+
+
+@dataclass
+class EngineConfig:
+    model_path: str | None = None  # None: the embedded default
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16
+    max_running_requests: int = 32
+    context_length: int = 4096  # KV positions per request slot
+    cuda_graphs: bool = True
+    max_prefill_tokens: int = 16384  # tokens of prompts admitted in one prefill pass
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but no CUDA device is available")
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be auto, cpu or cuda, got {name!r}")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"--dtype must be auto or one of {', '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+class Engine:
+    def __init__(self, checkpoint: Checkpoint, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.checkpoint = checkpoint
+        self.tokenizer = checkpoint.tokenizer
+        mcfg = checkpoint.config
+        self.context_length = min(config.context_length, mcfg.max_position_embeddings)
+        self.model = build_model(checkpoint, self.device, self.dtype)
+        self.model.setup_rope(self.context_length)
+        self.cache = KVCache(mcfg.num_layers, config.max_running_requests, self.context_length,
+                             mcfg.num_kv_heads, mcfg.head_dim, self.dtype, self.device)
+        self.runner = ModelRunner(self.model, self.cache, self.device)
+        self.stops = StopChecker(self.tokenizer, mcfg.eos_token_ids, self.context_length)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        if config.cuda_graphs and self.device.type == "cuda":
+            self.runner.capture(q_lens=(1,))
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> Engine:
+        device = resolve_device(config.device)
+        return cls(load_checkpoint(config.model_path, dtype=resolve_dtype(config.dtype, device)), config)
+
+    # ---- requests ---------------------------------------------------------------------------
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, rid: str | None = None) -> Request:
+        prompt = list(prompt_ids)
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) >= self.context_length:
+            raise ValueError(f"the prompt has {len(prompt)} tokens; the context length is {self.context_length}")
+        vocab = self.checkpoint.config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        req = Request(prompt, params) if rid is None else Request(prompt, params, rid=rid)
+        if not params.greedy:
+            req.generator = make_generator(params.seed, self.device)
+        if params.max_new_tokens == 0:
+            req.finish_reason = {"type": "length", "length": 0}
+        else:
+            self.waiting.append(req)
+        return req
+
+    def abort(self, rid: str) -> bool:
+        for req in list(self.waiting):
+            if req.rid == rid:
+                self.waiting.remove(req)
+                req.finish_reason = {"type": "abort"}
+                return True
+        for req in self.running:
+            if req.rid == rid:
+                req.finish_reason = {"type": "abort"}
+                self._retire([req])
+                return True
+        return False
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- steps ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[Request]:
+        """One forward pass: a prefill of newly admitted requests if any can be admitted, else one
+        decode step for every running request. Returns the requests that finished."""
+        admitted = self._admit()
+        if admitted:
+            return self._prefill(admitted)
+        if self.running:
+            return self._decode(self.running)
+        return []
+
+    def _admit(self) -> list[Request]:
+        admitted: list[Request] = []
+        budget = self.config.max_prefill_tokens
+        while self.waiting and self.cache.num_free and len(self.running) + len(admitted) < self.config.max_running_requests:
+            req = self.waiting[0]
+            if admitted and len(req.prompt_ids) > budget:
+                break
+            self.waiting.popleft()
+            req.slot = self.cache.allocate()
+            budget -= len(req.prompt_ids)
+            admitted.append(req)
+        return admitted
+
+    def _prefill(self, reqs: list[Request]) -> list[Request]:
+        out = self.runner.forward([r.slot for r in reqs], [0] * len(reqs), [r.prompt_ids for r in reqs],
+                                  last_only=True)
+        self.running.extend(reqs)
+        return self._sample_and_append(reqs, out.logits)
+
+    def _decode(self, reqs: list[Request]) -> list[Request]:
+        out = self.runner.forward([r.slot for r in reqs], [r.cached_len for r in reqs],
+                                  [[r.output_ids[-1]] for r in reqs])
+        return self._sample_and_append(reqs, out.logits)
+
+    def _sample_and_append(self, reqs: list[Request], logits: torch.Tensor) -> list[Request]:
+        logits = suppress(logits, [r.banned_ids(self.stops.stop_ids(r)) for r in reqs])
+        tokens = choose_tokens(logits, [r.params for r in reqs], [r.generator for r in reqs])
+        finished = [r for r, t in zip(reqs, tokens) if self.stops.append(r, t)]
+        self._retire(finished)
+        return finished
+
+    def _retire(self, reqs: list[Request]) -> None:
+        for req in reqs:
+            if req.slot is not None:
+                self.cache.free(req.slot)
+                req.slot = None
+            if req in self.running:
+                self.running.remove(req)
+
+    # ---- convenience ------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]) -> list[Request]:
+        """Run prompts to completion (continuous batching when they exceed the slots)."""
+        plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        reqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        while self.has_work:
+            self.step()
+        return reqs
+
+    def output_text(self, req: Request) -> str:
+        return self.stops.output_text(req)
+
+    def rollback(self, req: Request, num_output_tokens: int) -> None:
+        """Truncate a running request to its first `num_output_tokens` outputs. Cached K/V past the new
+        length are simply ignored and overwritten later: with fixed slots a rollback moves no data."""
+        if not 1 <= num_output_tokens <= len(req.output_ids):
+            raise ValueError(f"can roll back to 1..{len(req.output_ids)} output tokens, not {num_output_tokens}")
+        del req.output_ids[num_output_tokens:]

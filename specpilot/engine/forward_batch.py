@@ -1,0 +1,72 @@
+"""The description of one forward pass over many requests (prefill, decode or verify)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    """Flat, ragged tokens of B requests; request b's tokens are rows q_starts[b] : q_starts[b] + q_lens[b].
+
+    Their K/V go to cache rows `write_index` (slot * max_len + position) before attention, so after the
+    write request b's slot holds kv_lens[b] tokens and its i-th new token sits at kv_lens[b] - q_lens[b] + i.
+    """
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    write_index: torch.Tensor  # [T] int64
+    slot_ids: torch.Tensor  # [B] int32
+    q_starts: torch.Tensor  # [B] int32
+    q_lens: torch.Tensor  # [B] int32
+    kv_lens: torch.Tensor  # [B] int32
+    max_q_len: int
+    causal: bool = True  # False: every new token sees the whole new block (block drafters)
+    num_kv_splits: int = 1
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def batch_size(self) -> int:
+        return self.slot_ids.shape[0]
+
+    @classmethod
+    def build(cls, slots: list[int], start_lens: list[int], token_lists: list[list[int]], max_len: int,
+              device: torch.device, causal: bool = True) -> ForwardBatch:
+        """Request b appends token_lists[b] to its slot, whose first start_lens[b] positions are kept."""
+        if not (len(slots) == len(start_lens) == len(token_lists)):
+            raise ValueError("slots, start_lens and token_lists must have one entry per request")
+        ids: list[int] = []
+        positions: list[int] = []
+        writes: list[int] = []
+        q_starts: list[int] = []
+        for slot, start, tokens in zip(slots, start_lens, token_lists):
+            if not tokens:
+                raise ValueError("every request in a forward pass needs at least one new token")
+            if start + len(tokens) > max_len:
+                raise ValueError(f"request needs {start + len(tokens)} cache positions; the slot holds {max_len}")
+            q_starts.append(len(ids))
+            ids.extend(tokens)
+            pos = range(start, start + len(tokens))
+            positions.extend(pos)
+            writes.extend(slot * max_len + p for p in pos)
+        q_lens = [len(t) for t in token_lists]
+
+        def as_tensor(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+        return cls(
+            input_ids=as_tensor(ids, torch.int64),
+            positions=as_tensor(positions, torch.int64),
+            write_index=as_tensor(writes, torch.int64),
+            slot_ids=as_tensor(slots, torch.int32),
+            q_starts=as_tensor(q_starts, torch.int32),
+            q_lens=as_tensor(q_lens, torch.int32),
+            kv_lens=as_tensor([s + n for s, n in zip(start_lens, q_lens)], torch.int32),
+            max_q_len=max(q_lens),
+            causal=causal,
+        )

@@ -1,0 +1,46 @@
+"""One KV cache shared by all requests: a fixed slot of `max_len` positions per request.
+
+Why fixed slots rather than paged blocks: a request's K/V are contiguous, so attention needs only a
+slot id and a length (no block tables), rollback after a rejected draft is just a shorter length, and
+CUDA graphs see the same addressing for every batch. The price is memory reserved up to `max_len` per
+running request; `num_slots * max_len` is sized from the memory budget at start.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        shape = (num_slots + 1, max_len, num_kv_heads, head_dim)  # + a scratch slot for graph padding
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.num_slots = num_slots
+        self.max_len = max_len
+        self.scratch_slot = num_slots
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise RuntimeError("KV cache full: no free slot")
+        return self._free.pop()
+
+    def free(self, slot: int) -> None:
+        if not 0 <= slot < self.num_slots or slot in self._free:
+            raise ValueError(f"slot {slot} is not allocated")
+        self._free.append(slot)
+
+    def write(self, layer: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [T, kv_heads, head_dim] stored at flat rows (slot * max_len + position)."""
+        self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, rows, k)
+        self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, rows, v)
+
+    def bytes_per_token(self) -> int:
+        k = self.k[0]
+        return 2 * len(self.k) * k.shape[2] * k.shape[3] * k.element_size()

@@ -1,0 +1,101 @@
+"""One generation request's state as it moves through the engine."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specpilot.config import SamplingParams
+
+_ids = itertools.count()
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    rid: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    output_ids: list[int] = field(default_factory=list)
+    slot: int | None = None
+    finish_reason: dict[str, Any] | None = None
+    generator: torch.Generator | None = None
+    created: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    # speculative decoding statistics: tokens committed per verify pass
+    accept_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def cached_len(self) -> int:
+        """Tokens whose K/V are in the cache: everything but the newest sampled token."""
+        return len(self.prompt_ids) + max(len(self.output_ids) - 1, 0)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def banned_ids(self, stop_ids: frozenset[int], offset: int = 0) -> list[int]:
+        """Ids that may not be chosen for output position len(output)+offset (min_new_tokens)."""
+        if len(self.output_ids) + offset < self.params.min_new_tokens:
+            return sorted(stop_ids)
+        return []
+
+    @property
+    def e2e_latency(self) -> float:
+        end = self.finished_time if self.finished_time is not None else time.perf_counter()
+        return end - self.created
+
+
+class StopChecker:
+    """Decides after each appended token whether a request is done (SGLang's finish_reason)."""
+
+    def __init__(self, tokenizer: Any, eos_token_ids: list[int], max_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_len = max_len
+
+    def stop_ids(self, req: Request) -> frozenset[int]:
+        ids = frozenset(req.params.stop_token_ids)
+        return ids if req.params.ignore_eos else ids | self.eos_token_ids
+
+    def append(self, req: Request, token: int) -> bool:
+        """Append one token; returns True (and sets finish_reason) when the request is finished."""
+        req.output_ids.append(token)
+        if req.first_token_time is None:
+            req.first_token_time = time.perf_counter()
+        n = len(req.output_ids)
+        reason: dict[str, Any] | None = None
+        if n >= req.params.min_new_tokens and token in self.stop_ids(req):
+            reason = {"type": "stop", "matched": token}
+        elif n >= req.params.min_new_tokens and (matched := self._stop_string(req)) is not None:
+            reason = {"type": "stop", "matched": matched}
+        elif n >= req.params.max_new_tokens or len(req.prompt_ids) + n >= self.max_len:
+            reason = {"type": "length", "length": n}
+        if reason is not None:
+            req.finish_reason = reason
+            req.finished_time = time.perf_counter()
+        return reason is not None
+
+    def _stop_string(self, req: Request) -> str | None:
+        if not req.params.stop or self.tokenizer is None:
+            return None
+        window = max(len(s) for s in req.params.stop) + 8
+        tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=True)
+        return next((s for s in req.params.stop if s in tail), None)
+
+    def output_text(self, req: Request) -> str:
+        if self.tokenizer is None:
+            return ""
+        text = self.tokenizer.decode(req.output_ids, skip_special_tokens=True)
+        matched = (req.finish_reason or {}).get("matched")
+        if isinstance(matched, str) and matched in text:
+            text = text[: text.index(matched)]
+        return text

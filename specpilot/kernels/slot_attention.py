@@ -1,0 +1,542 @@
+"""Attention over a fixed-slot KV cache.
+
+Cache layout (one per layer): ``k_cache`` / ``v_cache`` are ``[num_slots, max_len, num_kv_heads, head_dim]``.
+Request ``b`` owns slot ``slot_ids[b]``; its ``kv_lens[b]`` tokens sit at positions ``0 .. kv_lens[b]-1``.
+Queries are flat and ragged: request ``b`` owns rows ``q_starts[b] : q_starts[b] + q_lens[b]`` of ``q``, and
+their K/V are already in the cache, so query ``i`` sits at absolute position ``kv_lens[b] - q_lens[b] + i``.
+
+Two implementations share one contract:
+
+* :func:`slot_attention_reference` - plain torch (padded, batched SDPA); the CPU production path.
+* :func:`slot_attention_triton` - a flash-attention style Triton kernel for CUDA, with optional
+  flash-decoding split over the key axis.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # CPU-only installs run the torch path
+    HAS_TRITON = False
+
+__all__ = ["HAS_TRITON", "slot_attention", "slot_attention_reference", "slot_attention_triton"]
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _check_inputs(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_ids: torch.Tensor,
+    q_starts: torch.Tensor,
+    q_lens: torch.Tensor,
+    kv_lens: torch.Tensor,
+) -> None:
+    """Shape/dtype/device checks that need no host sync."""
+    if q.dim() != 3:
+        raise ValueError(f"q must be [T, num_heads, head_dim], got shape {tuple(q.shape)}")
+    if k_cache.dim() != 4:
+        raise ValueError(f"k_cache must be [num_slots, max_len, num_kv_heads, head_dim], got {tuple(k_cache.shape)}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}")
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != head_dim:
+        raise ValueError(f"head_dim mismatch: q has {head_dim}, cache has {k_cache.shape[3]}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    if q.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"q dtype must be one of {_FLOAT_DTYPES}, got {q.dtype}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"dtype mismatch: q {q.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
+    for t, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q is on {q.device}")
+    batch = slot_ids.shape[0] if slot_ids.dim() == 1 else -1
+    for t, name in ((slot_ids, "slot_ids"), (q_starts, "q_starts"), (q_lens, "q_lens"), (kv_lens, "kv_lens")):
+        if t.dim() != 1 or t.shape[0] != batch:
+            raise ValueError(f"{name} must be 1-D of the same length as slot_ids, got shape {tuple(t.shape)}")
+        if t.dtype not in _INDEX_DTYPES:
+            raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q is on {q.device}")
+
+
+def _check_lengths(
+    q: torch.Tensor, k_cache: torch.Tensor, slot_ids: list[int], q_starts: list[int], q_lens: list[int], kv_lens: list[int]
+) -> None:
+    """Value checks on host copies of the metadata (the reference syncs anyway to size its batches)."""
+    num_slots, max_len = k_cache.shape[0], k_cache.shape[1]
+    for b, (slot, start, q_len, kv_len) in enumerate(zip(slot_ids, q_starts, q_lens, kv_lens)):
+        if not 0 <= slot < num_slots:
+            raise ValueError(f"request {b}: slot id {slot} out of range [0, {num_slots})")
+        if not 0 <= q_len <= kv_len <= max_len:
+            raise ValueError(f"request {b}: need 0 <= q_len ({q_len}) <= kv_len ({kv_len}) <= max_len ({max_len})")
+        if q_len and not (0 <= start and start + q_len <= q.shape[0]):
+            raise ValueError(f"request {b}: query rows [{start}, {start + q_len}) outside q's {q.shape[0]} rows")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Torch reference / CPU path
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _bucket_by_q_len(q_lens: list[int]) -> list[list[int]]:
+    """Group requests whose q_len shares a power-of-two bucket.
+
+    One padded SDPA per bucket keeps padding waste under 2x in the query axis, so a long prompt in the same
+    step as many decodes does not pad every decode up to the prompt length.
+    """
+    buckets: dict[int, list[int]] = {}
+    for b, q_len in enumerate(q_lens):
+        if q_len > 0:
+            buckets.setdefault(q_len.bit_length(), []).append(b)
+    return list(buckets.values())
+
+
+def _attend_bucket(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    slots: torch.Tensor,
+    starts: torch.Tensor,
+    q_lens: torch.Tensor,
+    kv_lens: torch.Tensor,
+    max_q: int,
+    max_kv: int,
+    scale: float,
+    causal: bool,
+) -> None:
+    """Padded batched attention for one bucket of requests; writes its rows of ``out``."""
+    device = q.device
+    qi = torch.arange(max_q, device=device)
+    kj = torch.arange(max_kv, device=device)
+    q_valid = qi[None, :] < q_lens[:, None]  # [nb, max_q]
+    # Padding query slots point at the request's last real row so the gather stays in bounds.
+    rows = starts[:, None] + torch.minimum(qi[None, :], q_lens[:, None] - 1)
+
+    # Likewise padding key slots repeat the last real key: cache rows past kv_len may hold garbage (even NaN,
+    # which a mask cannot remove once it has entered q @ k^T).
+    keys = torch.minimum(kj[None, :], kv_lens[:, None] - 1)
+
+    q_b = q[rows].transpose(1, 2)  # [nb, H, max_q, D]
+    k_b = k_cache[slots[:, None], keys].transpose(1, 2)  # [nb, Hkv, max_kv, D]
+    v_b = v_cache[slots[:, None], keys].transpose(1, 2)
+
+    mask = kj[None, None, :] < kv_lens[:, None, None]  # [nb, 1, max_kv]
+    if causal:
+        # Padding query slots get a limit >= kv_len, so no row is fully masked (avoids NaN).
+        last_key = (kv_lens - q_lens)[:, None, None] + qi[None, :, None]
+        mask = mask & (kj[None, None, :] <= last_key)  # [nb, max_q, max_kv]
+    o = F.scaled_dot_product_attention(q_b, k_b, v_b, attn_mask=mask.unsqueeze(1), scale=scale, enable_gqa=True)
+    out[rows[q_valid]] = o.transpose(1, 2)[q_valid]
+
+
+def slot_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_ids: torch.Tensor,
+    q_starts: torch.Tensor,
+    q_lens: torch.Tensor,
+    kv_lens: torch.Tensor,
+    scale: float,
+    causal: bool = True,
+) -> torch.Tensor:
+    """Plain-torch slot attention (one padded SDPA per q_len bucket). Rows of q owned by no request are zero."""
+    _check_inputs(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens)
+    host = [t.tolist() for t in (slot_ids, q_starts, q_lens, kv_lens)]
+    _check_lengths(q, k_cache, *host)
+    q_lens_h, kv_lens_h = host[2], host[3]
+
+    out = torch.zeros_like(q)
+    for bucket in _bucket_by_q_len(q_lens_h):
+        idx = torch.tensor(bucket, device=q.device)
+        _attend_bucket(
+            q,
+            k_cache,
+            v_cache,
+            out,
+            slot_ids[idx].long(),
+            q_starts[idx].long(),
+            q_lens[idx].long(),
+            kv_lens[idx].long(),
+            max_q=max(q_lens_h[b] for b in bucket),
+            max_kv=max(kv_lens_h[b] for b in bucket),
+            scale=scale,
+            causal=causal,
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------------------------------
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _attend_key_tiles(
+        acc,
+        l_i,
+        m_i,
+        q_tile,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_vn,
+        qk_scale,
+        key_limit,
+        lo,
+        hi,
+        MASKED: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        """Online-softmax update over the key tiles in [lo, hi).
+
+        MASKED tiles may run past hi (never read: hi <= kv_len) or past a row's exclusive ``key_limit``;
+        unmasked tiles are whole and visible to every row.
+        """
+        dims = tl.arange(0, HEAD_DIM)
+        for start in range(lo, hi, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            k_ptrs = k_base + cols[:, None] * stride_kn + dims[None, :]
+            v_ptrs = v_base + cols[:, None] * stride_vn + dims[None, :]
+            if MASKED:
+                col_ok = cols < hi
+                k_tile = tl.load(k_ptrs, mask=col_ok[:, None], other=0.0)
+            else:
+                k_tile = tl.load(k_ptrs)
+            s = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION) * qk_scale
+            if MASKED:
+                s = tl.where(col_ok[None, :] & (cols[None, :] < key_limit[:, None]), s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if MASKED:
+                v_tile = tl.load(v_ptrs, mask=col_ok[:, None], other=0.0)
+            else:
+                v_tile = tl.load(v_ptrs)
+            acc = tl.dot(p.to(v_tile.dtype), v_tile, acc * alpha[:, None], input_precision=DOT_PRECISION)
+            m_i = m_new
+        return acc, l_i, m_i
+
+    @triton.jit
+    def _slot_attn_fwd_kernel(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        out_ptr,
+        part_o_ptr,
+        part_lse_ptr,
+        slot_ptr,
+        q_start_ptr,
+        q_len_ptr,
+        kv_len_ptr,
+        qk_scale,  # softmax scale * log2(e): scores live in the exp2 domain
+        num_rows,  # T * num_heads, the stride between kv splits in the partial buffers
+        stride_qt,
+        stride_qh,
+        stride_ks,
+        stride_kn,
+        stride_kh,
+        stride_vs,
+        stride_vn,
+        stride_vh,
+        stride_ot,
+        stride_oh,
+        NUM_KV_HEADS: tl.constexpr,
+        GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        NUM_SPLITS: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        # Program = (row block, request x kv head, kv split). A row is one (query token, head-in-group) pair,
+        # so the GROUP query heads sharing a kv head read each K/V tile once.
+        row_block = tl.program_id(0)
+        req = tl.program_id(1) // NUM_KV_HEADS
+        kv_head = tl.program_id(1) % NUM_KV_HEADS
+        split = tl.program_id(2)
+
+        q_len = tl.load(q_len_ptr + req)
+        row_lo = row_block * BLOCK_M
+        if row_lo >= q_len * GROUP:  # grid is sized for the longest request
+            return
+        q_start = tl.load(q_start_ptr + req)
+        kv_len = tl.load(kv_len_ptr + req)
+        slot = tl.load(slot_ptr + req).to(tl.int64)
+
+        rows = row_lo + tl.arange(0, BLOCK_M)
+        tok = rows // GROUP
+        head = kv_head * GROUP + rows % GROUP
+        row_ok = tok < q_len
+        dims = tl.arange(0, HEAD_DIM)
+        q_rows = (q_start + tok).to(tl.int64)
+        q_tile = tl.load(
+            q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+            mask=row_ok[:, None],
+            other=0.0,
+        )
+
+        # Causal rows have their own exclusive key limit. The block's key end is that of its last real row, and
+        # keys below its first row's limit are visible to every row: whole tiles there skip the mask.
+        if CAUSAL:
+            key_limit = kv_len - q_len + tok + 1
+            last_tok = (tl.minimum(row_lo + BLOCK_M, q_len * GROUP) - 1) // GROUP
+            kv_end = kv_len - q_len + last_tok + 1
+            full_end = kv_len - q_len + row_lo // GROUP + 1
+        else:
+            key_limit = tl.zeros([BLOCK_M], dtype=tl.int32) + kv_len
+            kv_end = kv_len
+            full_end = kv_len
+        tiles_per_split = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), NUM_SPLITS)
+        lo = split * tiles_per_split * BLOCK_N
+        hi = tl.minimum(lo + tiles_per_split * BLOCK_N, kv_end)
+        mid = lo + tl.maximum(tl.minimum(hi, full_end) - lo, 0) // BLOCK_N * BLOCK_N
+
+        k_base = k_ptr + slot * stride_ks + kv_head * stride_kh
+        v_base = v_ptr + slot * stride_vs + kv_head * stride_vh
+        # A finite floor instead of -inf keeps exp2(m_old - m_new) NaN-free for rows whose keys are all masked.
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        acc, l_i, m_i = _attend_key_tiles(
+            acc, l_i, m_i, q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, key_limit, lo, mid,
+            MASKED=False, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, DOT_PRECISION=DOT_PRECISION,
+        )
+        acc, l_i, m_i = _attend_key_tiles(
+            acc, l_i, m_i, q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, key_limit, mid, hi,
+            MASKED=True, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, DOT_PRECISION=DOT_PRECISION,
+        )
+
+        has_keys = l_i > 0.0
+        o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+        if NUM_SPLITS == 1:
+            out_ptrs = out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
+            tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        else:
+            # Partials are contiguous [NUM_SPLITS, T * num_heads, (HEAD_DIM)]; an empty split stores lse = -inf.
+            flat = split * num_rows + q_rows * (NUM_KV_HEADS * GROUP) + head
+            tl.store(part_o_ptr + flat[:, None] * HEAD_DIM + dims[None, :], o, mask=row_ok[:, None])
+            lse = tl.where(has_keys, m_i + tl.log2(l_i), float("-inf"))
+            tl.store(part_lse_ptr + flat, lse, mask=row_ok)
+
+    @triton.jit
+    def _slot_attn_combine_kernel(
+        part_o_ptr,
+        part_lse_ptr,
+        out_ptr,
+        q_start_ptr,
+        q_len_ptr,
+        num_rows,
+        NUM_HEADS: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        NUM_SPLITS: tl.constexpr,
+    ):
+        # Program = (row block, request); a request's (token, head) rows are contiguous in the flat layout.
+        req = tl.program_id(1)
+        q_len = tl.load(q_len_ptr + req)
+        row_lo = tl.program_id(0) * BLOCK_R
+        if row_lo >= q_len * NUM_HEADS:
+            return
+        base = tl.load(q_start_ptr + req).to(tl.int64) * NUM_HEADS
+        rows = base + row_lo + tl.arange(0, BLOCK_R)
+        row_ok = rows < base + q_len * NUM_HEADS
+        dims = tl.arange(0, HEAD_DIM)
+
+        m = tl.full([BLOCK_R], -1.0e30, dtype=tl.float32)
+        denom = tl.zeros([BLOCK_R], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
+        for s in tl.static_range(NUM_SPLITS):
+            lse = tl.load(part_lse_ptr + s * num_rows + rows, mask=row_ok, other=float("-inf"))
+            o = tl.load(part_o_ptr + (s * num_rows + rows)[:, None] * HEAD_DIM + dims[None, :], mask=row_ok[:, None])
+            m_new = tl.maximum(m, lse)
+            alpha = tl.exp2(m - m_new)
+            w = tl.exp2(lse - m_new)
+            denom = denom * alpha + w
+            acc = acc * alpha[:, None] + w[:, None] * o
+            m = m_new
+        out = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
+        # out is contiguous [T, NUM_HEADS, HEAD_DIM], i.e. flat row r at r * HEAD_DIM.
+        tl.store(out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+# Shared memory a config may plan for (H100/H200 allow 227 KiB per block; leave room for layout conversions).
+_SMEM_BUDGET = 200 * 1024
+
+
+def _launch_config(rows_max: int, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) from the longest request's row count (q_len * group)."""
+    if rows_max <= 64:
+        # Decode / verify: few rows, memory bound - wide key tiles keep more bytes in flight.
+        block_m, block_n, num_warps = max(16, triton.next_power_of_2(rows_max)), 128, 4
+    else:
+        block_m, block_n, num_warps = 64, 64, 4
+    num_stages = 3
+    elt = torch.finfo(dtype).bits // 8
+
+    def smem() -> int:  # the Q tile plus (num_stages - 1) buffered K and V tiles
+        return (block_m + 2 * (num_stages - 1) * block_n) * head_dim * elt
+
+    while smem() > _SMEM_BUDGET and block_n > 16:
+        block_n //= 2
+    if smem() > _SMEM_BUDGET:
+        num_stages = 2
+    while smem() > _SMEM_BUDGET and block_m > 16:
+        block_m //= 2
+    return block_m, block_n, num_warps, num_stages
+
+
+def slot_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_ids: torch.Tensor,
+    q_starts: torch.Tensor,
+    q_lens: torch.Tensor,
+    kv_lens: torch.Tensor,
+    scale: float,
+    causal: bool = True,
+    max_q_len: int | None = None,
+    num_kv_splits: int = 1,
+) -> torch.Tensor:
+    """Triton slot attention. Rows of q owned by no request are left unwritten.
+
+    With ``max_q_len`` given, there is no host sync and the launch grid depends only on (T, B, max_q_len,
+    num_kv_splits), so the call is CUDA-graph capturable. ``num_kv_splits > 1`` splits each request's keys
+    across programs (flash-decoding) and merges the partial results in a second kernel. Metadata values
+    (slot ids, q_len <= kv_len <= max_len) are trusted, not checked, since checking them would sync.
+    """
+    if not HAS_TRITON:
+        raise RuntimeError("slot_attention_triton needs triton, which is not importable")
+    _check_inputs(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens)
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"slot_attention_triton needs a power-of-two head_dim >= 16, got {head_dim}")
+    if num_kv_splits < 1:
+        raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
+    for t, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a unit-stride last dimension")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous")
+
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    batch = slot_ids.shape[0]
+    if max_q_len is None:
+        max_q_len = int(q_lens.max()) if batch else 0
+    if batch == 0 or max_q_len == 0 or num_tokens == 0:
+        return out
+
+    group = num_heads // num_kv_heads
+    block_m, block_n, num_warps, num_stages = _launch_config(max_q_len * group, head_dim, q.dtype)
+    num_rows = num_tokens * num_heads
+    if num_kv_splits > 1:
+        part_o = torch.empty((num_kv_splits, num_rows, head_dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((num_kv_splits, num_rows), dtype=torch.float32, device=q.device)
+    else:  # unused by the kernel when NUM_SPLITS == 1
+        part_o = part_lse = out
+
+    grid = (triton.cdiv(max_q_len * group, block_m), batch * num_kv_heads, num_kv_splits)
+    _slot_attn_fwd_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        part_o,
+        part_lse,
+        slot_ids,
+        q_starts,
+        q_lens,
+        kv_lens,
+        scale * math.log2(math.e),
+        num_rows,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        NUM_KV_HEADS=num_kv_heads,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        NUM_SPLITS=num_kv_splits,
+        CAUSAL=causal,
+        # fp32 inputs would otherwise run the dots in tf32
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    if num_kv_splits > 1:
+        block_r = max(16, 4096 // head_dim)
+        combine_grid = (triton.cdiv(max_q_len * num_heads, block_r), batch)
+        _slot_attn_combine_kernel[combine_grid](
+            part_o,
+            part_lse,
+            out,
+            q_starts,
+            q_lens,
+            num_rows,
+            NUM_HEADS=num_heads,
+            HEAD_DIM=head_dim,
+            BLOCK_R=block_r,
+            NUM_SPLITS=num_kv_splits,
+            num_warps=4,
+        )
+    return out
+
+
+def slot_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_ids: torch.Tensor,
+    q_starts: torch.Tensor,
+    q_lens: torch.Tensor,
+    kv_lens: torch.Tensor,
+    scale: float,
+    causal: bool = True,
+    max_q_len: int | None = None,
+    num_kv_splits: int = 1,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Dispatch: ``"triton"``, ``"torch"``, or ``"auto"`` (triton for CUDA tensors when importable)."""
+    if backend == "auto":
+        backend = "triton" if q.is_cuda and HAS_TRITON else "torch"
+    if backend == "triton":
+        return slot_attention_triton(
+            q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, scale, causal, max_q_len, num_kv_splits
+        )
+    if backend == "torch":
+        return slot_attention_reference(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, scale, causal)
+    raise ValueError(f"unknown backend {backend!r}; expected 'auto', 'triton' or 'torch'")

@@ -1,0 +1,51 @@
+"""Turn a loaded checkpoint (HF tensor names) into our Transformer with fused projections."""
+
+from __future__ import annotations
+
+import torch
+
+from specpilot.models.checkpoint import Checkpoint
+from specpilot.models.transformer import Transformer
+
+
+def _fused_state_dict(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
+    sd = ckpt.state_dict
+    cfg = ckpt.config
+    out: dict[str, torch.Tensor] = {
+        "embed_tokens.weight": sd["model.embed_tokens.weight"],
+        "norm.weight": sd["model.norm.weight"],
+    }
+    # Tied: the same tensor under both names, re-tied after loading.
+    out["lm_head.weight"] = out["embed_tokens.weight"] if cfg.tie_word_embeddings else sd["lm_head.weight"]
+    for i in range(cfg.num_layers):
+        src, dst = f"model.layers.{i}.", f"layers.{i}."
+        attn = src + "self_attn."
+        out[dst + "self_attn.qkv_proj.weight"] = torch.cat(
+            [sd[attn + f"{n}_proj.weight"] for n in "qkv"], dim=0)
+        if cfg.qkv_bias:
+            out[dst + "self_attn.qkv_proj.bias"] = torch.cat([sd[attn + f"{n}_proj.bias"] for n in "qkv"])
+        if cfg.qk_norm:
+            out[dst + "self_attn.q_norm.weight"] = sd[attn + "q_norm.weight"]
+            out[dst + "self_attn.k_norm.weight"] = sd[attn + "k_norm.weight"]
+        out[dst + "self_attn.o_proj.weight"] = sd[attn + "o_proj.weight"]
+        out[dst + "mlp.gate_up_proj.weight"] = torch.cat(
+            [sd[src + "mlp.gate_proj.weight"], sd[src + "mlp.up_proj.weight"]], dim=0)
+        out[dst + "mlp.down_proj.weight"] = sd[src + "mlp.down_proj.weight"]
+        out[dst + "input_layernorm.weight"] = sd[src + "input_layernorm.weight"]
+        out[dst + "post_attention_layernorm.weight"] = sd[src + "post_attention_layernorm.weight"]
+    return out
+
+
+def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Transformer:
+    with torch.device("meta"):
+        model = Transformer(ckpt.config)
+    try:
+        fused = _fused_state_dict(ckpt)
+    except KeyError as err:
+        raise ValueError(f"checkpoint {ckpt.source} lacks tensor {err.args[0]}") from None
+    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in fused.items()},
+                          strict=True, assign=True)
+    if ckpt.config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.eval()
+    return model

@@ -1,0 +1,46 @@
+"""The one seam every projection goes through.
+
+All weight matmuls of the target (and drafters) are `Linear` modules. A faster kernel or a different
+weight format (B12) replaces them with `swap_linears`, without touching model code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Linear(nn.Module):
+    """y = x @ W^T (+ b), with W stored [out_features, in_features] as in HF checkpoints."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"
+
+
+def iter_linears(module: nn.Module) -> Iterator[tuple[str, Linear]]:
+    for name, child in module.named_modules():
+        if isinstance(child, Linear):
+            yield name, child
+
+
+def swap_linears(module: nn.Module, factory: Callable[[Linear], nn.Module]) -> int:
+    """Replace every `Linear` in `module` by `factory(linear)`; returns how many were replaced."""
+    targets = list(iter_linears(module))
+    for name, linear in targets:
+        parent_name, _, attr = name.rpartition(".")
+        parent = module.get_submodule(parent_name) if parent_name else module
+        setattr(parent, attr, factory(linear))
+    return len(targets)

@@ -1,0 +1,127 @@
+"""Dense decoder-only transformer (Llama, Qwen2, Qwen3) over the shared slot KV cache.
+
+Tokens of all requests in a pass are flat ([T, hidden]); only attention needs the per-request layout,
+which it takes from the ForwardBatch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specpilot.engine.forward_batch import ForwardBatch
+from specpilot.engine.kv_cache import KVCache
+from specpilot.kernels.slot_attention import slot_attention
+from specpilot.models.config import ModelConfig
+from specpilot.models.linear import Linear
+from specpilot.models.rope import RotaryTable
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        self.scale = cfg.head_dim ** -0.5
+        # One fused projection: one weight read and one launch instead of three.
+        self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = Linear(cfg.q_size, cfg.hidden_size)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, rope: RotaryTable) -> torch.Tensor:
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope.apply(q, batch.positions), rope.apply(k, batch.positions)
+        cache.write(self.layer, batch.write_index, k, v)
+        o = slot_attention(
+            q, cache.k[self.layer], cache.v[self.layer], batch.slot_ids, batch.q_starts, batch.q_lens,
+            batch.kv_lens, scale=self.scale, causal=batch.causal, max_q_len=batch.max_q_len,
+            num_kv_splits=batch.num_kv_splits,
+        )
+        return self.o_proj(o.reshape(T, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate = cfg.intermediate_size
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, rope: RotaryTable) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), batch, cache, rope)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope: RotaryTable | None = None
+
+    def setup_rope(self, max_positions: int) -> None:
+        cfg = self.config
+        self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions,
+                                self.embed_tokens.weight.device)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(self, batch: ForwardBatch, cache: KVCache,
+                tap_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Returns the final-normed hidden states [T, H] and the outputs of `tap_layers`
+        concatenated on the feature axis ([T, len(taps) * H]) for drafters, or None."""
+        if self.rope is None:
+            raise RuntimeError("call setup_rope(max_positions) before forward")
+        if list(tap_layers) != sorted(set(tap_layers)):
+            raise ValueError(f"tap_layers must be strictly increasing, got {tap_layers}")
+        x = self.embed(batch.input_ids)
+        taps: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            x = layer(x, batch, cache, self.rope)
+            if i in tap_layers:
+                taps.append(x)
+        return self.norm(x), (torch.cat(taps, dim=-1) if taps else None)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

