@@ -163,11 +163,20 @@ def test_reference_validates_inputs(mutate, error: type[Exception], match: str) 
         call(slot_attention_reference, inp)
 
 
+def test_triton_validates_head_dim() -> None:
+    pytest.importorskip("triton")
+    from specpilot.kernels.slot_attention import slot_attention_triton
+
+    inp = make_inputs(Case("odd-head-dim", q_lens=(2,), kv_lens=(3,), head_dim=48))
+    with pytest.raises(ValueError, match="power-of-two head_dim"):  # raised before any launch
+        call(slot_attention_triton, inp)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Triton (interpreter, subprocess) vs reference
 # --------------------------------------------------------------------------------------------------------------------
 
-# Decode/verify batches take the small-tile path (BLOCK_M <= 64); prompt-sized ones 128-row tiles.
+# Decode/verify batches (q_len * group <= 64) take short-row, 128-key tiles; prompt-sized ones 64x64 tiles.
 # kv_lens past two 128-key tiles make every one of 3 splits non-empty for some requests and empty for others.
 TRITON_CASES = [
     Case("prefill-gqa4-causal", q_lens=(1, 16, 40, 23), kv_lens=(30, 50, 41, 23), group=4),
@@ -232,7 +241,8 @@ def _triton_errors() -> dict[str, float]:
 @pytest.fixture(scope="module")
 def triton_errors() -> dict[str, float]:
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": pythonpath}
     proc = subprocess.run(
         [sys.executable, __file__], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
     )
@@ -246,7 +256,5 @@ def test_triton_matches_reference(triton_errors: dict[str, float], case: Case) -
     assert err <= TRITON_TOL[case.dtype], f"{case.name}: max abs error {err}"
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["gpu"]:
-    exec(compile('import sys,torch\nt=sys.modules[\'__main__\']\nimport specpilot.kernels.slot_attention as sa\nfrom triton.testing import do_bench,do_bench_cudagraph\nC=t.Case\ndef cu(c):\n    return {k:(v.cuda() if torch.is_tensor(v) else v) for k,v in t.make_inputs(c).items()}\ndef inp(B,ql,kl,g=4,d=128):\n    return cu(C("b",q_lens=(ql,)*B,kv_lens=(kl,)*B,num_kv_heads=8,group=g,head_dim=d,dtype="bfloat16"))\norig=sa._launch_config\nfor cfg in (None,(128,64,8,3),(128,128,8,2),(64,64,4,3),(128,64,4,3),(128,32,4,3)):\n    sa._launch_config=(lambda *a:cfg) if cfg else orig\n    for B,ql,g,d in ((4,2048,4,128),(1,4096,1,128),(4,2048,4,64)):\n        i=inp(B,ql,ql,g,d)\n        ms=do_bench(lambda:sa.slot_attention_triton(**i,max_q_len=ql))\n        fl=4*B*ql*8*g*ql*d/2\n        print("prefill",cfg,B,ql,g,d,f"{ms*1e3:.0f}us {fl/ms/1e9:.0f}TFLOPs")\nsa._launch_config=orig\nfor B,kl,g in ((1,8192,4),(4,8192,4),(1,32768,4),(8,2048,4)):\n    i=inp(B,1,kl,g)\n    for sp in (1,2,4,8,16):\n        ms=do_bench_cudagraph(lambda:sa.slot_attention_triton(**i,max_q_len=1,num_kv_splits=sp))\n        print("decode-graph",B,kl,sp,f"{ms*1e3:.1f}us {2*B*kl*8*128*2/ms/1e9:.2f}TB/s")\nq=torch.randn(4,32,2048,128,device="cuda",dtype=torch.bfloat16);k=torch.randn(4,8,2048,128,device="cuda",dtype=torch.bfloat16)\nprint("sdpa prefill 4x2048 us",1e3*do_bench(lambda:torch.nn.functional.scaled_dot_product_attention(q,k,k,is_causal=True,enable_gqa=True)))\n', "gpu", "exec"))
-elif __name__ == "__main__":
+if __name__ == "__main__":
     print(json.dumps(_triton_errors()))

@@ -3,9 +3,11 @@ prefill), then advances every running request by one decode step per `step()` ca
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -14,6 +16,8 @@ from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.model_runner import ModelRunner
 from specpilot.engine.request import Request, StopChecker
 from specpilot.engine.sampling import choose_tokens, make_generator, suppress
+from specpilot.engine.spec_stats import SpecStats
+from specpilot.engine.verify import Verifier
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import Checkpoint, load_checkpoint
 
@@ -27,6 +31,9 @@ class EngineConfig:
     context_length: int = 4096  # KV positions per request slot
     cuda_graphs: bool = True
     max_prefill_tokens: int = 16384  # tokens of prompts admitted in one prefill pass
+    speculative_algorithm: str | None = None  # None | dflash | pard | ngram
+    speculative_draft_model_path: str | None = None
+    speculative_num_draft_tokens: int | None = None  # tokens per verify pass (block size); default from the drafter
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,6 +57,24 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
+class TokenObserver(Protocol):
+    def observe(self, req: Request, tokens: list[int], rows: torch.Tensor) -> list[int]: ...
+
+
+def _offsets(lengths: list[int]) -> list[int]:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
+
+
+def _split_rows(rows: torch.Tensor | None, lengths: list[int]) -> list[torch.Tensor | None]:
+    if rows is None:
+        return [None] * len(lengths)
+    offsets = _offsets(lengths)
+    return [rows[offsets[i] : offsets[i + 1]] for i in range(len(lengths))]
+
+
 class Engine:
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig) -> None:
         self.config = config
@@ -67,8 +92,20 @@ class Engine:
         self.stops = StopChecker(self.tokenizer, mcfg.eos_token_ids, self.context_length)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.verifier = Verifier()
+        # Token forcing (specpilot.forcing) installs itself here: it sees every decided token first.
+        self.forcing: TokenObserver | None = None
+        self.drafter = None
+        self.spec_stats = SpecStats()
+        if config.speculative_algorithm:
+            from specpilot.drafters import build_drafter
+
+            self.drafter = build_drafter(config, self)
+            self.runner.tap_layers = self.drafter.tap_layers
+            self.spec_stats.block_size = self.drafter.block_size
         if config.cuda_graphs and self.device.type == "cuda":
-            self.runner.capture(q_lens=(1,))
+            q_lens = (1,) if self.drafter is None else (1, self.drafter.block_size)
+            self.runner.capture(q_lens=q_lens)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:
@@ -140,22 +177,72 @@ class Engine:
         out = self.runner.forward([r.slot for r in reqs], [0] * len(reqs), [r.prompt_ids for r in reqs],
                                   last_only=True)
         self.running.extend(reqs)
-        return self._sample_and_append(reqs, out.logits)
+        if self.drafter is not None:
+            self.drafter.start(reqs, _split_rows(out.taps, [len(r.prompt_ids) for r in reqs]))
+        return self._sample_and_commit(reqs, out.logits)
 
     def _decode(self, reqs: list[Request]) -> list[Request]:
+        if self.drafter is not None:
+            return self._speculative_step(reqs)
         out = self.runner.forward([r.slot for r in reqs], [r.cached_len for r in reqs],
                                   [[r.output_ids[-1]] for r in reqs])
-        return self._sample_and_append(reqs, out.logits)
+        return self._sample_and_commit(reqs, out.logits)
 
-    def _sample_and_append(self, reqs: list[Request], logits: torch.Tensor) -> list[Request]:
+    def _sample_and_commit(self, reqs: list[Request], logits: torch.Tensor) -> list[Request]:
         logits = suppress(logits, [r.banned_ids(self.stops.stop_ids(r)) for r in reqs])
         tokens = choose_tokens(logits, [r.params for r in reqs], [r.generator for r in reqs])
-        finished = [r for r, t in zip(reqs, tokens) if self.stops.append(r, t)]
+        finished = [r for i, (r, t) in enumerate(zip(reqs, tokens)) if self._commit(r, [t], logits[i : i + 1])[1]]
         self._retire(finished)
+        return finished
+
+    def _commit(self, req: Request, tokens: list[int], rows: torch.Tensor) -> tuple[int, bool]:
+        """Append decided tokens until the request finishes; returns (appended, finished). `rows` are the
+        target logits the tokens were decided from (row j for tokens[j])."""
+        if self.forcing is not None:
+            tokens = self.forcing.observe(req, tokens, rows)
+        for n, token in enumerate(tokens, start=1):
+            if self.stops.append(req, token):
+                return n, True
+        return len(tokens), False
+
+    def _speculative_step(self, reqs: list[Request]) -> list[Request]:
+        """Draft a block per request, verify all of them in one target pass, commit the accepted prefix
+        plus the bonus token. The target cache needs no rollback: each request's cached length is
+        derived from its committed tokens, so rejected positions are simply overwritten later."""
+        t0 = time.perf_counter()
+        draft = self.drafter.propose(reqs)
+        t1 = time.perf_counter()
+        token_lists = [[r.output_ids[-1]] + d for r, d in zip(reqs, draft.tokens)]
+        out = self.runner.forward([r.slot for r in reqs], [r.cached_len for r in reqs], token_lists)
+        offsets = _offsets([len(t) for t in token_lists])
+        banned = [r.banned_ids(self.stops.stop_ids(r), j) for r, t in zip(reqs, token_lists) for j in range(len(t))]
+        logits = suppress(out.logits, banned)
+        argmax = logits.argmax(-1).tolist()
+        t2 = time.perf_counter()
+        finished, committed = [], []
+        for i, req in enumerate(reqs):
+            lo, hi = offsets[i], offsets[i + 1]
+            tokens = self.verifier.accept(req, logits[lo:hi], draft.tokens[i], argmax[lo:hi])
+            n, done = self._commit(req, tokens, logits[lo:hi])
+            req.accept_lengths.append(n)
+            self.spec_stats.record(n)
+            committed.append(n)
+            if done:
+                finished.append(req)
+        taps = [None] * len(reqs) if out.taps is None else [out.taps[offsets[i] : offsets[i] + n]
+                                                             for i, n in enumerate(committed)]
+        self.drafter.commit(reqs, committed, taps)
+        self._retire(finished)
+        stats = self.spec_stats
+        stats.draft_s += t1 - t0
+        stats.verify_s += t2 - t1
+        stats.other_s += time.perf_counter() - t2
         return finished
 
     def _retire(self, reqs: list[Request]) -> None:
         for req in reqs:
+            if self.drafter is not None and req.slot is not None:
+                self.drafter.release(req)
             if req.slot is not None:
                 self.cache.free(req.slot)
                 req.slot = None

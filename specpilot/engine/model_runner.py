@@ -34,7 +34,7 @@ class ModelRunner:
         self.model, self.cache, self.device = model, cache, device
         self.tap_layers = tuple(tap_layers)
         self.graphs: dict[tuple[int, int], _Graph] = {}
-        self.padding: dict[int, ForwardBatch] = {}  # per q: pristine scratch-slot rows
+        self.static_inputs: dict[int, _StaticInputs] = {}
 
     # ---- eager ------------------------------------------------------------------------------
     def _run(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -62,36 +62,23 @@ class ModelRunner:
         return next((b for b in sizes if b >= batch_size), 0)
 
     @torch.inference_mode()
-    def capture(self, q_lens: tuple[int, ...] = (1,), batch_sizes: tuple[int, ...] = DEFAULT_GRAPH_BATCH_SIZES,
-                num_kv_splits: int = 1) -> None:
+    def capture(self, q_lens: tuple[int, ...] = (1,), batch_sizes: tuple[int, ...] = DEFAULT_GRAPH_BATCH_SIZES) -> None:
         """Capture one graph per (q, batch size); largest first so smaller ones reuse its memory pool."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device")
         max_b = min(max(batch_sizes), self.cache.num_slots)
         pool = torch.cuda.graph_pool_handle()
         for q in q_lens:
-            buffers = self._padding_batch(max_b, q, num_kv_splits)
-            self.padding[q] = self._padding_batch(max_b, q, num_kv_splits)
+            inputs = self.static_inputs[q] = _StaticInputs(max_b, q, self.cache, self.device)
             for b in sorted({min(b, max_b) for b in batch_sizes}, reverse=True):
-                self.graphs[(q, b)] = self._capture_one(self._slice(buffers, b, q), pool)
+                self.graphs[(q, b)] = self._capture_one(inputs.batch(b, self._kv_splits(b)), pool)
         torch.cuda.synchronize()
 
-    def _padding_batch(self, b: int, q: int, num_kv_splits: int) -> ForwardBatch:
-        """A batch that writes only to the scratch slot: safe to run during warm-up and capture, and
-        the filler for the rows of a bucket that a smaller batch leaves empty."""
-        scratch, max_len = self.cache.scratch_slot, self.cache.max_len
-        batch = ForwardBatch.build([scratch] * b, [0] * b, [[0] * q for _ in range(b)], max_len, self.device)
-        batch.num_kv_splits = num_kv_splits
-        return batch
-
-    @staticmethod
-    def _slice(full: ForwardBatch, b: int, q: int) -> ForwardBatch:
-        return ForwardBatch(
-            input_ids=full.input_ids[: b * q], positions=full.positions[: b * q],
-            write_index=full.write_index[: b * q], slot_ids=full.slot_ids[:b], q_starts=full.q_starts[:b],
-            q_lens=full.q_lens[:b], kv_lens=full.kv_lens[:b], max_q_len=q, causal=full.causal,
-            num_kv_splits=full.num_kv_splits,
-        )
+    def _kv_splits(self, batch_size: int) -> int:
+        """Split each request's keys until (requests x kv heads x splits) roughly fills the GPU."""
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        programs = batch_size * self.cache.k[0].shape[2]
+        return max(1, min(8, sms // programs))
 
     def _capture_one(self, batch: ForwardBatch, pool: tuple) -> _Graph:
         stream = torch.cuda.Stream()
@@ -108,19 +95,51 @@ class ModelRunner:
     def _replay(self, g: _Graph, slots: list[int], start_lens: list[int], token_lists: list[list[int]],
                 last_only: bool) -> RunOutput:
         n, q = len(slots), g.batch.max_q_len
-        real = ForwardBatch.build(slots, start_lens, token_lists, self.cache.max_len, self.device)
-        sb, pad = g.batch, self.padding[q]
-        b = sb.batch_size
-        # Rows past n must point at the scratch slot again, or they would overwrite live requests' K/V.
-        for name in ("input_ids", "positions", "write_index"):
-            getattr(sb, name)[: n * q].copy_(getattr(real, name))
-            getattr(sb, name)[n * q :].copy_(getattr(pad, name)[n * q : b * q])
-        for name in ("slot_ids", "q_lens", "kv_lens"):
-            getattr(sb, name)[:n].copy_(getattr(real, name))
-            getattr(sb, name)[n:].copy_(getattr(pad, name)[n:b])
+        self.static_inputs[q].fill(slots, start_lens, token_lists, g.batch.batch_size)
         g.graph.replay()
         logits = g.logits[: n * q]
         if last_only:
             logits = logits[q - 1 :: q]
         taps = None if g.taps is None else g.taps[: n * q]
         return RunOutput(logits, taps)
+
+
+class _StaticInputs:
+    """Device input buffers of the graphs for one q (every bucket's batch is a prefix view), filled by
+    one host-to-device copy per step from pinned memory. Rows past the real requests point at the
+    scratch slot, so a smaller batch in a larger bucket never writes into live requests' K/V."""
+
+    def __init__(self, max_b: int, q: int, cache: KVCache, device: torch.device) -> None:
+        self.q, self.max_len, self.scratch = q, cache.max_len, cache.scratch_slot
+        n = max_b * q
+        self.host = torch.zeros(3 * n + 3 * max_b, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.dev = torch.zeros_like(self.host, device=device)
+        self.n, self.max_b = n, max_b
+        self.q_starts = torch.arange(0, n, q, dtype=torch.int32, device=device)
+        self.fill([], [], [], max_b)
+
+    def batch(self, b: int, num_kv_splits: int) -> ForwardBatch:
+        n, m, q, d = self.n, self.max_b, self.q, self.dev
+        return ForwardBatch(
+            input_ids=d[0 : b * q], positions=d[n : n + b * q], write_index=d[2 * n : 2 * n + b * q],
+            slot_ids=d[3 * n : 3 * n + b], q_lens=d[3 * n + m : 3 * n + m + b],
+            kv_lens=d[3 * n + 2 * m : 3 * n + 2 * m + b], q_starts=self.q_starts[:b], max_q_len=q,
+            num_kv_splits=num_kv_splits,
+        )
+
+    def fill(self, slots: list[int], start_lens: list[int], token_lists: list[list[int]], b: int) -> None:
+        q, n, m, L = self.q, self.n, self.max_b, self.max_len
+        pad = b - len(slots)
+        ids = [t for toks in token_lists for t in toks] + [0] * (pad * q)
+        starts = list(start_lens) + [0] * pad
+        slots_all = list(slots) + [self.scratch] * pad
+        pos = [s + i for s in starts for i in range(q)]
+        writes = [slot * L + p for slot, p in zip((x for x in slots_all for _ in range(q)), pos)]
+        h = self.host
+        h[0 : b * q] = torch.tensor(ids)
+        h[n : n + b * q] = torch.tensor(pos)
+        h[2 * n : 2 * n + b * q] = torch.tensor(writes)
+        h[3 * n : 3 * n + b] = torch.tensor(slots_all)
+        h[3 * n + m : 3 * n + m + b] = q
+        h[3 * n + 2 * m : 3 * n + 2 * m + b] = torch.tensor([s + q for s in starts])
+        self.dev.copy_(h, non_blocking=self.dev.is_cuda)

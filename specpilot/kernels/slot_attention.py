@@ -78,7 +78,12 @@ def _check_inputs(
 
 
 def _check_lengths(
-    q: torch.Tensor, k_cache: torch.Tensor, slot_ids: list[int], q_starts: list[int], q_lens: list[int], kv_lens: list[int]
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    slot_ids: list[int],
+    q_starts: list[int],
+    q_lens: list[int],
+    kv_lens: list[int],
 ) -> None:
     """Value checks on host copies of the metadata (the reference syncs anyway to size its batches)."""
     num_slots, max_len = k_cache.shape[0], k_cache.shape[1]
@@ -381,7 +386,8 @@ if HAS_TRITON:
             m = m_new
         out = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
         # out is contiguous [T, NUM_HEADS, HEAD_DIM], i.e. flat row r at r * HEAD_DIM.
-        tl.store(out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        out_ptrs = out_ptr + rows[:, None] * HEAD_DIM + dims[None, :]
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 # Shared memory a config may plan for (H100/H200 allow 227 KiB per block; leave room for layout conversions).
@@ -396,7 +402,7 @@ def _launch_config(rows_max: int, head_dim: int, dtype: torch.dtype) -> tuple[in
     else:
         block_m, block_n, num_warps = 64, 64, 4
     num_stages = 3
-    elt = torch.finfo(dtype).bits // 8
+    elt = dtype.itemsize
 
     def smem() -> int:  # the Q tile plus (num_stages - 1) buffered K and V tiles
         return (block_m + 2 * (num_stages - 1) * block_n) * head_dim * elt

@@ -1,0 +1,82 @@
+"""Shared pieces of the GPU benchmark scripts: synthetic models of real shapes, ceilings, timing."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from specpilot.models.config import ModelConfig
+from specpilot.models.linear import iter_linears
+from specpilot.models.transformer import Transformer
+
+LLAMA31_8B = ModelConfig(
+    architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+    num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
+    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192},
+    max_position_embeddings=131072, tie_word_embeddings=False, bos_token_id=128000, eos_token_ids=[128001],
+)
+
+
+def synthetic_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> Transformer:
+    """Random weights of the real shapes (never zeros: they can time faster than real data)."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Transformer(cfg).to(dtype)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.data.uniform_(0.8, 1.2)
+        else:
+            p.data.normal_(0.0, 0.02)
+    return model.eval()
+
+
+def weight_bytes_per_step(model: Transformer, batch_rows: int = 1) -> int:
+    """Bytes every step must read: every linear weight once, plus the embedding rows looked up."""
+    seen: set[int] = set()
+    total = 0
+    for _, lin in iter_linears(model):
+        if lin.weight.data_ptr() not in seen:
+            seen.add(lin.weight.data_ptr())
+            total += lin.weight.numel() * lin.weight.element_size()
+    emb = model.embed_tokens.weight
+    return total + batch_rows * emb.shape[1] * emb.element_size()
+
+
+def copy_bandwidth(device: torch.device, gib: float = 2.0) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus written."""
+    n = int(gib * 2**30) // 2
+    src = torch.randn(n, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = time_cuda(lambda: dst.copy_(src), iters=20)
+    return 2 * n * 2 / (ms * 1e-3)
+
+
+def time_cuda(fn: Callable[[], object], iters: int = 50, warmup: int = 5) -> float:
+    """Median milliseconds of fn over iters runs, with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def out_dir(arg: str | None) -> Path:
+    path = Path(arg or os.environ.get("OUT", "bench_out"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_json(path: Path, data: object) -> None:
+    path.write_text(json.dumps(data, indent=2))

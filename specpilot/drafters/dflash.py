@@ -1,0 +1,204 @@
+"""DFlash block drafter, loaded from a checkpoint directory in the published format.
+
+config.json: architectures ["DFlashDraftModel"], Qwen3 keys, `dflash_config {mask_token_id,
+target_layer_ids[, block_size]}` (block_size may also sit at top level). Tensors: `fc`, `hidden_norm`,
+`norm`, `layers.i.*` Qwen3-style with q/k norms; no embedding or head (the target's are used).
+
+Per request the drafter keeps context K/V, one entry per committed token, computed from the target's
+tap features (concat -> fc -> RMSNorm, then each layer's k/v projections). A draft is one non-causal
+pass over the block [newest committed token, mask x (B-1)] whose queries see the whole context and the
+whole block; output slot k predicts the token at slot k. Block K/V are written past the context and
+are overwritten by the next round, so dropping them costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from specpilot.drafters.base import Draft, Drafter
+from specpilot.engine.forward_batch import ForwardBatch
+from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.request import Request
+from specpilot.kernels.slot_attention import slot_attention
+from specpilot.models.config import ModelConfig
+from specpilot.models.linear import Linear
+from specpilot.models.rope import RotaryTable
+from specpilot.models.transformer import MLP, RMSNorm, Transformer
+
+
+@dataclass
+class DFlashConfig:
+    layers: ModelConfig  # Qwen3-style shapes of the draft layers
+    target_layer_ids: list[int]
+    mask_token_id: int
+    block_size: int
+
+
+def read_dflash_config(path: Path) -> DFlashConfig:
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"DFlash drafter {path}: no config.json")
+    raw = json.loads(cfg_file.read_text())
+    if "DFlashDraftModel" not in raw.get("architectures", []):
+        raise ValueError(f"{cfg_file}: architectures {raw.get('architectures')} do not include DFlashDraftModel")
+    dcfg = raw.get("dflash_config") or {}
+    for key in ("mask_token_id", "target_layer_ids"):
+        if key not in dcfg:
+            raise ValueError(f"{cfg_file}: dflash_config lacks {key!r}")
+    block = dcfg.get("block_size", raw.get("block_size", 16))
+    heads = raw["num_attention_heads"]
+    layers = ModelConfig(
+        architecture="qwen3", vocab_size=raw.get("vocab_size", 1), hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"], num_layers=raw["num_hidden_layers"], num_heads=heads,
+        num_kv_heads=raw.get("num_key_value_heads", heads), head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 1e6)),
+        rope_scaling=raw.get("rope_scaling"), max_position_embeddings=raw.get("max_position_embeddings", 32768),
+        qk_norm=True,
+    )
+    return DFlashConfig(layers, list(dcfg["target_layer_ids"]), int(dcfg["mask_token_id"]), int(block))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        self.scale = cfg.head_dim ** -0.5
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size)
+        self.o_proj = Linear(cfg.q_size, cfg.hidden_size)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def _kv(self, kv: torch.Tensor, positions: torch.Tensor, rope: RotaryTable) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = kv.split(self.kv_size, dim=-1)
+        k = rope.apply(self.k_norm(k.reshape(-1, self.kv_heads, self.head_dim)), positions)
+        return k, v.reshape(-1, self.kv_heads, self.head_dim)
+
+    def write_context(self, ctx: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, cache: KVCache,
+                      rope: RotaryTable) -> None:
+        """Context features enter as K/V only: the k/v rows of the fused projection."""
+        kv = torch.nn.functional.linear(ctx, self.qkv_proj.weight[self.q_size :])
+        cache.write(self.layer, rows, *self._kv(kv, positions, rope))
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, rope: RotaryTable) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        q, kv = self.qkv_proj(h).split([self.q_size, 2 * self.kv_size], dim=-1)
+        q = rope.apply(self.q_norm(q.reshape(-1, self.heads, self.head_dim)), batch.positions)
+        cache.write(self.layer, batch.write_index, *self._kv(kv, batch.positions, rope))
+        o = slot_attention(q, cache.k[self.layer], cache.v[self.layer], batch.slot_ids, batch.q_starts,
+                           batch.q_lens, batch.kv_lens, scale=self.scale, causal=False,
+                           max_q_len=batch.max_q_len, num_kv_splits=batch.num_kv_splits)
+        x = x + self.o_proj(o.reshape(-1, self.q_size))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashModel(nn.Module):
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        lc = cfg.layers
+        self.fc = Linear(len(cfg.target_layer_ids) * lc.hidden_size, lc.hidden_size)
+        self.hidden_norm = RMSNorm(lc.hidden_size, lc.rms_norm_eps)
+        self.layers = nn.ModuleList(DFlashLayer(lc, i) for i in range(lc.num_layers))
+        self.norm = RMSNorm(lc.hidden_size, lc.rms_norm_eps)
+
+
+def _fused_state_dict(raw: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
+    out = {k: raw[k] for k in ("fc.weight", "hidden_norm.weight", "norm.weight")}
+    for i in range(num_layers):
+        p = f"layers.{i}."
+        out[p + "qkv_proj.weight"] = torch.cat([raw[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+        out[p + "o_proj.weight"] = raw[p + "self_attn.o_proj.weight"]
+        out[p + "q_norm.weight"] = raw[p + "self_attn.q_norm.weight"]
+        out[p + "k_norm.weight"] = raw[p + "self_attn.k_norm.weight"]
+        out[p + "mlp.gate_up_proj.weight"] = torch.cat([raw[p + "mlp.gate_proj.weight"], raw[p + "mlp.up_proj.weight"]])
+        out[p + "mlp.down_proj.weight"] = raw[p + "mlp.down_proj.weight"]
+        out[p + "input_layernorm.weight"] = raw[p + "input_layernorm.weight"]
+        out[p + "post_attention_layernorm.weight"] = raw[p + "post_attention_layernorm.weight"]
+    return out
+
+
+def load_dflash_model(path: Path, cfg: DFlashConfig, device: torch.device, dtype: torch.dtype) -> DFlashModel:
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"DFlash drafter {path}: no model.safetensors")
+    raw = load_file(str(weights))
+    try:
+        sd = _fused_state_dict(raw, cfg.layers.num_layers)
+    except KeyError as err:
+        raise ValueError(f"DFlash drafter {weights} lacks tensor {err.args[0]}") from None
+    with torch.device("meta"):
+        model = DFlashModel(cfg)
+    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in sd.items()}, strict=True, assign=True)
+    return model.eval()
+
+
+class DFlashDrafter(Drafter):
+    name = "dflash"
+
+    def __init__(self, path: str | Path, target: Transformer, num_slots: int, context_length: int,
+                 device: torch.device, dtype: torch.dtype, block_size: int | None = None) -> None:
+        path = Path(path)
+        cfg = read_dflash_config(path)
+        super().__init__(block_size or cfg.block_size)
+        tcfg = target.config
+        if cfg.layers.hidden_size != tcfg.hidden_size:
+            raise ValueError(f"DFlash drafter hidden size {cfg.layers.hidden_size} != target's {tcfg.hidden_size}")
+        if not 0 <= cfg.mask_token_id < tcfg.vocab_size:
+            raise ValueError(f"DFlash mask_token_id {cfg.mask_token_id} outside the target vocabulary")
+        if any(not 0 <= i < tcfg.num_layers for i in cfg.target_layer_ids):
+            raise ValueError(f"DFlash target_layer_ids {cfg.target_layer_ids} outside the target's layers")
+        self.cfg, self.target, self.device = cfg, target, device
+        self.tap_layers = tuple(cfg.target_layer_ids)
+        self.model = load_dflash_model(path, cfg, device, dtype)
+        # room for the block past the longest context
+        self.cache = KVCache(cfg.layers.num_layers, num_slots, context_length + self.block_size,
+                             cfg.layers.num_kv_heads, cfg.layers.head_dim, dtype, device)
+        self.rope = RotaryTable(cfg.layers.head_dim, cfg.layers.rope_theta, cfg.layers.rope_scaling,
+                                context_length + self.block_size, device)
+
+    # ---- context ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _append_context(self, slots: list[int], starts: list[int], feats: list[torch.Tensor]) -> None:
+        L = self.cache.max_len
+        positions = [p for s, f in zip(starts, feats) for p in range(s, s + f.shape[0])]
+        rows = [slot * L + p for slot, s, f in zip(slots, starts, feats) for p in range(s, s + f.shape[0])]
+        if not rows:
+            return
+        pos_t = torch.tensor(positions, device=self.device)
+        rows_t = torch.tensor(rows, device=self.device)
+        ctx = self.model.hidden_norm(self.model.fc(torch.cat(feats)))
+        for layer in self.model.layers:
+            layer.write_context(ctx, pos_t, rows_t, self.cache, self.rope)
+
+    def start(self, reqs: list[Request], prompt_taps: list[torch.Tensor | None]) -> None:
+        self._append_context([r.slot for r in reqs], [0] * len(reqs), prompt_taps)
+
+    def commit(self, reqs: list[Request], committed: list[int], verify_taps: list[torch.Tensor | None]) -> None:
+        self._append_context([r.slot for r in reqs], [r.cached_len - n for r, n in zip(reqs, committed)],
+                             verify_taps)
+
+    # ---- drafting ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, reqs: list[Request]) -> Draft:
+        B = self.block_size
+        block = [[r.output_ids[-1]] + [self.cfg.mask_token_id] * (B - 1) for r in reqs]
+        batch = ForwardBatch.build([r.slot for r in reqs], [r.cached_len for r in reqs], block,
+                                   self.cache.max_len, self.device, causal=False)
+        x = self.target.embed(batch.input_ids)
+        for layer in self.model.layers:
+            x = layer(x, batch, self.cache, self.rope)
+        h = self.model.norm(x).view(len(reqs), B, -1)[:, 1:]
+        probs = torch.softmax(self.target.logits(h.reshape(-1, h.shape[-1])), dim=-1)
+        conf, tokens = probs.max(dim=-1)
+        return Draft(tokens.view(len(reqs), B - 1).tolist(), conf.view(len(reqs), B - 1).tolist())

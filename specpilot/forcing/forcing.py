@@ -1,0 +1,158 @@
+"""Token forcing (DESIGN §5).
+
+1. Stock: the target alone decodes autoregressively (greedy, or seeded sampling at T>0); one extra
+   teacher-forced pass over prompt + stock output gives, at every position, the top-1/top-2 logit margin
+   (greedy) or the full target distribution (T>0).
+2. Candidate: the configuration under test runs its own loop (drafting, verification, batching), but
+   every token it decides to commit is compared with stock's token at that position, and stock's token
+   is what gets committed. Once a decided token differs, the rest of that step is dropped (its target
+   K/V came from the wrong token), so the candidate always continues from stock's exact context.
+3. Greedy verdict: positions checked, mismatches where stock's margin is not a near-tie (must be 0),
+   the first divergence. T>0 verdict: at each committed position, the total-variation distance between
+   the distribution the candidate's own target pass gave (the one its verifier sampled from) and stock's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from specpilot.config import SamplingParams
+from specpilot.engine.engine import Engine
+from specpilot.engine.request import Request
+from specpilot.engine.sampling import target_probs
+
+NEAR_TIE = 1e-3  # fp32 logit margin under which float reordering may flip the argmax (fp32 CPU)
+NEAR_TIE_BF16 = 0.1  # bf16 logits are much coarser
+TV_TOLERANCE = 5e-3
+
+
+@dataclass
+class Divergence:
+    prompt: int
+    position: int
+    expected: int
+    got: int
+    margin: float
+
+
+@dataclass
+class ForcingVerdict:
+    algorithm: str
+    greedy: bool
+    num_prompts: int
+    positions_checked: int = 0
+    non_tie_mismatches: int = 0
+    tie_mismatches: int = 0
+    first_divergence: Divergence | None = None
+    max_tv_distance: float = 0.0
+    tie_epsilon: float = NEAR_TIE
+    tau: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        if self.positions_checked == 0:
+            return False
+        if self.greedy:
+            return self.non_tie_mismatches == 0
+        return self.max_tv_distance <= TV_TOLERANCE
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["passed"] = self.passed
+        return out
+
+
+@dataclass
+class StockRun:
+    tokens: list[list[int]]
+    margins: list[list[float]]  # greedy: top-1 minus top-2 logit at each output position
+    probs: list[torch.Tensor | None] = field(default_factory=list)  # T>0: [n, V] target distributions
+
+
+class ForcingObserver:
+    """Installed as `engine.forcing`: compares and substitutes every decided token."""
+
+    def __init__(self, stock: StockRun, prompt_index: dict[str, int], verdict: ForcingVerdict) -> None:
+        self.stock, self.prompt_index, self.verdict = stock, prompt_index, verdict
+
+    def observe(self, req: Request, tokens: list[int], rows: torch.Tensor) -> list[int]:
+        i = self.prompt_index[req.rid]
+        ref, margins = self.stock.tokens[i], self.stock.margins[i]
+        n = len(req.output_ids)
+        forced: list[int] = []
+        for j, token in enumerate(tokens):
+            pos = n + j
+            if pos >= len(ref):
+                break
+            self.verdict.positions_checked += 1
+            forced.append(ref[pos])
+            if not req.params.greedy:
+                mine = target_probs(rows[j : j + 1], req.params).cpu()
+                tv = float(0.5 * (mine[0] - self.stock.probs[i][pos]).abs().sum())
+                self.verdict.max_tv_distance = max(self.verdict.max_tv_distance, tv)
+            if token != ref[pos]:
+                if req.params.greedy:
+                    self._mismatch(i, pos, ref[pos], token, margins[pos])
+                break  # the rest of this step was computed from a token stock did not produce
+        return forced
+
+    def _mismatch(self, prompt: int, pos: int, expected: int, got: int, margin: float) -> None:
+        if margin < self.verdict.tie_epsilon:
+            self.verdict.tie_mismatches += 1
+            return
+        self.verdict.non_tie_mismatches += 1
+        if self.verdict.first_divergence is None:
+            self.verdict.first_divergence = Divergence(prompt, pos, expected, got, margin)
+
+
+@torch.inference_mode()
+def teacher_forced_logits(engine: Engine, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """Target logits at every output position from one pass over prompt + output: [len(output), V]."""
+    slot = engine.cache.allocate()
+    try:
+        ids = prompt + output[:-1] if output else prompt
+        out = engine.runner.forward([slot], [0], [ids])
+        return out.logits[len(prompt) - 1 :]
+    finally:
+        engine.cache.free(slot)
+
+
+def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> StockRun:
+    reqs = engine.generate(prompts, params)
+    tokens = [r.output_ids for r in reqs]
+    margins, probs = [], []
+    for prompt, out in zip(prompts, tokens):
+        logits = teacher_forced_logits(engine, prompt, out)
+        if params.greedy:
+            top2 = torch.topk(logits, 2, dim=-1).values
+            margins.append((top2[:, 0] - top2[:, 1]).tolist())
+            probs.append(None)
+        else:
+            margins.append([])
+            probs.append(target_probs(logits, params).cpu())
+    return StockRun(tokens, margins, probs)
+
+
+def run_forcing(stock_engine: Engine, candidate: Engine, prompts: list[list[int]], params: SamplingParams,
+                algorithm: str, tie_epsilon: float | None = None) -> ForcingVerdict:
+    """Run stock on `stock_engine` (no drafter) and the candidate forced to stock's tokens."""
+    if stock_engine.drafter is not None:
+        raise ValueError("the stock engine must decode autoregressively (no drafter)")
+    if tie_epsilon is None:
+        tie_epsilon = NEAR_TIE if stock_engine.dtype == torch.float32 else NEAR_TIE_BF16
+    stock = run_stock(stock_engine, prompts, params)
+    verdict = ForcingVerdict(algorithm, params.greedy, len(prompts), tie_epsilon=tie_epsilon)
+    reqs = [candidate.add_request(p, params) for p in prompts]
+    observer = ForcingObserver(stock, {r.rid: i for i, r in enumerate(reqs)}, verdict)
+    candidate.forcing = observer
+    try:
+        while candidate.has_work:
+            candidate.step()
+    finally:
+        candidate.forcing = None
+    verdict.tau = candidate.spec_stats.tau
+    return verdict
+

@@ -1,0 +1,366 @@
+"""Skinny GEMM ``y = x @ w.T (+ bias)`` for decode and speculative verify (M = 1..64 rows).
+
+At such M a linear layer is memory-bound: the time is the time to stream ``w`` ([N, K], row-major as
+``nn.Linear`` stores it) from device memory once. cuBLAS reaches well under copy bandwidth there, so this
+module offers a Triton kernel built for bandwidth, plus :func:`tune`, which times it against cuBLAS per shape so
+a Linear seam can pick whichever is faster.
+
+Kernel layout: program ``(n_block, k_split)`` owns ``BLOCK_N`` rows of ``w`` (output columns) and one of
+``SPLIT_K`` equal slices of K. It walks its slice in ``[BLOCK_N, BLOCK_K]`` tiles, each row a contiguous run of
+K, software-pipelined ``num_stages`` deep so several tiles are in flight per program. ``w`` is the dot's left
+operand (``acc[BLOCK_N, BLOCK_M] = w_tile @ x_tile.T``) and the few rows of ``x`` are padded to
+``BLOCK_M >= 16`` on the right, so ``BLOCK_N`` - not M - sets the MMA's M dimension (>= 64 allows Hopper's
+wgmma). With ``SPLIT_K > 1`` the slices write fp32 partials to a workspace and a second small kernel sums them
+in a fixed order (deterministic, no zero-init, no atomics), adds the bias and casts. Nothing syncs with the host
+and the grid depends only on shapes, so calls are CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # CPU-only installs only have the reference
+    HAS_TRITON = False
+
+__all__ = [
+    "CANDIDATE_CONFIGS",
+    "HAS_TRITON",
+    "MAX_M",
+    "SkinnyConfig",
+    "default_config",
+    "skinny_gemm",
+    "skinny_gemm_reference",
+    "tune",
+]
+
+MAX_M = 64
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Shared memory the pipelined tiles may take (Hopper allows 227 KiB per block; the rest is epilogue scratch).
+_SMEM_BUDGET = 192 * 1024
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    block_n: int  # rows of w (output columns) per program
+    block_k: int  # K elements per tile row: 128..512 keeps each row's load a long contiguous run
+    split_k: int  # programs sharing one column block, each on a K slice
+    num_warps: int
+    num_stages: int  # tiles in flight per program (capped to fit shared memory at large M)
+
+
+# Sized for H100/H200 (132 SMs) on N, K in {4096, 6144, 14336, 28672, 128256}: a column block count times split_k
+# near or above a multiple of the SM count, and 32-96 KiB of w in flight per program.
+CANDIDATE_CONFIGS: list[SkinnyConfig] = [
+    SkinnyConfig(64, 256, 1, 4, 4),
+    SkinnyConfig(64, 256, 2, 4, 4),
+    SkinnyConfig(64, 256, 4, 4, 4),
+    SkinnyConfig(64, 256, 8, 4, 4),
+    SkinnyConfig(64, 512, 1, 4, 3),
+    SkinnyConfig(64, 512, 2, 4, 3),
+    SkinnyConfig(64, 128, 1, 4, 6),
+    SkinnyConfig(32, 512, 1, 4, 4),
+    SkinnyConfig(32, 256, 2, 4, 4),
+    SkinnyConfig(32, 512, 4, 4, 3),
+    SkinnyConfig(16, 512, 1, 4, 4),
+    SkinnyConfig(128, 128, 1, 4, 4),
+    SkinnyConfig(128, 256, 1, 8, 3),
+    SkinnyConfig(128, 256, 2, 8, 3),
+]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Reference
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ w.T + bias`` in fp32, returned in ``x.dtype``."""
+    y = x.float() @ w.float().T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------------------------------
+
+import os
+_W_LEFT = tl.constexpr(int(os.environ.get("SKINNY_W_LEFT", "1")))
+if HAS_TRITON:
+
+    @triton.jit
+    def _skinny_gemm_kernel(
+        x_ptr,
+        w_ptr,
+        bias_ptr,
+        out_ptr,  # [M, N] output when SPLIT_K == 1, else the fp32 [SPLIT_K, M, N] workspace
+        M,
+        N,
+        K,
+        k_span,  # K elements per split, a multiple of BLOCK_K
+        stride_xm,
+        stride_wn,
+        stride_om,
+        stride_os,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        SPLIT_K: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+        W_LEFT: tl.constexpr = _W_LEFT,
+    ):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_k = tl.arange(0, BLOCK_K)
+        # Rows past N re-read row N-1 instead of being masked: loads stay unpredicated along K, stores drop them.
+        rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+        m_ok = offs_m < M
+        k_lo = pid_k * k_span
+        k_hi = tl.minimum(k_lo + k_span, K)
+
+        w_ptrs = w_ptr + rows[:, None] * stride_wn + (k_lo + offs_k)[None, :]
+        # x is read as its transpose [BLOCK_K, BLOCK_M]; rows past M load as zeros.
+        x_ptrs = x_ptr + offs_m[None, :] * stride_xm + (k_lo + offs_k)[:, None]
+        if W_LEFT:
+            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k in range(k_lo, k_hi, BLOCK_K):
+            if EVEN_K:
+                w_tile = tl.load(w_ptrs)
+                x_tile = tl.load(x_ptrs, mask=m_ok[None, :], other=0.0)
+            else:
+                k_ok = k + offs_k < K
+                w_tile = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+                x_tile = tl.load(x_ptrs, mask=k_ok[:, None] & m_ok[None, :], other=0.0)
+            if W_LEFT:
+                acc = tl.dot(w_tile, x_tile, acc, input_precision=DOT_PRECISION)
+            else:
+                acc = tl.dot(tl.trans(x_tile), tl.trans(w_tile), acc, input_precision=DOT_PRECISION)
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
+
+        if not W_LEFT:
+            acc = tl.trans(acc)
+        n_ok = offs_n < N
+        out_ptrs = out_ptr + pid_k * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
+        mask = n_ok[:, None] & m_ok[None, :]
+        if SPLIT_K == 1:
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        else:
+            tl.store(out_ptrs, acc, mask=mask)
+
+    @triton.jit
+    def _split_k_reduce_kernel(
+        ws_ptr,  # fp32 [SPLIT_K, M, N], contiguous
+        bias_ptr,
+        out_ptr,  # [M, N], contiguous
+        MN,
+        N,
+        SPLIT_K: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < MN
+        acc = tl.load(ws_ptr + offs, mask=ok, other=0.0)
+        for s in tl.static_range(1, SPLIT_K):  # fixed order: bitwise reproducible
+            acc += tl.load(ws_ptr + s * MN + offs, mask=ok, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Launch
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _check_inputs(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+    if x.dim() != 2 or w.dim() != 2:
+        raise ValueError(f"x must be [M, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"K mismatch: x has {x.shape[1]}, w has {w.shape[1]}")
+    if x.shape[0] > MAX_M:
+        raise ValueError(f"skinny_gemm handles at most {MAX_M} rows, got M={x.shape[0]}")
+    if x.dtype not in _DTYPES or w.dtype != x.dtype:
+        raise TypeError(f"x and w must share one dtype of {_DTYPES}, got {x.dtype} and {w.dtype}")
+    if x.stride(1) != 1 or w.stride(1) != 1:
+        raise ValueError("x and w must have a unit-stride last dimension")
+    if bias is not None and (bias.shape != (w.shape[0],) or bias.stride(0) != 1):
+        raise ValueError(f"bias must be a contiguous [N] = [{w.shape[0]}] vector, got shape {tuple(bias.shape)}")
+    for t, name in ((w, "w"), (bias, "bias")):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device}, x is on {x.device}")
+
+
+def _block_m(m: int) -> int:
+    return max(16, triton.next_power_of_2(m))
+
+
+def _fit_stages(config: SkinnyConfig, block_m: int, elt: int) -> int:
+    """config.num_stages, lowered until the buffered w and x tiles fit in shared memory."""
+    per_stage = (config.block_n + block_m) * config.block_k * elt
+    return max(1, min(config.num_stages, _SMEM_BUDGET // per_stage))
+
+
+def default_config(m: int, n: int, k: int, num_sms: int = 132) -> SkinnyConfig:
+    """An untuned choice: 64-row blocks, split K until the grid covers every SM (keeping >= 1024 of K a split)."""
+    split = 1
+    while triton.cdiv(n, 64) * split < num_sms and k // (2 * split) >= 1024:
+        split *= 2
+    return SkinnyConfig(block_n=64, block_k=256, split_k=split, num_warps=4, num_stages=4)
+
+
+def skinny_gemm(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, config: SkinnyConfig | None = None
+) -> torch.Tensor:
+    """Triton ``x @ w.T + bias`` for ``x`` of 1..64 rows; fp32 accumulation, output in ``x.dtype``."""
+    if not HAS_TRITON:
+        raise RuntimeError("skinny_gemm needs triton, which is not importable")
+    _check_inputs(x, w, bias)
+    (m, k), n = x.shape, w.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
+    if config is None:
+        num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+        config = default_config(m, n, k, num_sms)
+
+    block_m = _block_m(m)
+    k_tiles = triton.cdiv(k, config.block_k)
+    split = min(config.split_k, k_tiles)  # more splits than tiles would only add empty programs
+    k_span = triton.cdiv(k_tiles, split) * config.block_k
+    split = triton.cdiv(k, k_span)  # e.g. 5 tiles over 4 splits -> spans of 2 tiles -> 3 splits
+    if split > 1:
+        dest = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    else:
+        dest = out
+    grid = (triton.cdiv(n, config.block_n), split)
+    _skinny_gemm_kernel[grid](
+        x,
+        w,
+        bias if bias is not None else x,  # never read without HAS_BIAS
+        dest,
+        m,
+        n,
+        k,
+        k_span,
+        x.stride(0),
+        w.stride(0),
+        dest.stride(-2),
+        dest.stride(0) if split > 1 else 0,
+        BLOCK_M=block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        SPLIT_K=split,
+        EVEN_K=k % config.block_k == 0,
+        HAS_BIAS=bias is not None,
+        # fp32 operands would otherwise run the dot in tf32
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=config.num_warps,
+        num_stages=_fit_stages(config, block_m, x.element_size()),
+    )
+    if split > 1:
+        block = 1024
+        _split_k_reduce_kernel[(triton.cdiv(m * n, block),)](
+            dest,
+            bias if bias is not None else x,
+            out,
+            m * n,
+            n,
+            SPLIT_K=split,
+            HAS_BIAS=bias is not None,
+            BLOCK=block,
+            num_warps=4,
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Tuning (CUDA only)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """||got - ref|| / ||ref|| in fp64; NaN/inf anywhere gives inf."""
+    diff = (got.double() - ref.double()).norm().item()
+    return diff / max(ref.double().norm().item(), 1e-30) if math.isfinite(diff) else math.inf
+
+
+def _time_us(fn, copies: list[torch.Tensor], x: torch.Tensor) -> float:
+    """Median µs of ``fn(x, w)``, cycling through copies of w so that w is read from device memory."""
+    from triton.testing import do_bench
+
+    ws = itertools.cycle(copies)
+    return do_bench(lambda: fn(x, next(ws)), warmup=25, rep=100, return_mode="median") * 1e3
+
+
+def tune(
+    x_shape_m: int,
+    w: torch.Tensor,
+    configs: list[SkinnyConfig] = CANDIDATE_CONFIGS,
+    rotate: int | None = None,
+) -> tuple[SkinnyConfig | None, dict]:
+    """Time cuBLAS and each config on ``x[x_shape_m, K] @ w.T``; return (fastest correct config, or None if
+    cuBLAS is faster) and the timing table.
+
+    ``rotate`` copies of w are cycled through (default: enough to exceed twice the L2), so no timing reads w from
+    cache. Configs that fail to compile or launch, or whose relative error exceeds the dtype's tolerance, are
+    recorded and skipped.
+    """
+    if not w.is_cuda:
+        raise RuntimeError("tune needs a CUDA weight; on CPU there is nothing to time")
+    n, k = w.shape
+    w_bytes = w.numel() * w.element_size()
+    props = torch.cuda.get_device_properties(w.device)
+    if rotate is None:
+        rotate = max(1, math.ceil(2 * props.L2_cache_size / w_bytes))
+    copies = [w] + [w.clone() for _ in range(rotate - 1)]
+    gen = torch.Generator(device=w.device).manual_seed(0)
+    x = torch.randn(x_shape_m, k, device=w.device, dtype=w.dtype, generator=gen)
+    ref = skinny_gemm_reference(x, w).float()
+    tol = 1e-4 if w.dtype == torch.float32 else 1e-2
+
+    def row(us: float, err: float) -> dict:
+        return {"us": us, "tbps": w_bytes / us / 1e6, "rel_err": err}
+
+    cublas = row(_time_us(torch.nn.functional.linear, copies, x), _rel_err(torch.nn.functional.linear(x, w), ref))
+    table: dict = {
+        "m": x_shape_m, "n": n, "k": k, "dtype": str(w.dtype).removeprefix("torch."), "w_bytes": w_bytes,
+        "rotate": rotate, "device": props.name, "cublas": cublas, "configs": [],
+    }
+    best: SkinnyConfig | None = None
+    best_us = cublas["us"]
+    for cfg in configs:
+        entry: dict = {"config": asdict(cfg)}
+        table["configs"].append(entry)
+        try:
+            err = _rel_err(skinny_gemm(x, w, config=cfg), ref)
+            entry.update(row(_time_us(lambda a, b: skinny_gemm(a, b, config=cfg), copies, x), err))
+        except Exception as exc:  # compile/launch failures (e.g. out of shared memory) only drop the config
+            entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            continue
+        entry["ok"] = err <= tol
+        if entry["ok"] and entry["us"] < best_us:
+            best, best_us = cfg, entry["us"]
+    table["best"] = asdict(best) if best is not None else None
+    return best, table

@@ -1,0 +1,206 @@
+"""Skinny GEMM: torch reference vs float64 matmul, Triton (interpreter) vs float64.
+
+The Triton cases run in one subprocess with TRITON_INTERPRET=1, which triton reads when a kernel is decorated,
+so it must be set before anything imports the kernel module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from specpilot.kernels.skinny_gemm import SkinnyConfig, skinny_gemm, skinny_gemm_reference, tune
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Case:
+    m: int
+    n: int
+    k: int
+    dtype: str = "float32"
+    bias: bool = False
+    config: SkinnyConfig = SkinnyConfig(block_n=32, block_k=32, split_k=1, num_warps=4, num_stages=2)
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        c = self.config
+        return (
+            f"m{self.m}-n{self.n}-k{self.k}-{self.dtype}-{'bias' if self.bias else 'nobias'}"
+            f"-bn{c.block_n}-bk{c.block_k}-split{c.split_k}"
+        )
+
+
+def make_inputs(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Random x, w (and bias) with no zeros, so an unread tile or dropped term changes the result."""
+    g = torch.Generator().manual_seed(case.seed)
+    dtype = getattr(torch, case.dtype)
+
+    def rand(*shape: int) -> torch.Tensor:
+        t = torch.randn(*shape, generator=g)
+        return (t + t.sign() * 0.1).to(dtype)  # nudged away from 0
+
+    x, w = rand(case.m, case.k), rand(case.n, case.k)
+    return x, w, rand(case.n) if case.bias else None
+
+
+def exact(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    y = x.double() @ w.double().T
+    return y + bias.double() if bias is not None else y
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """||got - want|| / ||want||; NaN anywhere (a poisoned element never written) gives inf."""
+    err = ((got.double() - want).norm() / want.norm()).item()
+    return err if err == err else float("inf")
+
+
+# Output rounding dominates: fp32 ~1e-7, bf16 ~2e-3 (8 mantissa bits), fp16 ~3e-4.
+TOL = {"float32": 1e-5, "bfloat16": 8e-3, "float16": 2e-3}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Reference vs float64
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("m, n, k", [(1, 40, 72), (3, 64, 256), (64, 33, 100)])
+def test_reference_matches_float64(m: int, n: int, k: int, dtype: str, bias: bool) -> None:
+    x, w, b = make_inputs(Case(m, n, k, dtype, bias))
+    got = skinny_gemm_reference(x, w, b)
+    assert got.dtype == x.dtype and got.shape == (m, n)
+    assert rel_err(got, exact(x, w, b)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize(
+    "args, error, match",
+    [
+        ((torch.ones(2, 8), torch.ones(4, 9)), ValueError, "K mismatch"),
+        ((torch.ones(65, 8), torch.ones(4, 8)), ValueError, "at most 64 rows"),
+        ((torch.ones(2, 8), torch.ones(4, 8, dtype=torch.float16)), TypeError, "one dtype"),
+        ((torch.ones(2, 8, dtype=torch.int32), torch.ones(4, 8, dtype=torch.int32)), TypeError, "one dtype"),
+        ((torch.ones(8, 2).T, torch.ones(4, 8)), ValueError, "unit-stride"),
+        ((torch.ones(2, 8), torch.ones(4, 8), torch.ones(3)), ValueError, "bias must be"),
+        ((torch.ones(8), torch.ones(4, 8)), ValueError, r"\[M, K\]"),
+    ],
+)
+def test_skinny_gemm_validates_inputs(args: tuple, error: type[Exception], match: str) -> None:
+    pytest.importorskip("triton")
+    with pytest.raises(error, match=match):
+        skinny_gemm(*args)
+
+
+def test_tune_needs_cuda() -> None:
+    with pytest.raises(RuntimeError, match="CUDA"):
+        tune(1, torch.ones(4, 8))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Triton (interpreter, subprocess) vs float64
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _triton_cases() -> list[Case]:
+    cases = []
+    # (40, 72): a partial second column block and a partial last K tile; (64, 256): whole blocks and tiles.
+    for (n, k), m, split, bias, dtype in (
+        (nk, m, split, bias, dtype)
+        for nk in ((40, 72), (64, 256))
+        for m in (1, 3, 16)
+        for split in (1, 2)
+        for bias in (False, True)
+        for dtype in ("float32", "bfloat16")
+    ):
+        config = SkinnyConfig(block_n=32, block_k=32 if k == 72 else 64, split_k=split, num_warps=4, num_stages=2)
+        cases.append(Case(m, n, k, dtype, bias, config, seed=len(cases)))
+    cases += [
+        # 7 K tiles over 4 splits -> spans of 2 tiles, the last one partial; BLOCK_M 64; N below one block.
+        Case(33, 24, 200, "bfloat16", True, SkinnyConfig(64, 32, 4, 4, 3), seed=100),
+        Case(64, 48, 96, "float16", True, SkinnyConfig(16, 32, 2, 4, 2), seed=101),
+        # More splits than K tiles; a candidate-sized tile.
+        Case(5, 70, 40, "float32", False, SkinnyConfig(32, 32, 8, 4, 2), seed=102),
+        Case(2, 64, 512, "bfloat16", True, SkinnyConfig(64, 256, 2, 4, 4), seed=103),
+    ]
+    return cases
+
+
+TRITON_CASES = _triton_cases()
+
+
+def _patch_interpreter_bf16_dot() -> None:
+    """The interpreter stores bf16 as its raw uint16 bits, which np.matmul would multiply as integers.
+
+    Widen bf16 dot operands to the float32 values they encode (exact), as the GPU's MMA consumes them.
+    """
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+    original = InterpreterBuilder.create_dot
+
+    def as_float32(h: TensorHandle) -> TensorHandle:
+        if h.dtype.scalar != tl.bfloat16:
+            return h
+        return TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+
+    def create_dot(self, a, b, d, *args):
+        return original(self, as_float32(a), as_float32(b), d, *args)
+
+    InterpreterBuilder.create_dot = create_dot
+
+
+def _poison_allocations() -> None:
+    """torch.empty returns NaN-filled floats, so an output or workspace element never written shows up."""
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    torch.empty = poisoned
+
+
+def _triton_errors() -> dict[str, float]:
+    """Runs in the interpreter subprocess: relative error of each case against float64."""
+    _patch_interpreter_bf16_dot()
+    _poison_allocations()
+    errors = {}
+    for case in TRITON_CASES:
+        x, w, b = make_inputs(case)
+        got = skinny_gemm(x, w, b, config=case.config)
+        assert got.dtype == x.dtype and got.shape == (case.m, case.n), case.name
+        errors[case.name] = rel_err(got, exact(x, w, b))
+    return errors
+
+
+@pytest.fixture(scope="module")
+def triton_errors() -> dict[str, float]:
+    pytest.importorskip("triton")
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    proc = subprocess.run(
+        [sys.executable, __file__], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: c.name)
+def test_triton_matches_float64(triton_errors: dict[str, float], case: Case) -> None:
+    err = triton_errors[case.name]
+    assert err <= TOL[case.dtype], f"{case.name}: relative error {err}"
+
+
+if __name__ == "__main__":
+    print(json.dumps(_triton_errors()))

@@ -1,0 +1,150 @@
+"""Speculative decoding is lossless: token forcing against stock AR for every drafter."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from spec_fixtures import OracleDrafter, write_random_dflash, write_random_pard
+from specpilot.config import SamplingParams
+from specpilot.drafters.ngram import NgramDrafter
+from specpilot.engine.engine import Engine, EngineConfig
+from specpilot.engine.verify import Verifier
+from specpilot.forcing import run_forcing
+from specpilot.models.checkpoint import load_checkpoint
+from tiny_models import tiny_hf_model
+
+GREEDY = SamplingParams(max_new_tokens=40, ignore_eos=True)
+
+
+def mixed_prompts(vocab: int, n: int, seed: int = 0) -> list[list[int]]:
+    """Mixed lengths with repeats inside, so n-gram lookup has something to find."""
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(n):
+        motif = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 6))]
+        prompts.append([rng.randrange(3, vocab) for _ in range(rng.randint(1, 20))] + motif * rng.randint(1, 4))
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("target")
+    tiny_hf_model("qwen3").save_pretrained(path)
+    ckpt = load_checkpoint(path)
+    dflash = write_random_dflash(tmp_path_factory.mktemp("dflash"), hidden=ckpt.config.hidden_size,
+                                 num_target_layers=ckpt.config.num_layers, mask_token_id=ckpt.config.vocab_size - 1)
+    pard = write_random_pard(tmp_path_factory.mktemp("pard"), pard_token=ckpt.config.vocab_size - 1)
+    return ckpt, {"dflash": dflash, "pard": pard}
+
+
+def engine_for(ckpt, algorithm=None, path=None, block=None, slots=8) -> Engine:
+    return Engine(ckpt, EngineConfig(device="cpu", max_running_requests=slots, context_length=256,
+                                     speculative_algorithm=algorithm, speculative_draft_model_path=path,
+                                     speculative_num_draft_tokens=block))
+
+
+@pytest.mark.parametrize("algorithm,block", [("ngram", 4), ("dflash", None), ("pard", 5)])
+def test_forcing_passes_batched_mixed_lengths(tiny, algorithm, block):
+    ckpt, paths = tiny
+    stock = engine_for(ckpt)
+    cand = engine_for(ckpt, algorithm, paths.get(algorithm), block)
+    prompts = mixed_prompts(ckpt.config.vocab_size, 8)
+    verdict = run_forcing(stock, cand, prompts, GREEDY, algorithm)
+    assert verdict.passed, verdict.as_dict()
+    assert verdict.positions_checked == 8 * 40
+    assert cand.cache.num_free == cand.cache.num_slots
+
+
+@pytest.mark.parametrize("algorithm,block", [("ngram", 4), ("dflash", None), ("pard", 5)])
+def test_free_running_output_equals_ar(tiny, algorithm, block):
+    ckpt, paths = tiny
+    prompts = mixed_prompts(ckpt.config.vocab_size, 5, seed=1)
+    ar = [r.output_ids for r in engine_for(ckpt).generate(prompts, GREEDY)]
+    cand = engine_for(ckpt, algorithm, paths.get(algorithm), block)
+    spec = [r.output_ids for r in cand.generate(prompts, GREEDY)]
+    assert spec == ar
+    assert cand.spec_stats.steps > 0
+
+
+@pytest.mark.parametrize("first_error", [0, 1, 3, 7])
+def test_oracle_accept_length_is_exact(tiny, first_error):
+    ckpt, _ = tiny
+    block = 8
+    prompts = mixed_prompts(ckpt.config.vocab_size, 4, seed=2)
+    params = SamplingParams(max_new_tokens=30, ignore_eos=True)
+    ar = [r.output_ids for r in engine_for(ckpt).generate(prompts, params)]
+    cand = engine_for(ckpt)
+    reqs = [cand.add_request(p, params) for p in prompts]
+    cand.drafter = OracleDrafter(block, {r.rid: a for r, a in zip(reqs, ar)}, first_error, ckpt.config.vocab_size)
+    cand.spec_stats.block_size = block
+    while cand.has_work:
+        cand.step()
+    assert [r.output_ids for r in reqs] == ar
+    for r in reqs:  # every full step commits the accepted drafts + the bonus: first_error + 1 tokens
+        full = r.accept_lengths[:-1]
+        assert full and all(n == min(first_error, block - 1) + 1 for n in full)
+
+
+class AcceptEverything(Verifier):
+    """A planted hack: commits every draft without checking it."""
+
+    def accept(self, req, rows, draft, argmax):
+        return list(draft) + [argmax[len(draft)]]
+
+
+def test_planted_accept_everything_fails_forcing(tiny):
+    ckpt, paths = tiny
+    cand = engine_for(ckpt, "dflash", paths["dflash"])
+    cand.verifier = AcceptEverything()
+    verdict = run_forcing(engine_for(ckpt), cand, mixed_prompts(ckpt.config.vocab_size, 4), GREEDY, "hack")
+    assert not verdict.passed
+    assert verdict.non_tie_mismatches > 0 and verdict.first_divergence is not None
+
+
+def test_sampling_forcing_matches_distributions(tiny):
+    ckpt, paths = tiny
+    params = SamplingParams(max_new_tokens=24, temperature=0.9, top_p=0.95, seed=3, ignore_eos=True)
+    verdict = run_forcing(engine_for(ckpt), engine_for(ckpt, "dflash", paths["dflash"]),
+                          mixed_prompts(ckpt.config.vocab_size, 4), params, "dflash")
+    assert verdict.passed, verdict.as_dict()
+
+
+def test_sampling_verifier_is_exact_on_toy_distribution():
+    """Point-mass drafts at T>0: the committed first token must follow the target distribution
+    whatever the draft proposes (chi-square against the target probabilities)."""
+    from specpilot.engine.request import Request
+    from specpilot.engine.sampling import make_generator, target_probs
+
+    vocab = 6
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 0.3], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]])
+    params = SamplingParams(temperature=1.0, max_new_tokens=4)
+    req = Request([1], params, generator=make_generator(0, torch.device("cpu")))
+    n = 20000
+    for draft_token in (0, 4):  # a likely and an unlikely draft
+        counts = torch.zeros(vocab)
+        for _ in range(n):
+            out = Verifier().accept(req, logits, [draft_token], [0, 0])
+            counts[out[0]] += 1
+        expected = target_probs(logits[:1], params)[0] * n
+        chi2 = float(((counts - expected) ** 2 / expected).sum())
+        assert chi2 < 20.5, chi2  # 5 dof, p = 0.001
+
+
+def test_ngram_lookup():
+    d = NgramDrafter(block_size=4)
+    assert d.lookup([5, 6, 7, 8, 9, 5, 6]) == [7, 8, 9]
+    assert d.lookup([1, 2, 3]) == [3, 3, 3]
+    assert d.lookup([4, 1, 4]) == [1, 4, 4]
+
+
+def test_bad_speculative_config(tiny):
+    ckpt, paths = tiny
+    with pytest.raises(ValueError, match="speculative-algorithm"):
+        engine_for(ckpt, "eagle9")
+    with pytest.raises(ValueError, match="draft-model-path"):
+        engine_for(ckpt, "dflash")
+    with pytest.raises(ValueError, match="DFlashDraftModel|pard_token"):
+        engine_for(ckpt, "dflash", paths["pard"])
