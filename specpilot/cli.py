@@ -7,6 +7,8 @@ import json
 import sys
 from collections.abc import Sequence
 
+from specpilot.drafters import ALGORITHMS
+
 DEFAULT_PROMPT = "Write a haiku about the sea."
 
 
@@ -21,11 +23,19 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context-length", type=_positive_int, default=4096, help="KV positions per request")
     g.add_argument("--max-running-requests", type=_positive_int, default=32)
     g.add_argument("--disable-cuda-graph", action="store_true", help="run decode eagerly on CUDA")
+    s = p.add_argument_group("speculative decoding")
+    s.add_argument("--speculative-algorithm", default=None, type=str.lower, choices=["none", *ALGORITHMS],
+                   help="drafter; default none (plain AR decoding)")
+    s.add_argument("--speculative-draft-model-path", default=None,
+                   help="DFlash checkpoint directory or PARD model directory")
+    s.add_argument("--speculative-num-draft-tokens", type=_at_least_two, default=None,
+                   help="tokens per verify pass (block size: newest token + drafts); default from the drafter")
 
 
-def _sampling_args(p: argparse.ArgumentParser) -> None:
+def _sampling_args(p: argparse.ArgumentParser, with_length: bool = True) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("--max-new-tokens", type=_nonneg_int, default=128)
+    if with_length:
+        g.add_argument("--max-new-tokens", type=_nonneg_int, default=128)
     g.add_argument("--min-new-tokens", type=_nonneg_int, default=0)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-p", type=float, default=1.0)
@@ -41,6 +51,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _at_least_two(text: str) -> int:
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be >= 2, got {text}")
     return value
 
 
@@ -62,7 +79,89 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(gen)
     _sampling_args(gen)
     gen.set_defaults(func=_cmd_generate)
+
+    force = sub.add_parser("force", help="token forcing of a configuration against stock AR (JSON verdict)",
+                           description="Runs stock AR, then the configuration with stock's tokens forced, and "
+                                       "checks every position. Exit code 1 when the verdict fails.")
+    _dataset_args(force, default_prompts=8, default_tokens=64)
+    _engine_args(force)
+    _sampling_args(force, with_length=False)
+    force.set_defaults(func=_cmd_force)
+
+    bench = sub.add_parser("bench", help="speedup over AR, tau and acceptance per dataset (JSON + PNG)")
+    _dataset_args(bench, default_prompts=20, default_tokens=256, many=True)
+    bench.add_argument("--batch-size", type=_positive_int, default=1, help="requests run together (default 1)")
+    bench.add_argument("--output-dir", default="results/bench", help="where the JSON and PNG go")
+    _engine_args(bench)
+    bench.set_defaults(func=_cmd_bench)
     return parser
+
+
+def _dataset_args(p: argparse.ArgumentParser, default_prompts: int, default_tokens: int, many: bool = False) -> None:
+    from specpilot.bench.datasets import DATASETS
+
+    g = p.add_argument_group("workload")
+    if many:
+        g.add_argument("--dataset", nargs="+", default=["humaneval"], choices=DATASETS, help="one or more")
+    else:
+        g.add_argument("--dataset", default="humaneval", choices=DATASETS)
+    g.add_argument("--num-prompts", type=_positive_int, default=default_prompts)
+    g.add_argument("--max-new-tokens", type=_positive_int, default=default_tokens)
+
+
+def _cmd_force(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from specpilot.bench.datasets import apply_chat_template, load_prompts
+    from specpilot.engine.engine import Engine
+    from specpilot.forcing import run_forcing
+
+    config = engine_config_from_args(args)
+    candidate = Engine.from_config(config)
+    stock = Engine(candidate.checkpoint, replace(config, speculative_algorithm=None))
+    prompts = [apply_chat_template(candidate.tokenizer, p) for p in load_prompts(args.dataset, args.num_prompts)]
+    params = sampling_params_from_args(args)
+    verdict = run_forcing(stock, candidate, prompts, params, config.speculative_algorithm or "none")
+    print(json.dumps(verdict.as_dict(), indent=2))
+    return 0 if verdict.passed else 1
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from specpilot.bench.charts import speedup_chart
+    from specpilot.bench.harness import bench_dataset
+    from specpilot.config import SamplingParams
+    from specpilot.engine.engine import Engine
+
+    config = engine_config_from_args(args)
+    engine = Engine.from_config(config)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    with Progress() as progress:
+        results = [bench_dataset(engine, d, args.num_prompts, params, args.batch_size, progress).as_dict()
+                   for d in args.dataset]
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"bench_{config.speculative_algorithm or 'ar'}_{engine.device.type}"
+    report = {"config": vars(config), "device": engine.device.type, "dtype": str(engine.dtype),
+              "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "results": results}
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2))
+    table = Table(title=f"specpilot bench ({config.speculative_algorithm or 'AR only'}, {engine.device.type})")
+    for col in ("dataset", "prompts", "tau", "TPOT AR ms", "TPOT spec ms", "speedup"):
+        table.add_column(col)
+    for r in results:
+        spec = r["spec"] or {}
+        table.add_row(r["dataset"], str(r["num_prompts"]), f"{r.get('tau', 0):.2f}", f"{r['ar']['tpot_ms']:.2f}",
+                      f"{spec.get('tpot_ms', float('nan')):.2f}", f"{r['speedup'] or float('nan'):.2f}x")
+    Console().print(table)
+    if engine.drafter is not None:
+        png = speedup_chart(results, table.title, out / f"{name}.png")
+        print(f"wrote {out / (name + '.json')} and {png}")
+    return 0
 
 
 def sampling_params_from_args(args: argparse.Namespace):
@@ -78,9 +177,12 @@ def sampling_params_from_args(args: argparse.Namespace):
 def engine_config_from_args(args: argparse.Namespace):
     from specpilot.engine.engine import EngineConfig
 
+    algorithm = None if args.speculative_algorithm in (None, "none") else args.speculative_algorithm
     return EngineConfig(model_path=args.model_path, device=args.device, dtype=args.dtype,
                         context_length=args.context_length, max_running_requests=args.max_running_requests,
-                        cuda_graphs=not args.disable_cuda_graph)
+                        cuda_graphs=not args.disable_cuda_graph, speculative_algorithm=algorithm,
+                        speculative_draft_model_path=args.speculative_draft_model_path,
+                        speculative_num_draft_tokens=args.speculative_num_draft_tokens)
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
@@ -90,6 +192,20 @@ def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
         return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
                                                   add_generation_prompt=True, return_dict=False))
     return tokenizer.encode(prompt)
+
+
+def meta_info(req) -> dict:
+    """SGLang's meta_info for a finished request, with the speculative fields when it speculated."""
+    info = {"id": req.rid, "prompt_tokens": len(req.prompt_ids), "completion_tokens": len(req.output_ids),
+            "finish_reason": req.finish_reason, "e2e_latency": round(req.e2e_latency, 6)}
+    if req.accept_lengths:
+        hist = [0] * (max(req.accept_lengths) + 1)
+        for n in req.accept_lengths:
+            hist[n] += 1
+        info |= {"spec_verify_ct": len(req.accept_lengths),
+                 "spec_accept_length": len(req.output_ids) / len(req.accept_lengths),
+                 "spec_accept_histogram": hist}
+    return info
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -103,9 +219,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     [req] = engine.generate([ids], params)
     text = engine.output_text(req)
     if args.json:
-        print(json.dumps({"text": text, "output_ids": req.output_ids, "meta_info": {
-            "prompt_tokens": len(req.prompt_ids), "completion_tokens": len(req.output_ids),
-            "finish_reason": req.finish_reason, "e2e_latency": round(req.e2e_latency, 6)}}))
+        print(json.dumps({"text": text, "output_ids": req.output_ids, "meta_info": meta_info(req)}))
     else:
         print(text)
     return 0

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -248,6 +249,15 @@ class Engine:
                 req.slot = None
             if req in self.running:
                 self.running.remove(req)
+
+    @contextmanager
+    def autoregressive(self) -> Iterator[None]:
+        """Decode without the drafter (AR on the same engine, weights and graphs) inside the block."""
+        drafter, self.drafter = self.drafter, None
+        try:
+            yield
+        finally:
+            self.drafter = drafter
 
     # ---- convenience ------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]) -> list[Request]:
