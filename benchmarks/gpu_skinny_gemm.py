@@ -1,9 +1,9 @@
 """Skinny GEMM vs cuBLAS on Llama-3.1-8B projection shapes (run on a GPU; imports only torch, triton, the kernel).
 
-For each (shape, M): checks, then times cuBLAS and every candidate config with ``tune`` (do_bench medians,
-L2 flushed, rotated weight copies), then re-times cuBLAS and the best Triton config inside a CUDA graph, the
-way decode runs them. Prints the device copy bandwidth first and a summary table last; the full tables go to
-``skinny_gemm.json`` under ``--out`` (default ``$OUT``, else the working directory).
+Runs correctness checks (odd shapes, bias, split-K determinism, CUDA-graph replay), then for each (shape, M)
+times cuBLAS and every candidate config with ``tune`` (CUDA-graph replays over rotated weight copies, medians).
+Prints the device copy bandwidth first and a summary table last; the full tables go to ``skinny_gemm.json``
+under ``--out`` (default ``$OUT``, else the working directory).
 
     python benchmarks/gpu_skinny_gemm.py [--m 1 8 16 32] [--shapes qkv o] [--out DIR]
 """
@@ -11,7 +11,6 @@ way decode runs them. Prints the device copy bandwidth first and a summary table
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -25,7 +24,6 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specpilot.kernels.skinny_gemm import (  # noqa: E402
-    CANDIDATE_CONFIGS,
     SkinnyConfig,
     default_config,
     skinny_gemm,
@@ -87,18 +85,6 @@ def correctness_checks() -> dict[str, float | bool]:
     return results
 
 
-def graph_us(fn, x: torch.Tensor, copies: list[torch.Tensor], calls: int = 40) -> float:
-    """µs per call of ``fn(x, w)`` replayed from one CUDA graph of back-to-back calls over rotating w copies."""
-    ws = itertools.cycle(copies)
-    fn(x, copies[0])
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn(x, next(ws))
-    return do_bench(graph.replay, warmup=25, rep=100, return_mode="median") * 1e3 / calls
-
-
 def best_triton(table: dict) -> dict | None:
     ok = [c for c in table["configs"] if c.get("ok")]
     return min(ok, key=lambda c: c["us"]) if ok else None
@@ -106,19 +92,11 @@ def best_triton(table: dict) -> dict | None:
 
 def bench_shape(name: str, m: int, n: int, k: int) -> dict:
     w = torch.randn(n, k, device="cuda", dtype=DTYPE) / math.sqrt(k)
-    best, table = tune(m, w)
+    _, table = tune(m, w)
     table["shape"] = name
-    top = best_triton(table)
-    # Graph timing: launch gaps shrink to what decode sees, which is where split-K's second kernel costs.
-    copies = [w] + [w.clone() for _ in range(table["rotate"] - 1)]
-    x = torch.randn(m, k, device="cuda", dtype=DTYPE)
-    table["graph_us"] = {"cublas": graph_us(torch.nn.functional.linear, x, copies)}
-    if top is not None:
-        cfg = SkinnyConfig(**top["config"])
-        table["graph_us"]["triton"] = graph_us(lambda a, b: skinny_gemm(a, b, config=cfg), x, copies)
-    default = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    default = default_config(m, n, k)
     table["default_config"] = asdict(default)
-    table["default_in_candidates"] = default in CANDIDATE_CONFIGS
+    table["default_us"] = next((c.get("us") for c in table["configs"] if c["config"] == asdict(default)), None)
     return table
 
 
@@ -129,16 +107,16 @@ def summary(tables: list[dict], copy_tbps: float) -> str:
     lines = [
         f"device copy {copy_tbps:.2f} TB/s (read+write)",
         f"{'shape':8} {'N':>6} {'K':>6} {'M':>3} | {'cuBLAS us':>9} {'TB/s':>5} | {'Triton us':>9} {'TB/s':>5} "
-        f"{'x':>5} | {'graph cuBLAS/Triton us':>22} | config",
+        f"{'x':>5} | {'default us':>10} | best config",
     ]
     for t in tables:
-        top, cub, gr = best_triton(t), t["cublas"], t["graph_us"]
+        top, cub = best_triton(t), t["cublas"]
         tri = f"{top['us']:9.1f} {top['tbps']:5.2f} {cub['us'] / top['us']:5.2f}" if top else f"{'-':>9} {'':5} {'':5}"
-        graph = f"{gr['cublas']:10.1f} / {gr.get('triton', math.nan):9.1f}"
+        default = f"{t['default_us']:10.1f}" if t["default_us"] else f"{'-':>10}"
         cfg = fmt_cfg(top["config"]) if top else "-"
         lines.append(
             f"{t['shape']:8} {t['n']:6} {t['k']:6} {t['m']:3} | {cub['us']:9.1f} {cub['tbps']:5.2f} | {tri} "
-            f"| {graph} | {cfg}{'' if t['best'] else ' (cuBLAS wins)'}"
+            f"| {default} | {cfg}{'' if t['best'] else ' (cuBLAS wins)'}"
         )
     return "\n".join(lines)
 

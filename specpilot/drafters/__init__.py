@@ -28,7 +28,7 @@ def build_drafter(config: EngineConfig, engine: Engine) -> Drafter:
     if alg == "dflash":
         from specpilot.drafters.dflash import DFlashDrafter
 
-        return DFlashDrafter(path, engine.model, engine.cache.num_slots, engine.context_length, engine.device,
+        return DFlashDrafter.from_pretrained(path, engine.model, engine.cache.num_slots, engine.context_length, engine.device,
                              engine.dtype, block_size=block)
     from specpilot.drafters.pard import PardDrafter
 

@@ -48,7 +48,8 @@ class Drafter(ABC):
 
     def commit(self, reqs: list[Request], committed: list[int], verify_taps: list[torch.Tensor | None]) -> None:
         """`committed[i]` tokens of request i were accepted this step (the newest one last in
-        req.output_ids); verify_taps[i]: the taps of the verify rows that were committed."""
+        req.output_ids); verify_taps[i]: the taps of all of request i's verify rows, of which the first
+        committed[i] belong to tokens now in the target's cache. Graph outputs: use before the next pass."""
 
     def release(self, req: Request) -> None:
         """Free whatever the drafter holds for this request."""

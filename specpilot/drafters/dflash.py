@@ -24,6 +24,7 @@ from torch import nn
 from specpilot.drafters.base import Draft, Drafter
 from specpilot.engine.forward_batch import ForwardBatch
 from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.model_runner import _StaticInputs
 from specpilot.engine.request import Request
 from specpilot.kernels.slot_attention import slot_attention
 from specpilot.models.config import ModelConfig
@@ -144,12 +145,14 @@ def load_dflash_model(path: Path, cfg: DFlashConfig, device: torch.device, dtype
 
 
 class DFlashDrafter(Drafter):
+    """Context K/V of the committed tokens are appended in the same pass that drafts the next block,
+    so one step is one (graph-capturable) pass: [pending context rows ; block rows]. Pending rows
+    are the verify rows of the previous step; rows that were not committed write to the scratch slot."""
+
     name = "dflash"
 
-    def __init__(self, path: str | Path, target: Transformer, num_slots: int, context_length: int,
-                 device: torch.device, dtype: torch.dtype, block_size: int | None = None) -> None:
-        path = Path(path)
-        cfg = read_dflash_config(path)
+    def __init__(self, model: DFlashModel, cfg: DFlashConfig, target: Transformer, num_slots: int,
+                 context_length: int, device: torch.device, dtype: torch.dtype, block_size: int | None = None) -> None:
         super().__init__(block_size or cfg.block_size)
         tcfg = target.config
         if cfg.layers.hidden_size != tcfg.hidden_size:
@@ -158,47 +161,148 @@ class DFlashDrafter(Drafter):
             raise ValueError(f"DFlash mask_token_id {cfg.mask_token_id} outside the target vocabulary")
         if any(not 0 <= i < tcfg.num_layers for i in cfg.target_layer_ids):
             raise ValueError(f"DFlash target_layer_ids {cfg.target_layer_ids} outside the target's layers")
-        self.cfg, self.target, self.device = cfg, target, device
+        self.cfg, self.target, self.model, self.device = cfg, target, model, device
         self.tap_layers = tuple(cfg.target_layer_ids)
-        self.model = load_dflash_model(path, cfg, device, dtype)
         # room for the block past the longest context
         self.cache = KVCache(cfg.layers.num_layers, num_slots, context_length + self.block_size,
                              cfg.layers.num_kv_heads, cfg.layers.head_dim, dtype, device)
         self.rope = RotaryTable(cfg.layers.head_dim, cfg.layers.rope_theta, cfg.layers.rope_scaling,
                                 context_length + self.block_size, device)
+        self.pending: dict[str, tuple[torch.Tensor, int]] = {}  # rid -> (verify-row taps, rows committed)
+        self.graphs: dict[int, _DraftGraph] = {}
 
-    # ---- context ----------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path: str | Path, target: Transformer, num_slots: int, context_length: int,
+                        device: torch.device, dtype: torch.dtype, block_size: int | None = None) -> DFlashDrafter:
+        path = Path(path)
+        cfg = read_dflash_config(path)
+        return cls(load_dflash_model(path, cfg, device, dtype), cfg, target, num_slots, context_length, device,
+                   dtype, block_size)
+
+    # ---- protocol ---------------------------------------------------------------------------
     @torch.inference_mode()
-    def _append_context(self, slots: list[int], starts: list[int], feats: list[torch.Tensor]) -> None:
-        L = self.cache.max_len
-        positions = [p for s, f in zip(starts, feats) for p in range(s, s + f.shape[0])]
-        rows = [slot * L + p for slot, s, f in zip(slots, starts, feats) for p in range(s, s + f.shape[0])]
-        if not rows:
-            return
-        pos_t = torch.tensor(positions, device=self.device)
-        rows_t = torch.tensor(rows, device=self.device)
-        ctx = self.model.hidden_norm(self.model.fc(torch.cat(feats)))
-        for layer in self.model.layers:
-            layer.write_context(ctx, pos_t, rows_t, self.cache, self.rope)
-
     def start(self, reqs: list[Request], prompt_taps: list[torch.Tensor | None]) -> None:
-        self._append_context([r.slot for r in reqs], [0] * len(reqs), prompt_taps)
+        """Prompt context is ragged and long: written eagerly, once."""
+        feats = torch.cat(prompt_taps)
+        positions = [p for t in prompt_taps for p in range(t.shape[0])]
+        rows = [r.slot * self.cache.max_len + p for r, t in zip(reqs, prompt_taps) for p in range(t.shape[0])]
+        self._write_context(feats, torch.tensor(positions, device=self.device), torch.tensor(rows, device=self.device))
 
     def commit(self, reqs: list[Request], committed: list[int], verify_taps: list[torch.Tensor | None]) -> None:
-        self._append_context([r.slot for r in reqs], [r.cached_len - n for r, n in zip(reqs, committed)],
-                             verify_taps)
+        for req, n, taps in zip(reqs, committed, verify_taps):
+            self.pending[req.rid] = (taps, n)
 
-    # ---- drafting ---------------------------------------------------------------------------
+    def release(self, req: Request) -> None:
+        self.pending.pop(req.rid, None)
+
     @torch.inference_mode()
     def propose(self, reqs: list[Request]) -> Draft:
         B = self.block_size
-        block = [[r.output_ids[-1]] + [self.cfg.mask_token_id] * (B - 1) for r in reqs]
-        batch = ForwardBatch.build([r.slot for r in reqs], [r.cached_len for r in reqs], block,
-                                   self.cache.max_len, self.device, causal=False)
-        x = self.target.embed(batch.input_ids)
+        ctx_positions, ctx_rows, feats = self._context_rows(reqs)
+        bucket = next((b for b in sorted(self.graphs) if b >= len(reqs)), 0)
+        if bucket:
+            tokens, conf = self.graphs[bucket].replay(self, reqs, feats, ctx_positions, ctx_rows)
+        else:
+            block = self._block_batch(reqs)
+            dev = self.device
+            tokens, conf = self._draft_pass(feats, torch.tensor(ctx_positions, device=dev),
+                                            torch.tensor(ctx_rows, device=dev), block)
+        n = len(reqs)
+        return Draft(tokens[:n].tolist(), conf[:n].tolist())
+
+    # ---- the pass -----------------------------------------------------------------------------
+    def _context_rows(self, reqs: list[Request]) -> tuple[list[int], list[int], torch.Tensor]:
+        """B context rows per request: the committed verify rows at their positions, the rest (and
+        requests with nothing pending) aimed at the scratch slot."""
+        B, L, scratch = self.block_size, self.cache.max_len, self.cache.scratch_slot
+        positions, rows, feats = [], [], []
+        width = len(self.tap_layers) * self.cfg.layers.hidden_size
+        for req in reqs:
+            taps, n = self.pending.pop(req.rid, (None, 0))
+            start = req.cached_len - n
+            for j in range(B):
+                positions.append(start + j if j < n else j)
+                rows.append(req.slot * L + start + j if j < n else scratch * L + j)
+            if taps is None:
+                taps = self.target.embed_tokens.weight.new_zeros(B, width)
+            elif taps.shape[0] < B:  # a verify pass shorter than the block (e.g. requests near their end)
+                taps = torch.cat([taps, taps.new_zeros(B - taps.shape[0], width)])
+            feats.append(taps[:B])
+        return positions, rows, torch.cat(feats)
+
+    def _block_batch(self, reqs: list[Request]) -> ForwardBatch:
+        block = [[r.output_ids[-1]] + [self.cfg.mask_token_id] * (self.block_size - 1) for r in reqs]
+        return ForwardBatch.build([r.slot for r in reqs], [r.cached_len for r in reqs], block,
+                                  self.cache.max_len, self.device, causal=False)
+
+    def _write_context(self, feats: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> None:
+        ctx = self.model.hidden_norm(self.model.fc(feats))
         for layer in self.model.layers:
-            x = layer(x, batch, self.cache, self.rope)
-        h = self.model.norm(x).view(len(reqs), B, -1)[:, 1:]
-        probs = torch.softmax(self.target.logits(h.reshape(-1, h.shape[-1])), dim=-1)
-        conf, tokens = probs.max(dim=-1)
-        return Draft(tokens.view(len(reqs), B - 1).tolist(), conf.view(len(reqs), B - 1).tolist())
+            layer.write_context(ctx, positions, rows, self.cache, self.rope)
+
+    def _draft_pass(self, feats: torch.Tensor, ctx_positions: torch.Tensor, ctx_rows: torch.Tensor,
+                    block: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append context K/V, then draft: returns argmax tokens and their probabilities, [b, B-1]."""
+        self._write_context(feats, ctx_positions, ctx_rows)
+        x = self.target.embed(block.input_ids)
+        for layer in self.model.layers:
+            x = layer(x, block, self.cache, self.rope)
+        b, B = block.batch_size, self.block_size
+        h = self.model.norm(x).view(b, B, -1)[:, 1:].reshape(b * (B - 1), -1)
+        conf, tokens = torch.softmax(self.target.logits(h), dim=-1).max(dim=-1)
+        return tokens.view(b, B - 1), conf.view(b, B - 1)
+
+    # ---- CUDA graphs --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def capture(self, batch_sizes: tuple[int, ...]) -> None:
+        max_b = min(max(batch_sizes), self.cache.num_slots)
+        pool = torch.cuda.graph_pool_handle()
+        inputs = _StaticInputs(max_b, self.block_size, self.cache, self.device)
+        width = len(self.tap_layers) * self.cfg.layers.hidden_size
+        feats = torch.zeros(max_b * self.block_size, width, dtype=self.cache.k[0].dtype, device=self.device)
+        for b in sorted({min(b, max_b) for b in batch_sizes}, reverse=True):
+            self.graphs[b] = _DraftGraph.capture(self, inputs, feats, b, pool)
+        torch.cuda.synchronize()
+
+
+class _DraftGraph:
+    def __init__(self, graph: torch.cuda.CUDAGraph, inputs: _StaticInputs, feats: torch.Tensor, b: int,
+                 tokens: torch.Tensor, conf: torch.Tensor) -> None:
+        self.graph, self.inputs, self.feats, self.b, self.tokens, self.conf = graph, inputs, feats, b, tokens, conf
+
+    @classmethod
+    def capture(cls, drafter: DFlashDrafter, inputs: _StaticInputs, feats: torch.Tensor, b: int,
+                pool: tuple) -> _DraftGraph:
+        B = drafter.block_size
+        block = inputs.batch(b, num_kv_splits=1)
+        # context rows reuse the block's input buffer layout: positions and cache rows of their own
+        ctx_pos = torch.zeros(b * B, dtype=torch.int64, device=drafter.device)
+        ctx_rows = torch.full((b * B,), drafter.cache.scratch_slot * drafter.cache.max_len, dtype=torch.int64,
+                              device=drafter.device)
+        args = (feats[: b * B], ctx_pos, ctx_rows, block)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                drafter._draft_pass(*args)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            tokens, conf = drafter._draft_pass(*args)
+        g = cls(graph, inputs, feats, b, tokens, conf)
+        g.ctx_pos, g.ctx_rows = ctx_pos, ctx_rows
+        return g
+
+    def replay(self, drafter: DFlashDrafter, reqs: list[Request], feats: torch.Tensor, positions: list[int],
+               rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        B, n = drafter.block_size, len(reqs)
+        block = [[r.output_ids[-1]] + [drafter.cfg.mask_token_id] * (B - 1) for r in reqs]
+        self.inputs.fill([r.slot for r in reqs], [r.cached_len for r in reqs], block, self.b)
+        scratch = drafter.cache.scratch_slot * drafter.cache.max_len
+        pad = (self.b - n) * B
+        self.feats[: n * B].copy_(feats)
+        self.ctx_pos.copy_(torch.tensor(positions + list(range(pad)), dtype=torch.int64), non_blocking=True)
+        self.ctx_rows.copy_(torch.tensor(rows + [scratch + j % B for j in range(pad)], dtype=torch.int64),
+                            non_blocking=True)
+        self.graph.replay()
+        return self.tokens, self.conf

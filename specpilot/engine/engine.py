@@ -5,22 +5,26 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from specpilot.config import SamplingParams
 from specpilot.engine.kv_cache import KVCache
-from specpilot.engine.model_runner import ModelRunner
+from specpilot.engine.model_runner import DEFAULT_GRAPH_BATCH_SIZES, ModelRunner
 from specpilot.engine.request import Request, StopChecker
 from specpilot.engine.sampling import choose_tokens, make_generator, suppress
 from specpilot.engine.spec_stats import SpecStats
 from specpilot.engine.verify import Verifier
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import Checkpoint, load_checkpoint
+from specpilot.models.transformer import Transformer
+
+if TYPE_CHECKING:
+    from specpilot.drafters.base import Drafter
 
 
 @dataclass
@@ -77,7 +81,10 @@ def _split_rows(rows: torch.Tensor | None, lengths: list[int]) -> list[torch.Ten
 
 
 class Engine:
-    def __init__(self, checkpoint: Checkpoint, config: EngineConfig) -> None:
+    def __init__(self, checkpoint: Checkpoint, config: EngineConfig, model: Transformer | None = None,
+                 drafter_factory: Callable[[EngineConfig, Engine], Drafter] | None = None) -> None:
+        """`model`: an already built target (synthetic weights in benchmarks); `drafter_factory`: builds
+        the drafter once the engine exists (default: from the --speculative-* settings)."""
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -85,7 +92,7 @@ class Engine:
         self.tokenizer = checkpoint.tokenizer
         mcfg = checkpoint.config
         self.context_length = min(config.context_length, mcfg.max_position_embeddings)
-        self.model = build_model(checkpoint, self.device, self.dtype)
+        self.model = model if model is not None else build_model(checkpoint, self.device, self.dtype)
         self.model.setup_rope(self.context_length)
         self.cache = KVCache(mcfg.num_layers, config.max_running_requests, self.context_length,
                              mcfg.num_kv_heads, mcfg.head_dim, self.dtype, self.device)
@@ -96,17 +103,19 @@ class Engine:
         self.verifier = Verifier()
         # Token forcing (specpilot.forcing) installs itself here: it sees every decided token first.
         self.forcing: TokenObserver | None = None
-        self.drafter = None
+        self.drafter: Drafter | None = None
         self.spec_stats = SpecStats()
-        if config.speculative_algorithm:
-            from specpilot.drafters import build_drafter
-
-            self.drafter = build_drafter(config, self)
+        if drafter_factory is None and config.speculative_algorithm:
+            from specpilot.drafters import build_drafter as drafter_factory
+        if drafter_factory is not None:
+            self.drafter = drafter_factory(config, self)
             self.runner.tap_layers = self.drafter.tap_layers
             self.spec_stats.block_size = self.drafter.block_size
         if config.cuda_graphs and self.device.type == "cuda":
             q_lens = (1,) if self.drafter is None else (1, self.drafter.block_size)
             self.runner.capture(q_lens=q_lens)
+            if hasattr(self.drafter, "capture"):
+                self.drafter.capture(DEFAULT_GRAPH_BATCH_SIZES)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:
@@ -230,9 +239,7 @@ class Engine:
             committed.append(n)
             if done:
                 finished.append(req)
-        taps = [None] * len(reqs) if out.taps is None else [out.taps[offsets[i] : offsets[i] + n]
-                                                             for i, n in enumerate(committed)]
-        self.drafter.commit(reqs, committed, taps)
+        self.drafter.commit(reqs, committed, _split_rows(out.taps, [len(t) for t in token_lists]))
         self._retire(finished)
         stats = self.spec_stats
         stats.draft_s += t1 - t0

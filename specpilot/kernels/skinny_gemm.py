@@ -57,23 +57,24 @@ class SkinnyConfig:
     num_stages: int  # tiles in flight per program (capped to fit shared memory at large M)
 
 
-# Sized for H100/H200 (132 SMs) on N, K in {4096, 6144, 14336, 28672, 128256}: a column block count times split_k
-# near or above a multiple of the SM count, and 32-96 KiB of w in flight per program.
+# Sized for H100/H200 (132 SMs, 60 MB L2) on N, K in {4096, 6144, 14336, 28672, 128256}: column blocks (times
+# split_k) near or above a multiple of the SM count, 48-128 KiB of w in flight per program. From a first H200
+# sweep: unsplit 64x128 (6 deep) and 32x512 lead for N <= 6144, 128x128 for wide N; split-K only adds a launch.
 CANDIDATE_CONFIGS: list[SkinnyConfig] = [
-    SkinnyConfig(64, 256, 1, 4, 4),
-    SkinnyConfig(64, 256, 2, 4, 4),
-    SkinnyConfig(64, 256, 4, 4, 4),
-    SkinnyConfig(64, 256, 8, 4, 4),
-    SkinnyConfig(64, 512, 1, 4, 3),
-    SkinnyConfig(64, 512, 2, 4, 3),
     SkinnyConfig(64, 128, 1, 4, 6),
+    SkinnyConfig(64, 128, 1, 4, 8),
+    SkinnyConfig(64, 256, 1, 4, 4),
+    SkinnyConfig(64, 512, 1, 4, 3),
+    SkinnyConfig(32, 256, 1, 4, 6),
     SkinnyConfig(32, 512, 1, 4, 4),
-    SkinnyConfig(32, 256, 2, 4, 4),
-    SkinnyConfig(32, 512, 4, 4, 3),
     SkinnyConfig(16, 512, 1, 4, 4),
     SkinnyConfig(128, 128, 1, 4, 4),
-    SkinnyConfig(128, 256, 1, 8, 3),
-    SkinnyConfig(128, 256, 2, 8, 3),
+    SkinnyConfig(128, 128, 1, 8, 4),
+    SkinnyConfig(64, 128, 2, 4, 6),
+    SkinnyConfig(64, 256, 2, 4, 4),
+    SkinnyConfig(32, 512, 2, 4, 4),
+    SkinnyConfig(64, 256, 4, 4, 4),
+    SkinnyConfig(128, 128, 2, 4, 4),
 ]
 
 
@@ -94,8 +95,6 @@ def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
 # Triton kernels
 # --------------------------------------------------------------------------------------------------------------------
 
-import os
-_W_LEFT = tl.constexpr(int(os.environ.get("SKINNY_W_LEFT", "1")))
 if HAS_TRITON:
 
     @triton.jit
@@ -119,7 +118,6 @@ if HAS_TRITON:
         EVEN_K: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
-        W_LEFT: tl.constexpr = _W_LEFT,
     ):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -135,10 +133,7 @@ if HAS_TRITON:
         w_ptrs = w_ptr + rows[:, None] * stride_wn + (k_lo + offs_k)[None, :]
         # x is read as its transpose [BLOCK_K, BLOCK_M]; rows past M load as zeros.
         x_ptrs = x_ptr + offs_m[None, :] * stride_xm + (k_lo + offs_k)[:, None]
-        if W_LEFT:
-            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        else:
-            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for k in range(k_lo, k_hi, BLOCK_K):
             if EVEN_K:
                 w_tile = tl.load(w_ptrs)
@@ -147,15 +142,10 @@ if HAS_TRITON:
                 k_ok = k + offs_k < K
                 w_tile = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
                 x_tile = tl.load(x_ptrs, mask=k_ok[:, None] & m_ok[None, :], other=0.0)
-            if W_LEFT:
-                acc = tl.dot(w_tile, x_tile, acc, input_precision=DOT_PRECISION)
-            else:
-                acc = tl.dot(tl.trans(x_tile), tl.trans(w_tile), acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(w_tile, x_tile, acc, input_precision=DOT_PRECISION)
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
 
-        if not W_LEFT:
-            acc = tl.trans(acc)
         n_ok = offs_n < N
         out_ptrs = out_ptr + pid_k * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
         mask = n_ok[:, None] & m_ok[None, :]
@@ -220,12 +210,11 @@ def _fit_stages(config: SkinnyConfig, block_m: int, elt: int) -> int:
     return max(1, min(config.num_stages, _SMEM_BUDGET // per_stage))
 
 
-def default_config(m: int, n: int, k: int, num_sms: int = 132) -> SkinnyConfig:
-    """An untuned choice: 64-row blocks, split K until the grid covers every SM (keeping >= 1024 of K a split)."""
-    split = 1
-    while triton.cdiv(n, 64) * split < num_sms and k // (2 * split) >= 1024:
-        split *= 2
-    return SkinnyConfig(block_n=64, block_k=256, split_k=split, num_warps=4, num_stages=4)
+def default_config(m: int, n: int, k: int) -> SkinnyConfig:
+    """An untuned choice from the first H200 sweep: 128-row blocks where N gives >= 1.5 waves of them, else 64."""
+    if triton.cdiv(n, 128) >= 200:
+        return SkinnyConfig(block_n=128, block_k=128, split_k=1, num_warps=4, num_stages=4)
+    return SkinnyConfig(block_n=64, block_k=128, split_k=1, num_warps=4, num_stages=6)
 
 
 def skinny_gemm(
@@ -242,8 +231,7 @@ def skinny_gemm(
     if k == 0:
         return out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
     if config is None:
-        num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-        config = default_config(m, n, k, num_sms)
+        config = default_config(m, n, k)
 
     block_m = _block_m(m)
     k_tiles = triton.cdiv(k, config.block_k)
@@ -307,11 +295,16 @@ def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _time_us(fn, copies: list[torch.Tensor], x: torch.Tensor) -> float:
-    """Median µs of ``fn(x, w)``, cycling through copies of w so that w is read from device memory."""
-    from triton.testing import do_bench
+    """Median µs per call of ``fn(x, w)`` replayed from a CUDA graph of back-to-back calls, as decode runs it.
+
+    Successive calls read successive copies of w, so none finds w in L2. (``do_bench`` flushes L2 by zeroing a
+    256 MB buffer instead; the dirty lines it leaves are written back during the next kernel, which on the H200
+    made 10-50 µs timings jump by up to 2x between runs.)
+    """
+    from triton.testing import do_bench_cudagraph
 
     ws = itertools.cycle(copies)
-    return do_bench(lambda: fn(x, next(ws)), warmup=25, rep=100, return_mode="median") * 1e3
+    return do_bench_cudagraph(lambda: fn(x, next(ws)), rep=20, return_mode="median") * 1e3
 
 
 def tune(
@@ -324,7 +317,7 @@ def tune(
     cuBLAS is faster) and the timing table.
 
     ``rotate`` copies of w are cycled through (default: enough to exceed twice the L2), so no timing reads w from
-    cache. Configs that fail to compile or launch, or whose relative error exceeds the dtype's tolerance, are
+    cache; times are CUDA-graph replays (see :func:`_time_us`). Configs that fail to compile or launch, or whose relative error exceeds the dtype's tolerance, are
     recorded and skipped.
     """
     if not w.is_cuda:

@@ -1,0 +1,122 @@
+"""H200: one speculative step (DFlash-shaped draft + verify of a 16-token block) against one AR step,
+on Llama-3.1-8B shapes with synthetic bf16 weights, through the real engine loop (host work included)
+and as bare graph replays. A DFlash-shaped drafter: 5 layers at the target's width, 5 taps, block 16.
+
+    python benchmarks/gpu_spec.py [--out DIR] [--batch 1 8] [--smoke]   (--smoke: tiny shapes on CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import nullcontext
+import random
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import LLAMA31_8B, out_dir, synthetic_model, time_cuda, write_json  # noqa: E402
+
+from specpilot.config import SamplingParams  # noqa: E402
+from specpilot.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashModel  # noqa: E402
+from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
+from specpilot.engine.spec_stats import SpecStats  # noqa: E402
+from specpilot.models.checkpoint import Checkpoint  # noqa: E402
+from specpilot.models.config import ModelConfig  # noqa: E402
+
+TINY = ModelConfig(architecture="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=8,
+                   num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=4096)
+
+
+def even_taps(num_layers: int, n: int) -> list[int]:
+    """n taps spread evenly from layer 1 to L-3 (the published drafters' default)."""
+    lo, hi = 1, num_layers - 3
+    return [round(lo + i * (hi - lo) / (n - 1)) for i in range(n)]
+
+
+def dflash_factory(target_cfg: ModelConfig, layers: int, block: int):
+    def build(config: EngineConfig, engine: Engine) -> DFlashDrafter:
+        lc = replace(target_cfg, architecture="qwen3", num_layers=layers, qk_norm=True)
+        cfg = DFlashConfig(lc, even_taps(target_cfg.num_layers, 5), mask_token_id=target_cfg.vocab_size - 1,
+                           block_size=block)
+        torch.manual_seed(1)
+        with torch.device(engine.device):
+            model = DFlashModel(cfg).to(engine.dtype)
+        for name, p in model.named_parameters():
+            p.data.uniform_(0.8, 1.2) if name.endswith("norm.weight") else p.data.normal_(0.0, 0.02)
+        return DFlashDrafter(model.eval(), cfg, engine.model, engine.cache.num_slots, engine.context_length,
+                             engine.device, engine.dtype)
+    return build
+
+
+def per_step(engine: Engine, prompts: list[list[int]], new_tokens: int) -> tuple[float, SpecStats]:
+    """Mean wall time of a decode step (AR when the drafter is off) and the spec stats of the run."""
+    import time
+
+    engine.spec_stats = SpecStats(block_size=engine.drafter.block_size if engine.drafter else 0)
+    reqs = [engine.add_request(p, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)) for p in prompts]
+    engine.step()  # prefill
+    steps, start = 0, time.perf_counter()
+    while engine.has_work:
+        engine.step()
+        steps += 1
+    assert all(len(r.output_ids) == new_tokens for r in reqs)
+    return (time.perf_counter() - start) / steps, engine.spec_stats
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks the script runs")
+    args = ap.parse_args()
+    device = torch.device("cpu" if args.smoke else "cuda")
+    target_cfg = TINY if args.smoke else LLAMA31_8B
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    model = synthetic_model(target_cfg, device, dtype)
+    ckpt = Checkpoint(config=target_cfg, state_dict={}, tokenizer=None, source="synthetic")
+    config = EngineConfig(device=device.type, dtype=str(dtype).removeprefix("torch."),
+                          max_running_requests=max(args.batch), context_length=args.context + args.new_tokens + 32)
+    engine = Engine(ckpt, config, model=model, drafter_factory=dflash_factory(target_cfg, 5, 16))
+    rng = random.Random(0)
+    rows = []
+    for b in args.batch:
+        prompts = [[rng.randrange(target_cfg.vocab_size - 1) for _ in range(args.context)] for _ in range(b)]
+        for spec in (False, True):  # warm-up: first-call costs stay out of the timings
+            with engine.autoregressive() if not spec else nullcontext():
+                per_step(engine, prompts, 4)
+        with engine.autoregressive():
+            ar_step, _ = per_step(engine, prompts, args.new_tokens)
+        spec_step, stats = per_step(engine, prompts, args.new_tokens)
+        passes = stats.steps / b  # verify passes per request = engine steps
+        row = {"batch": b, "ar_step_ms": 1e3 * ar_step, "spec_step_ms": 1e3 * spec_step,
+               "draft_ms": 1e3 * stats.draft_s / passes, "verify_ms": 1e3 * stats.verify_s / passes,
+               "other_ms": 1e3 * stats.other_s / passes, "tau_random_weights": stats.tau,
+               "spec_step_over_ar_step": spec_step / ar_step}
+        if device.type == "cuda":
+            row["graph_verify_ms"] = time_cuda(engine.runner.graphs[(16, engine.runner._bucket(b, 16))].graph.replay)
+            row["graph_decode_ms"] = time_cuda(engine.runner.graphs[(1, engine.runner._bucket(b, 1))].graph.replay)
+            draft_graph = engine.drafter.graphs[next(x for x in sorted(engine.drafter.graphs) if x >= b)]
+            row["graph_draft_ms"] = time_cuda(draft_graph.graph.replay)
+            row["graph_ratio"] = (row["graph_draft_ms"] + row["graph_verify_ms"]) / row["graph_decode_ms"]
+        rows.append(row)
+    result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (smoke)",
+              "target": "Llama-3.1-8B shapes, synthetic bf16" if not args.smoke else "tiny",
+              "drafter": "DFlash-shaped: 5 layers, 5 taps, block 16", "context": args.context, "rows": rows}
+    write_json(out_dir(args.out) / "gpu_spec.json", result)
+    print(f"\n{result['device']}: {result['target']}; {result['drafter']}; context {args.context}")
+    for r in rows:
+        print(f"B={r['batch']:>2}: AR step {r['ar_step_ms']:.3f} ms | spec step {r['spec_step_ms']:.3f} ms "
+              f"(draft {r['draft_ms']:.3f} + verify {r['verify_ms']:.3f} + other {r['other_ms']:.3f}) "
+              f"=> spec/AR {r['spec_step_over_ar_step']:.3f} (goal <= 1.35)")
+        if "graph_ratio" in r:
+            print(f"      graphs only: decode {r['graph_decode_ms']:.3f}, draft {r['graph_draft_ms']:.3f}, "
+                  f"verify {r['graph_verify_ms']:.3f} => {r['graph_ratio']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
