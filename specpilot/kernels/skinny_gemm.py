@@ -57,24 +57,25 @@ class SkinnyConfig:
     num_stages: int  # tiles in flight per program (capped to fit shared memory at large M)
 
 
-# Sized for H100/H200 (132 SMs, 60 MB L2) on N, K in {4096, 6144, 14336, 28672, 128256}: column blocks (times
-# split_k) near or above a multiple of the SM count, 48-128 KiB of w in flight per program. From a first H200
-# sweep: unsplit 64x128 (6 deep) and 32x512 lead for N <= 6144, 128x128 for wide N; split-K only adds a launch.
+# Sized for H100/H200 (132 SMs, 60 MB L2) on N, K in {4096, 6144, 14336, 28672, 128256}. An H200 sweep found
+# the depth of each program's pipeline (w bytes in flight), not the SM count covered, sets bandwidth: 64x128 tiles
+# 6-8 deep lead for N <= 14336 even with only 64 programs, 128-row blocks for wide N; split-K rarely pays for its
+# second launch, BLOCK_K 512 never did (fewer stages fit). A few neighbours of the leaders stay in for other GPUs.
 CANDIDATE_CONFIGS: list[SkinnyConfig] = [
     SkinnyConfig(64, 128, 1, 4, 6),
     SkinnyConfig(64, 128, 1, 4, 8),
+    SkinnyConfig(64, 128, 1, 8, 8),
     SkinnyConfig(64, 256, 1, 4, 4),
-    SkinnyConfig(64, 512, 1, 4, 3),
+    SkinnyConfig(32, 128, 1, 4, 8),
     SkinnyConfig(32, 256, 1, 4, 6),
     SkinnyConfig(32, 512, 1, 4, 4),
-    SkinnyConfig(16, 512, 1, 4, 4),
     SkinnyConfig(128, 128, 1, 4, 4),
+    SkinnyConfig(128, 128, 1, 4, 5),
     SkinnyConfig(128, 128, 1, 8, 4),
     SkinnyConfig(64, 128, 2, 4, 6),
+    SkinnyConfig(64, 128, 2, 4, 8),
     SkinnyConfig(64, 256, 2, 4, 4),
-    SkinnyConfig(32, 512, 2, 4, 4),
     SkinnyConfig(64, 256, 4, 4, 4),
-    SkinnyConfig(128, 128, 2, 4, 4),
 ]
 
 

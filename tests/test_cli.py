@@ -1,0 +1,64 @@
+"""The command line: JSON output, speculative meta_info, clear errors naming the flag."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specpilot.cli import main
+from tiny_models import tiny_hf_model
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    path = tmp_path_factory.mktemp("tiny")
+    tiny_hf_model("llama").save_pretrained(path)
+    vocab = {f"w{i}": i for i in range(320)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w2").save_pretrained(path)
+    return path
+
+
+def run_json(capsys, *argv: str) -> dict:
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_generate_json(capsys, tiny_dir):
+    out = run_json(capsys, "generate", "--model-path", str(tiny_dir), "--prompt", "w5 w6 w7 w5 w6",
+                   "--max-new-tokens", "12", "--ignore-eos", "--json")
+    assert set(out) == {"text", "output_ids", "meta_info"}
+    meta = out["meta_info"]
+    assert meta["completion_tokens"] == len(out["output_ids"]) == 12
+    assert meta["prompt_tokens"] == 5 and meta["finish_reason"]["type"] == "length" and meta["e2e_latency"] > 0
+
+
+def test_generate_speculative_meta_info_and_same_tokens(capsys, tiny_dir):
+    base = ["generate", "--model-path", str(tiny_dir), "--prompt", "w5 w6 w7 w5 w6 w7 w5", "--max-new-tokens", "16",
+            "--ignore-eos", "--json"]
+    ar = run_json(capsys, *base)
+    spec = run_json(capsys, *base, "--speculative-algorithm", "ngram", "--speculative-num-draft-tokens", "4")
+    assert spec["output_ids"] == ar["output_ids"]
+    meta = spec["meta_info"]
+    assert meta["spec_verify_ct"] == sum(meta["spec_accept_histogram"][i] for i in range(len(meta["spec_accept_histogram"])))
+    assert meta["spec_accept_length"] == pytest.approx(16 / meta["spec_verify_ct"])
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["generate", "--max-new-tokens", "-3"], "--max-new-tokens"),
+    (["generate", "--device", "tpu"], "--device"),
+    (["generate", "--speculative-algorithm", "medusa"], "--speculative-algorithm"),
+    (["generate", "--speculative-num-draft-tokens", "1"], "--speculative-num-draft-tokens"),
+    (["generate", "--model-path", "/nonexistent/model"], "/nonexistent/model"),
+    (["generate", "--top-p", "0"], "top_p"),
+])
+def test_bad_flags_name_the_problem(capsys, argv, flag):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert flag in capsys.readouterr().err
