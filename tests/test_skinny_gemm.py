@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from specpilot.kernels.skinny_gemm import SkinnyConfig, skinny_gemm, skinny_gemm_reference, tune
+from specpilot.kernels.skinny_gemm import (
+    CANDIDATE_CONFIGS,
+    SkinnyConfig,
+    default_config,
+    skinny_gemm,
+    skinny_gemm_reference,
+    tune,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,16 +35,14 @@ class Case:
     k: int
     dtype: str = "float32"
     bias: bool = False
-    config: SkinnyConfig = SkinnyConfig(block_n=32, block_k=32, split_k=1, num_warps=4, num_stages=2)
+    config: SkinnyConfig | None = None  # None: skinny_gemm's default_config
     seed: int = 0
 
     @property
     def name(self) -> str:
         c = self.config
-        return (
-            f"m{self.m}-n{self.n}-k{self.k}-{self.dtype}-{'bias' if self.bias else 'nobias'}"
-            f"-bn{c.block_n}-bk{c.block_k}-split{c.split_k}"
-        )
+        tiles = f"bn{c.block_n}-bk{c.block_k}-split{c.split_k}" if c else "default"
+        return f"m{self.m}-n{self.n}-k{self.k}-{self.dtype}-{'bias' if self.bias else 'nobias'}-{tiles}"
 
 
 def make_inputs(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -101,6 +106,12 @@ def test_skinny_gemm_validates_inputs(args: tuple, error: type[Exception], match
         skinny_gemm(*args)
 
 
+def test_default_config_is_a_candidate() -> None:
+    pytest.importorskip("triton")
+    for n, k in ((4096, 4096), (6144, 4096), (4096, 14336), (28672, 4096), (128256, 4096), (40, 72)):
+        assert default_config(1, n, k) in CANDIDATE_CONFIGS
+
+
 def test_tune_needs_cuda() -> None:
     with pytest.raises(RuntimeError, match="CUDA"):
         tune(1, torch.ones(4, 8))
@@ -131,6 +142,7 @@ def _triton_cases() -> list[Case]:
         # More splits than K tiles; a candidate-sized tile.
         Case(5, 70, 40, "float32", False, SkinnyConfig(32, 32, 8, 4, 2), seed=102),
         Case(2, 64, 512, "bfloat16", True, SkinnyConfig(64, 256, 2, 4, 4), seed=103),
+        Case(7, 200, 300, "bfloat16", True, None, seed=104),
     ]
     return cases
 

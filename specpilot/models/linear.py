@@ -12,6 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specpilot.kernels.skinny_gemm import HAS_TRITON, skinny_gemm
+
+
+# Up to this many rows (decode, small verify) a Triton GEMM that streams W at near copy bandwidth
+# beats cuBLAS on the H200 (docs/RESULTS.md); above it the pass is compute-bound and cuBLAS wins.
+SKINNY_MAX_M = 32
+
 
 class Linear(nn.Module):
     """y = x @ W^T (+ b), with W stored [out_features, in_features] as in HF checkpoints."""
@@ -24,6 +31,8 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and x.dim() == 2 and x.shape[0] <= SKINNY_MAX_M and x.dtype != torch.float32 and HAS_TRITON:
+            return skinny_gemm(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:

@@ -1,0 +1,51 @@
+"""Token forcing on the embedded SmolLM2 model: n-gram and a random DFlash drafter of its shapes."""
+
+from __future__ import annotations
+
+import pytest
+
+from spec_fixtures import write_random_dflash
+from specpilot.config import SamplingParams
+from specpilot.engine.engine import Engine, EngineConfig
+from specpilot.forcing import run_forcing
+from specpilot.models.checkpoint import load_checkpoint
+
+PROMPTS = [
+    "Write a haiku about the sea.",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):",
+    "List the days of the week.",
+    "Repeat after me: one two three, one two three, one two three.",
+    "What is 12 times 12?",
+    "Explain what a hash map is in two sentences.",
+    "Name three colors of the rainbow.",
+    "Write the alphabet in lowercase letters separated by commas.",
+]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    ckpt = load_checkpoint(None)
+    tok = ckpt.tokenizer
+    prompts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True, add_generation_prompt=True,
+                                       return_dict=False) for p in PROMPTS]
+    return ckpt, prompts
+
+
+def engine(ckpt, **spec) -> Engine:
+    return Engine(ckpt, EngineConfig(device="cpu", max_running_requests=8, context_length=512, **spec))
+
+
+@pytest.mark.parametrize("algorithm", ["ngram", "dflash"])
+def test_embedded_forcing(smol, tmp_path, algorithm):
+    ckpt, prompts = smol
+    spec = {"speculative_algorithm": algorithm, "speculative_num_draft_tokens": 6}
+    if algorithm == "dflash":
+        cfg = ckpt.config
+        spec["speculative_draft_model_path"] = str(write_random_dflash(
+            tmp_path / "dflash", hidden=cfg.hidden_size, num_target_layers=cfg.num_layers, mask_token_id=0,
+            num_layers=1, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, intermediate=256))
+    params = SamplingParams(max_new_tokens=32)
+    verdict = run_forcing(engine(ckpt), engine(ckpt, **spec), prompts, params, algorithm)
+    print(verdict.as_dict())
+    assert verdict.passed, verdict.as_dict()
+    assert verdict.positions_checked >= 8 * 4
