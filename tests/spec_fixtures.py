@@ -56,9 +56,9 @@ def write_random_dflash(path: Path, hidden: int, num_target_layers: int, mask_to
     return path
 
 
-def write_random_pard(path: Path, pard_token: int, seed: int = 1) -> Path:
+def write_random_pard(path: Path, pard_token: int, seed: int = 1, vocab_size: int | None = None) -> Path:
     """A PARD drafter: an HF causal LM of the target's family whose config carries pard_token."""
-    model = tiny_hf_model("llama", seed=seed)
+    model = tiny_hf_model("llama", seed=seed, vocab_size=vocab_size)
     model.save_pretrained(path)
     cfg = json.loads((path / "config.json").read_text())
     cfg["pard_token"] = pard_token

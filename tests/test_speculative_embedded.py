@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spec_fixtures import write_random_dflash
+from spec_fixtures import OracleDrafter, write_random_dflash, write_random_pard
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.forcing import run_forcing
@@ -35,7 +35,7 @@ def engine(ckpt, **spec) -> Engine:
     return Engine(ckpt, EngineConfig(device="cpu", max_running_requests=8, context_length=512, **spec))
 
 
-@pytest.mark.parametrize("algorithm", ["ngram", "dflash"])
+@pytest.mark.parametrize("algorithm", ["ngram", "dflash", "pard"])
 def test_embedded_forcing(smol, tmp_path, algorithm):
     ckpt, prompts = smol
     spec = {"speculative_algorithm": algorithm, "speculative_num_draft_tokens": 6}
@@ -44,8 +44,25 @@ def test_embedded_forcing(smol, tmp_path, algorithm):
         spec["speculative_draft_model_path"] = str(write_random_dflash(
             tmp_path / "dflash", hidden=cfg.hidden_size, num_target_layers=cfg.num_layers, mask_token_id=0,
             num_layers=1, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, intermediate=256))
+    if algorithm == "pard":
+        spec["speculative_draft_model_path"] = str(write_random_pard(tmp_path / "pard", pard_token=0,
+                                                                     vocab_size=ckpt.config.vocab_size))
     params = SamplingParams(max_new_tokens=32)
     verdict = run_forcing(engine(ckpt), engine(ckpt, **spec), prompts, params, algorithm)
     print(verdict.as_dict())
     assert verdict.passed, verdict.as_dict()
     assert verdict.positions_checked >= 8 * 4
+
+
+def test_embedded_oracle_accepts_exactly(smol):
+    ckpt, prompts = smol
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    ar = [r.output_ids for r in engine(ckpt).generate(prompts, params)]
+    cand = engine(ckpt)
+    reqs = [cand.add_request(p, params) for p in prompts]
+    cand.drafter = OracleDrafter(6, {r.rid: a for r, a in zip(reqs, ar)}, 2, ckpt.config.vocab_size)
+    cand.spec_stats.block_size = 6
+    while cand.has_work:
+        cand.step()
+    assert [r.output_ids for r in reqs] == ar
+    assert all(n == 3 for r in reqs for n in r.accept_lengths[:-1])

@@ -52,11 +52,14 @@ def tiny_hf_config(arch: str, tied: bool = False) -> transformers.PretrainedConf
     return config_cls(**kwargs)
 
 
-def tiny_hf_model(arch: str, tied: bool = False, seed: int = 0) -> transformers.PreTrainedModel:
+def tiny_hf_model(arch: str, tied: bool = False, seed: int = 0, vocab_size: int | None = None) -> transformers.PreTrainedModel:
     """Random float32 model in eval mode; norms and biases are randomised too so that mix-ups show."""
     _, model_cls = _CONFIG_CLASSES[arch]
     torch.manual_seed(seed)
-    model = model_cls(tiny_hf_config(arch, tied)).eval()
+    config = tiny_hf_config(arch, tied)
+    if vocab_size is not None:
+        config.vocab_size = vocab_size
+    model = model_cls(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):

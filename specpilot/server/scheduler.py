@@ -1,0 +1,277 @@
+"""The scheduler thread: the one thread that owns the (not thread-safe) Engine.
+
+HTTP handlers run on the asyncio event loop. They never touch the engine: they post commands
+(submit, abort) into an inbox guarded by a condition variable, and receive their tokens through
+an asyncio.Queue that this thread fills with `loop.call_soon_threadsafe`. Between engine steps the
+thread drains the inbox, so requests join and leave the running batch between steps (continuous
+batching; the engine admits waiting requests into free KV slots on its own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from specpilot.config import SamplingParams
+from specpilot.engine.engine import Engine
+from specpilot.engine.request import Request
+
+log = logging.getLogger(__name__)
+
+THROUGHPUT_WINDOW_S = 1.0  # last_gen_throughput is measured over windows of this length
+
+
+class Overloaded(Exception):
+    """Running slots and waiting queue are full: the client should retry later (503)."""
+
+
+class NotAccepting(Exception):
+    """The server is shutting down (503)."""
+
+
+@dataclass(frozen=True)
+class Item:
+    prompt_ids: list[int]
+    params: SamplingParams
+    rid: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """First message of every submission: accepted (error None) or refused by the engine."""
+
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Update:
+    """New tokens of item `index`. `req` is set once it finished; from then on the scheduler no longer
+    touches the Request, so the event loop may read it. `error` reports an engine failure."""
+
+    index: int
+    new_ids: list[int]
+    req: Request | None = None
+    error: str | None = None
+
+
+@dataclass
+class Submission:
+    """One HTTP request's engine requests (several for a batch) and the queue their updates arrive on."""
+
+    items: list[Item]
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Verdict | Update] = field(default_factory=asyncio.Queue)
+
+    @property
+    def rids(self) -> list[str]:
+        return [item.rid for item in self.items]
+
+    def push(self, message: Verdict | Update) -> None:
+        """Called from the scheduler thread."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, message)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What /get_server_info reports; rebuilt by the scheduler thread, read by handlers as a whole."""
+
+    running: int = 0
+    waiting: int = 0
+    rids: tuple[str, ...] = ()
+    avg_spec_accept_length: float = 0.0
+    last_gen_throughput: float = 0.0
+    spec_stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Live:
+    req: Request
+    sub: Submission
+    index: int
+    sent: int = 0  # output ids already pushed to the submission
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, max_queued_requests: int) -> None:
+        self.engine = engine
+        # Outstanding requests (queued, waiting or running) allowed before 503: the running slots plus
+        # the waiting queue. Counted at submission so that the bound holds before the thread sees them.
+        self.capacity = engine.config.max_running_requests + max_queued_requests
+        self.snapshot = Snapshot()
+        # An RLock: drain() may run in a signal handler that interrupted this thread's own locked section.
+        self._cv = threading.Condition(threading.RLock())
+        self._inbox: list[Callable[[], None]] = []
+        self._outstanding = 0
+        self._accepting = True
+        self._deadline: float | None = None  # while draining: abort whatever is still live at this time
+        self._stop = False
+        self._live: dict[str, _Live] = {}
+        self._window_start: float | None = None
+        self._window_tokens = 0
+        self._throughput = 0.0
+        self._thread = threading.Thread(target=self._run, name="specpilot-scheduler", daemon=True)
+
+    # ---- called from the event loop (or a signal handler) -----------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting and self._thread.is_alive()
+
+    def submit(self, items: list[Item]) -> Submission:
+        """Queue a submission; all of its items are admitted or none. Raises NotAccepting or Overloaded."""
+        sub = Submission(items, asyncio.get_running_loop())
+        with self._cv:
+            if not self.accepting:
+                raise NotAccepting("the server is shutting down")
+            if self._outstanding + len(items) > self.capacity:
+                raise Overloaded(f"the server is at capacity ({self.capacity} requests running or queued); "
+                                 "retry later")
+            self._outstanding += len(items)
+            self._post(partial(self._admit, sub))
+        return sub
+
+    def abort(self, rids: list[str]) -> None:
+        with self._cv:
+            self._post(partial(self._abort, rids))
+
+    def abort_all(self) -> None:
+        with self._cv:
+            self._post(lambda: self._abort(list(self._live)))
+
+    def drain(self, grace_s: float) -> None:
+        """Stop admitting; requests still live after `grace_s` seconds end with finish_reason abort."""
+        with self._cv:
+            if self._accepting:
+                self._accepting = False
+                self._deadline = time.monotonic() + grace_s
+                self._cv.notify()
+
+    def shutdown(self, grace_s: float) -> None:
+        """Drain, wait for the live requests to end, then stop the thread. Blocking."""
+        self.drain(grace_s)
+        with self._cv:
+            self._cv.wait_for(lambda: not self._outstanding, timeout=grace_s + 5.0)
+            self._stop = True
+            self._cv.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _post(self, command: Callable[[], None]) -> None:
+        self._inbox.append(command)
+        self._cv.notify()
+
+    # ---- the scheduler thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._loop_once():
+                pass
+        finally:  # normally nothing is live here; after a crash, tell the clients instead of hanging them
+            for live in self._live.values():
+                live.sub.push(Update(live.index, [], live.req, error="the scheduler stopped"))
+
+    def _loop_once(self) -> bool:
+        """Apply commands, run one engine step, publish. Returns True when the thread should end."""
+        with self._cv:
+            # Sleep while there is nothing to do; wake up for commands, stop, or the drain deadline.
+            while not (self._inbox or self.engine.has_work or self._stop or self._deadline_passed()):
+                self._cv.wait(timeout=None if self._deadline is None else self._deadline - time.monotonic())
+            inbox, self._inbox = self._inbox, []
+            stop = self._stop
+        for command in inbox:
+            command()
+        if stop or self._deadline_passed():
+            self._deadline = None
+            self._abort(list(self._live))
+        if self.engine.has_work:
+            self._step()
+        self._publish()
+        return stop
+
+    def _deadline_passed(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline
+
+    def _admit(self, sub: Submission) -> None:
+        added: list[Request] = []
+        try:
+            for item in sub.items:
+                if item.rid in self._live or item.rid in (r.rid for r in added):
+                    raise ValueError(f"rid {item.rid!r} is already in use")
+                added.append(self.engine.add_request(item.prompt_ids, item.params, rid=item.rid))
+        except ValueError as err:
+            for req in added:
+                self.engine.abort(req.rid)
+            prefix = f"item {len(added)}: " if len(sub.items) > 1 else ""
+            sub.push(Verdict(prefix + str(err)))
+            self._release(len(sub.items))
+            return
+        sub.push(Verdict())
+        for index, req in enumerate(added):
+            self._live[req.rid] = _Live(req, sub, index)
+
+    def _abort(self, rids: list[str]) -> None:
+        for rid in rids:
+            if rid in self._live:
+                self.engine.abort(rid)
+
+    def _step(self) -> None:
+        if self._window_start is None:
+            self._window_start, self._window_tokens = time.perf_counter(), 0
+        try:
+            self.engine.step()
+        except Exception as err:  # an engine bug: fail the live requests instead of hanging them
+            log.exception("engine step failed; aborting %d live requests", len(self._live))
+            for live in self._live.values():
+                self.engine.abort(live.req.rid)
+                live.sub.push(Update(live.index, [], live.req, error=f"engine error: {err}"))
+            self._release(len(self._live))
+            self._live.clear()
+
+    def _publish(self) -> None:
+        """Push what each live request gained since the last step; retire the finished ones."""
+        done = []
+        for rid, live in self._live.items():
+            req = live.req
+            new = req.output_ids[live.sent:]
+            if new or req.finished:
+                live.sent += len(new)
+                self._window_tokens += len(new)
+                live.sub.push(Update(live.index, new, req if req.finished else None))
+            if req.finished:
+                done.append(rid)
+        for rid in done:
+            del self._live[rid]
+        self._release(len(done))
+        self._measure()
+        stats = self.engine.spec_stats
+        self.snapshot = Snapshot(
+            running=len(self.engine.running), waiting=len(self.engine.waiting), rids=tuple(self._live),
+            avg_spec_accept_length=stats.tau, last_gen_throughput=self._throughput,
+            spec_stats=stats.as_dict() if stats.steps else {})
+
+    def _measure(self) -> None:
+        if self._window_start is None:
+            return
+        elapsed = time.perf_counter() - self._window_start
+        if elapsed >= THROUGHPUT_WINDOW_S or not self.engine.has_work:
+            if self._window_tokens:
+                self._throughput = self._window_tokens / elapsed
+            # idle: the next window starts with the next step, so idle time is not averaged in
+            self._window_start = time.perf_counter() if self.engine.has_work else None
+            self._window_tokens = 0
+
+    def _release(self, n: int) -> None:
+        if n:
+            with self._cv:
+                self._outstanding -= n
+                self._cv.notify_all()
