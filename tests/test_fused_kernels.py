@@ -54,8 +54,9 @@ class NormCase:
 
     @property
     def name(self) -> str:
-        extra = (f"-pad{self.row_pad}" if self.row_pad else "") + (f"-w{self.weight_dtype}" if self.weight_dtype else "")
-        return f"norm-T{self.tokens}-H{self.hidden}-{self.dtype}-{'res' if self.residual else 'nores'}{extra}"
+        pad = f"-pad{self.row_pad}" if self.row_pad else ""
+        weight = f"-w{self.weight_dtype}" if self.weight_dtype else ""
+        return f"norm-T{self.tokens}-H{self.hidden}-{self.dtype}-{'res' if self.residual else 'nores'}{pad}{weight}"
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,8 @@ def test_dispatch_on_cpu_uses_torch() -> None:
     rope = rope_inputs(RopeCase(3, 4, 2, 16, "float32", qk_norm=True, layout="qkv"))
     expected_inp = _clone_caches(rope)
     assert torch.equal(rope_and_cache_write(**rope), rope_and_cache_write_reference(**expected_inp))
-    assert torch.equal(rope["k_cache"], expected_inp["k_cache"]) and torch.equal(rope["v_cache"], expected_inp["v_cache"])
+    for name in ("k_cache", "v_cache"):
+        assert torch.equal(rope[name], expected_inp[name])
     with pytest.raises(ValueError, match="backend"):
         silu_and_mul(gate_up, backend="cuda")
 
@@ -233,6 +235,7 @@ NORM_ERRORS = [
     (lambda d: d.update(residual=d["residual"][:-1]), ValueError, "residual shape"),
     (lambda d: d.update(residual=d["residual"].double()), TypeError, "residual dtype"),
     (lambda d: d.update(x=d["x"].int()), TypeError, "x dtype"),
+    (lambda d: d.update(weight=d["weight"].to("meta")), ValueError, "weight is on meta"),
 ]
 ROPE_ERRORS = [
     (lambda d: d.update(k=d["k"][:, :, :-2], v=d["v"][:, :, :-2]), ValueError, "q must be"),

@@ -59,15 +59,15 @@ def _check_float(t: torch.Tensor, name: str) -> None:
         raise TypeError(f"{name} dtype must be one of {_FLOAT_DTYPES}, got {t.dtype}")
 
 
-def _check_same_device(ref: torch.Tensor, **tensors: torch.Tensor) -> None:
+def _check_same_device(ref: torch.Tensor, **tensors: torch.Tensor | None) -> None:
     for name, t in tensors.items():
-        if t.device != ref.device:
+        if t is not None and t.device != ref.device:
             raise ValueError(f"{name} is on {t.device}, expected {ref.device}")
 
 
-def _check_unit_stride(**tensors: torch.Tensor) -> None:
+def _check_unit_stride(**tensors: torch.Tensor | None) -> None:
     for name, t in tensors.items():
-        if t.stride(-1) != 1:
+        if t is not None and t.stride(-1) != 1:
             raise ValueError(f"{name} must have a unit-stride last dimension (got strides {t.stride()})")
 
 
@@ -78,13 +78,12 @@ def _check_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
     _check_float(weight, "weight")
     if weight.shape != x.shape[1:]:
         raise ValueError(f"weight must be [{x.shape[1]}] to match x, got shape {tuple(weight.shape)}")
-    _check_same_device(x, weight=weight)
     if residual is not None:
         if residual.shape != x.shape:
             raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
         if residual.dtype != x.dtype:
             raise TypeError(f"residual dtype {residual.dtype} != x dtype {x.dtype}")
-        _check_same_device(x, residual=residual)
+    _check_same_device(x, weight=weight, residual=residual)
 
 
 def _check_rope(
@@ -140,7 +139,7 @@ def _check_rope(
                 raise TypeError(f"{name} dtype {w.dtype} != q dtype {q.dtype}")
     _check_same_device(
         q, k=k, v=v, cos=cos, sin=sin, positions=positions, rows=rows, k_cache=k_cache, v_cache=v_cache,
-        **{n: w for n, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)) if w is not None},
+        q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
     )
 
 
@@ -373,7 +372,7 @@ def rms_norm_triton(
     num_rows, hidden = x.shape
     if hidden > MAX_NORM_DIM:
         raise ValueError(f"rms_norm_triton supports H <= {MAX_NORM_DIM}, got {hidden}")
-    _check_unit_stride(x=x, weight=weight, **({"residual": residual} if residual is not None else {}))
+    _check_unit_stride(x=x, weight=weight, residual=residual)
     out = torch.empty((num_rows, hidden), dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     res_out = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else x
     if num_rows == 0:
