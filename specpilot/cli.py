@@ -93,8 +93,39 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-size", type=_positive_int, default=1, help="requests run together (default 1)")
     bench.add_argument("--output-dir", default="results/bench", help="where the JSON and PNG go")
     _engine_args(bench)
+    _serving_bench_args(bench)
     bench.set_defaults(func=_cmd_bench)
+
+    serve = sub.add_parser("serve", help="HTTP server: SGLang /generate and OpenAI-compatible /v1 APIs",
+                           description="Serve the engine over HTTP (flags follow python -m sglang.launch_server). "
+                                       "Without --model-path the embedded default model is served.")
+    _engine_args(serve)
+    h = serve.add_argument_group("HTTP server")
+    h.add_argument("--host", default="127.0.0.1")
+    h.add_argument("--port", type=_positive_int, default=30000)
+    h.add_argument("--max-queued-requests", type=_nonneg_int, default=None,
+                   help="requests that may wait for a running slot before new ones get 503 "
+                        "(default 4 x --max-running-requests)")
+    h.add_argument("--served-model-name", default=None, help="model name in the OpenAI API (default: the model path)")
+    h.add_argument("--shutdown-grace-period", type=float, default=30.0,
+                   help="seconds in-flight requests get to finish on SIGTERM before they are aborted")
+    serve.set_defaults(func=_cmd_serve)
     return parser
+
+
+def _serving_bench_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("serving mode (--serving, like sglang.bench_serving: ShareGPT prompts against a "
+                             "running server)")
+    g.add_argument("--serving", action="store_true", help="benchmark a running server instead of the offline engine")
+    g.add_argument("--backend", default="sglang", choices=["sglang", "sglang-oai-chat"],
+                   help="sglang: /generate; sglang-oai-chat: /v1/chat/completions")
+    g.add_argument("--base-url", default="http://127.0.0.1:30000")
+    g.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="requests per second, Poisson arrivals (default inf: all at once)")
+    g.add_argument("--max-concurrency", type=_positive_int, default=None, help="requests in flight at most")
+    g.add_argument("--disable-ignore-eos", action="store_true",
+                   help="let requests stop at EOS (default: every request generates --max-new-tokens)")
+    g.add_argument("--seed", type=int, default=0, help="ShareGPT sample and arrival times")
 
 
 def _dataset_args(p: argparse.ArgumentParser, default_prompts: int, default_tokens: int, many: bool = False) -> None:
@@ -127,6 +158,10 @@ def _cmd_force(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.serving:
+        from specpilot.bench.serving import run_from_args
+
+        return run_from_args(args)
     from pathlib import Path
 
     from rich.console import Console
@@ -206,6 +241,16 @@ def meta_info(req) -> dict:
                  "spec_accept_length": len(req.output_ids) / len(req.accept_lengths),
                  "spec_accept_histogram": hist}
     return info
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from specpilot.server.context import ServerArgs
+    from specpilot.server.launch import serve
+
+    return serve(engine_config_from_args(args),
+                 ServerArgs(host=args.host, port=args.port, max_queued_requests=args.max_queued_requests,
+                            served_model_name=args.served_model_name,
+                            shutdown_grace_period=args.shutdown_grace_period))
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ from specpilot.engine.forward_batch import ForwardBatch
 from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.model_runner import _StaticInputs
 from specpilot.engine.request import Request
+from specpilot.kernels.fused import rope_and_cache_write
 from specpilot.kernels.slot_attention import slot_attention
 from specpilot.models.config import ModelConfig
 from specpilot.models.linear import Linear
@@ -81,27 +82,33 @@ class DFlashLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def _kv(self, kv: torch.Tensor, positions: torch.Tensor, rope: RotaryTable) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope_and_write(self, q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
+                        cache: KVCache, rope: RotaryTable) -> torch.Tensor:
+        """q/k norms, RoPE, and the K/V write into this layer's cache in one kernel; returns q."""
         k, v = kv.split(self.kv_size, dim=-1)
-        k = rope.apply(self.k_norm(k.reshape(-1, self.kv_heads, self.head_dim)), positions)
-        return k, v.reshape(-1, self.kv_heads, self.head_dim)
+        T = kv.shape[0]
+        return rope_and_cache_write(
+            q.view(T, -1, self.head_dim), k.view(T, self.kv_heads, self.head_dim),
+            v.view(T, self.kv_heads, self.head_dim), rope.cos, rope.sin, positions, rows, cache.k[self.layer],
+            cache.v[self.layer], self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
 
     def write_context(self, ctx: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, cache: KVCache,
                       rope: RotaryTable) -> None:
         """Context features enter as K/V only: the k/v rows of the fused projection."""
         kv = torch.nn.functional.linear(ctx, self.qkv_proj.weight[self.q_size :])
-        cache.write(self.layer, rows, *self._kv(kv, positions, rope))
+        self._rope_and_write(kv.new_empty(kv.shape[0], 0), kv, positions, rows, cache, rope)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, rope: RotaryTable) -> torch.Tensor:
-        h = self.input_layernorm(x)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, cache: KVCache,
+                rope: RotaryTable) -> tuple[torch.Tensor, torch.Tensor]:
+        """Same residual convention as the target's DecoderLayer: returns (MLP output, residual)."""
+        h, residual = self.input_layernorm.fused(x, residual)
         q, kv = self.qkv_proj(h).split([self.q_size, 2 * self.kv_size], dim=-1)
-        q = rope.apply(self.q_norm(q.reshape(-1, self.heads, self.head_dim)), batch.positions)
-        cache.write(self.layer, batch.write_index, *self._kv(kv, batch.positions, rope))
+        q = self._rope_and_write(q, kv, batch.positions, batch.write_index, cache, rope)
         o = slot_attention(q, cache.k[self.layer], cache.v[self.layer], batch.slot_ids, batch.q_starts,
                            batch.q_lens, batch.kv_lens, scale=self.scale, causal=False,
                            max_q_len=batch.max_q_len, num_kv_splits=batch.num_kv_splits)
-        x = x + self.o_proj(o.reshape(-1, self.q_size))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h, residual = self.post_attention_layernorm.fused(self.o_proj(o.reshape(-1, self.q_size)), residual)
+        return self.mlp(h), residual
 
 
 class DFlashModel(nn.Module):
@@ -244,11 +251,11 @@ class DFlashDrafter(Drafter):
                     block: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Append context K/V, then draft: returns argmax tokens and their probabilities, [b, B-1]."""
         self._write_context(feats, ctx_positions, ctx_rows)
-        x = self.target.embed(block.input_ids)
+        x, residual = self.target.embed(block.input_ids), None
         for layer in self.model.layers:
-            x = layer(x, block, self.cache, self.rope)
+            x, residual = layer(x, residual, block, self.cache, self.rope)
         b, B = block.batch_size, self.block_size
-        h = self.model.norm(x).view(b, B, -1)[:, 1:].reshape(b * (B - 1), -1)
+        h = self.model.norm.fused(x, residual)[0].view(b, B, -1)[:, 1:].reshape(b * (B - 1), -1)
         conf, tokens = torch.softmax(self.target.logits(h), dim=-1).max(dim=-1)
         return tokens.view(b, B - 1), conf.view(b, B - 1)
 

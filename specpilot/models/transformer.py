@@ -7,11 +7,11 @@ which it takes from the ForwardBatch.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specpilot.engine.forward_batch import ForwardBatch
 from specpilot.engine.kv_cache import KVCache
+from specpilot.kernels.fused import rms_norm, rope_and_cache_write, silu_and_mul
 from specpilot.kernels.slot_attention import slot_attention
 from specpilot.models.config import ModelConfig
 from specpilot.models.linear import Linear
@@ -28,6 +28,10 @@ class RMSNorm(nn.Module):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
+
+    def fused(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual) in one kernel on CUDA."""
+        return rms_norm(x, self.weight, self.eps, residual)
 
 
 class Attention(nn.Module):
@@ -49,10 +53,10 @@ class Attention(nn.Module):
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope.apply(q, batch.positions), rope.apply(k, batch.positions)
-        cache.write(self.layer, batch.write_index, k, v)
+        qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None else (None, None, 1e-6)
+        # one kernel: q/k norm (Qwen3), RoPE, and the K/V write into this layer's cache
+        q = rope_and_cache_write(q, k, v, rope.cos, rope.sin, batch.positions, batch.write_index,
+                                 cache.k[self.layer], cache.v[self.layer], *qk_norm)
         o = slot_attention(
             q, cache.k[self.layer], cache.v[self.layer], batch.slot_ids, batch.q_starts, batch.q_lens,
             batch.kv_lens, scale=self.scale, causal=batch.causal, max_q_len=batch.max_q_len,
@@ -69,8 +73,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -81,9 +84,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, rope: RotaryTable) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), batch, cache, rope)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, cache: KVCache,
+                rope: RotaryTable) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream is carried separately so each add fuses into the next norm: returns
+        (this layer's MLP output, the residual before it); the layer's output is their sum."""
+        h, residual = self.input_layernorm.fused(x, residual)
+        h, residual = self.post_attention_layernorm.fused(self.self_attn(h, batch, cache, rope), residual)
+        return self.mlp(h), residual
 
 
 class Transformer(nn.Module):
@@ -115,13 +122,14 @@ class Transformer(nn.Module):
             raise RuntimeError("call setup_rope(max_positions) before forward")
         if list(tap_layers) != sorted(set(tap_layers)):
             raise ValueError(f"tap_layers must be strictly increasing, got {tap_layers}")
-        x = self.embed(batch.input_ids)
+        x, residual = self.embed(batch.input_ids), None
         taps: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
-            x = layer(x, batch, cache, self.rope)
+            x, residual = layer(x, residual, batch, cache, self.rope)
             if i in tap_layers:
-                taps.append(x)
-        return self.norm(x), (torch.cat(taps, dim=-1) if taps else None)
+                taps.append(x + residual)
+        hidden, _ = self.norm.fused(x, residual)
+        return hidden, (torch.cat(taps, dim=-1) if taps else None)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -130,7 +130,7 @@ class OpenAISampling(_Lenient):
 
     model: str | None = None
     max_tokens: NonNegInt | None = None
-    temperature: float | None = 1.0
+    temperature: float | None = None  # None: OpenAI's default, 1
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
@@ -157,8 +157,9 @@ class OpenAISampling(_Lenient):
             raise ValueError("logprobs are not supported")
         # without max_tokens, generate until a stop or the end of the context (as OpenAI does)
         max_tokens = self.max_tokens if self.max_tokens is not None else max(context_length - prompt_len, 0)
+        temperature = 1.0 if self.temperature is None else self.temperature
         return sampling_params(
-            {"max_new_tokens": max_tokens, "min_new_tokens": self.min_tokens, "temperature": self.temperature,
+            {"max_new_tokens": max_tokens, "min_new_tokens": self.min_tokens, "temperature": temperature,
              "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p, "seed": self.seed,
              "stop": _strings(self.stop), "stop_token_ids": self.stop_token_ids, "ignore_eos": self.ignore_eos},
             vocab_size)

@@ -1,0 +1,79 @@
+"""What every handler shares: server arguments, the engine (read-only from the event loop), the
+scheduler, and the HTTP errors handlers raise."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+from starlette.requests import Request
+
+from specpilot.config import SamplingParams
+from specpilot.engine.engine import Engine
+from specpilot.server.scheduler import Item, NotAccepting, Overloaded, Scheduler, Submission
+
+RETRY_AFTER_S = 1
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers
+
+
+def bad_request(err: Exception) -> APIError:
+    return APIError(400, str(err))
+
+
+@dataclass
+class ServerArgs:
+    host: str = "127.0.0.1"
+    port: int = 30000
+    max_queued_requests: int | None = None  # None: 4 x max_running_requests
+    served_model_name: str | None = None
+    shutdown_grace_period: float = 30.0  # seconds in-flight requests get to finish on shutdown
+
+
+class ServerContext:
+    def __init__(self, engine: Engine, args: ServerArgs) -> None:
+        self.engine = engine
+        self.args = args
+        queued = args.max_queued_requests
+        self.max_queued_requests = 4 * engine.config.max_running_requests if queued is None else queued
+        self.scheduler = Scheduler(engine, self.max_queued_requests)
+        self.model_path = engine.checkpoint.source
+        self.model_name = args.served_model_name or engine.config.model_path or Path(self.model_path).stem
+        self.vocab_size = engine.checkpoint.config.vocab_size
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    async def submit(self, prompts: list[list[int]], params: list[SamplingParams],
+                     rids: list[str | None]) -> Submission:
+        """Hand the prompts to the scheduler and wait until the engine took them (or refused them)."""
+        items = [Item(p, sp, rid or uuid4().hex) for p, sp, rid in zip(prompts, params, rids)]
+        try:
+            sub = self.scheduler.submit(items)
+        except Overloaded as err:
+            raise APIError(503, str(err), {"Retry-After": str(RETRY_AFTER_S)}) from err
+        except NotAccepting as err:
+            raise APIError(503, str(err)) from err
+        try:
+            verdict = await sub.queue.get()
+        except asyncio.CancelledError:
+            self.scheduler.abort(sub.rids)
+            raise
+        if verdict.error is not None:
+            raise APIError(400, verdict.error)
+        return sub
+
+    def server_args(self) -> dict[str, Any]:
+        return asdict(self.engine.config) | asdict(self.args) | {"max_queued_requests": self.max_queued_requests}
+
+
+def context(request: Request) -> ServerContext:
+    return request.app.state.ctx

@@ -1,0 +1,147 @@
+"""The event-loop side of a submission: following its updates, aborting it when the client goes away,
+each item's output as text, and server-sent events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request as HTTPRequest
+
+from specpilot.cli import meta_info
+from specpilot.engine.request import Request
+from specpilot.server.context import ServerContext
+from specpilot.server.scheduler import Item, Submission, Update
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+class EngineFailure(Exception):
+    pass
+
+
+class Output:
+    """One item's output as the event loop knows it: the ids received so far, the Request once done."""
+
+    def __init__(self, ctx: ServerContext, item: Item, index: int) -> None:
+        self.ctx = ctx
+        self.item = item
+        self.index = index  # position in the submission (the choice index in OpenAI responses)
+        self.ids: list[int] = []
+        self.req: Request | None = None
+        # a partial text may not show a tail that could still grow into a stop string (trimmed later)
+        self._holdback = max((len(s) for s in item.params.stop), default=1) - 1
+        self._sent = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.req is not None
+
+    def apply(self, update: Update) -> None:
+        self.ids.extend(update.new_ids)
+        if update.req is not None:
+            self.req = update.req
+
+    def text(self) -> str:
+        """The final text once finished; before, the decoded prefix without what may still change."""
+        if self.req is not None:
+            return self.ctx.engine.output_text(self.req)
+        if self.ctx.tokenizer is None:
+            return ""
+        # a trailing U+FFFD is an incomplete multi-byte character that the next token completes
+        text = self.ctx.tokenizer.decode(self.ids, skip_special_tokens=True).rstrip("\ufffd")
+        return text[: max(len(text) - self._holdback, 0)]
+
+    def delta(self) -> str:
+        """Text not yet returned by delta() (OpenAI streaming)."""
+        text = self.text()
+        if not text.startswith(self._sent):  # the decoder revised earlier text: nothing safe to add
+            return ""
+        new, self._sent = text[len(self._sent):], text
+        return new
+
+    def meta_info(self) -> dict[str, Any]:
+        if self.req is not None:
+            return meta_info(self.req)
+        return {"id": self.item.rid, "finish_reason": None, "prompt_tokens": len(self.item.prompt_ids),
+                "completion_tokens": len(self.ids)}
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None if self.req is None else self.req.finish_reason["type"]
+
+    @property
+    def matched_stop(self) -> int | str | None:
+        return None if self.req is None else self.req.finish_reason.get("matched")
+
+
+class Follower:
+    """Follows a submission until every item finished. Leaving the `async with` block early (client
+    disconnected, response cancelled, error) aborts the unfinished items, freeing their KV slots."""
+
+    def __init__(self, ctx: ServerContext, sub: Submission, request: HTTPRequest) -> None:
+        self.ctx, self.sub, self.request = ctx, sub, request
+        self.outputs = [Output(ctx, item, i) for i, item in enumerate(sub.items)]
+        self._gone: asyncio.Future[None] | None = None
+
+    async def __aenter__(self) -> Follower:
+        self._gone = asyncio.ensure_future(_disconnected(self.request))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._gone.cancel()
+        unfinished = [o.item.rid for o in self.outputs if not o.finished]
+        if unfinished:
+            self.ctx.scheduler.abort(unfinished)
+
+    async def changes(self) -> AsyncIterator[list[Output]]:
+        """The outputs that changed, one list per wake-up (updates that queued up meanwhile are merged)."""
+        while not all(o.finished for o in self.outputs):
+            get = asyncio.ensure_future(self.sub.queue.get())
+            await asyncio.wait((get, self._gone), return_when=asyncio.FIRST_COMPLETED)
+            if not get.done():
+                get.cancel()
+                raise ClientDisconnected()
+            updates = [get.result()]
+            while not self.sub.queue.empty():
+                updates.append(self.sub.queue.get_nowait())
+            changed: dict[int, Output] = {}
+            for update in updates:
+                if update.error is not None:
+                    raise EngineFailure(update.error)
+                self.outputs[update.index].apply(update)
+                changed[update.index] = self.outputs[update.index]
+            yield list(changed.values())
+
+    async def finish(self) -> list[Output]:
+        async for _ in self.changes():
+            pass
+        return self.outputs
+
+
+async def _disconnected(request: HTTPRequest) -> None:
+    # The body has been read, so the next ASGI message is the disconnect (or the response completed).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def sse_stream(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+    """Server-sent events of `events`, then [DONE]; an engine failure becomes an error event."""
+    try:
+        async for event in events:
+            yield sse(event)
+    except ClientDisconnected:
+        return
+    except EngineFailure as err:
+        yield sse({"error": {"message": str(err), "type": "InternalServerError", "code": 500}})
+    yield SSE_DONE
