@@ -45,6 +45,37 @@ def check_attention(device: torch.device) -> float:
     return worst
 
 
+def check_fused(device: torch.device) -> dict[str, float]:
+    """Each fused Triton kernel and the skinny GEMM against its torch reference at real shapes (bf16)."""
+    from specpilot.kernels import fused
+    from specpilot.kernels.skinny_gemm import skinny_gemm, skinny_gemm_reference
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.float() - b.float()).norm() / b.float().norm())
+
+    T, H, hq, hkv, d, bf = 16, 4096, 32, 8, 128, torch.bfloat16
+    x, res, w = (torch.randn(T, H, device=device, dtype=bf) for _ in range(3))
+    errs = {"rms_norm": max(rel(a, b) for a, b in zip(fused.rms_norm(x, w, 1e-5, res, backend="triton"),
+                                                       fused.rms_norm(x, w, 1e-5, res, backend="torch")))}
+    gu = torch.randn(T, 2 * 14336, device=device, dtype=bf)
+    errs["silu_and_mul"] = rel(fused.silu_and_mul(gu, backend="triton"), fused.silu_and_mul(gu, backend="torch"))
+    qkv = torch.randn(T, (hq + 2 * hkv) * d, device=device, dtype=bf)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k, v = q.view(T, hq, d), k.view(T, hkv, d), v.view(T, hkv, d)
+    pos = torch.randint(0, 500, (T,), device=device)
+    rows = torch.randperm(4 * 512, device=device)[:T]
+    cos, sin = torch.randn(512, d, device=device), torch.randn(512, d, device=device)
+    outs = []
+    for backend in ("triton", "torch"):
+        kc, vc = (torch.zeros(4, 512, hkv, d, device=device, dtype=bf) for _ in range(2))
+        outs.append((fused.rope_and_cache_write(q, k, v, cos, sin, pos, rows, kc, vc, backend=backend), kc, vc))
+    errs["rope_and_cache_write"] = max(rel(a, b) for a, b in zip(*outs))
+    for m in (1, 16):
+        xm, wm = torch.randn(m, 4096, device=device, dtype=bf), torch.randn(6144, 4096, device=device, dtype=bf)
+        errs[f"skinny_gemm_m{m}"] = rel(skinny_gemm(xm, wm), skinny_gemm_reference(xm, wm))
+    return errs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=None)
@@ -54,6 +85,7 @@ def main() -> None:
     out = out_dir(args.out)
 
     attn_err = check_attention(device)
+    fused_errs = check_fused(device)
     bw = copy_bandwidth(device)
     cfg = LLAMA31_8B
     model = synthetic_model(cfg, device, torch.bfloat16)
@@ -90,12 +122,13 @@ def main() -> None:
     result = {
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "context": args.context,
         "copy_bandwidth_TBps": bw / 1e12, "weight_GB": weight_bytes_per_step(model) / 1e9, "floor_ms": floor_ms,
-        "attention_rel_err_triton_vs_torch": attn_err, "rows": rows,
+        "attention_rel_err_triton_vs_torch": attn_err, "fused_rel_err_triton_vs_torch": fused_errs, "rows": rows,
         "decode_b1_vs_floor": decode1 / floor_ms, "verify16_vs_decode_b1": verify1 / decode1,
     }
     write_json(out / "gpu_engine.json", result)
     print(f"\nGPU {result['gpu']}  copy {bw / 1e12:.2f} TB/s  weights {result['weight_GB']:.2f} GB  "
           f"floor {floor_ms:.3f} ms  attention rel err {attn_err:.2e}")
+    print("fused kernels rel err vs torch: " + ", ".join(f"{k} {v:.1e}" for k, v in fused_errs.items()))
     print(f"{'B':>3} {'q':>3} {'graph ms':>9} {'step ms':>8} {'eager ms':>9} {'x floor':>8} {'agree':>6}")
     for r in rows:
         print(f"{r['batch']:>3} {r['q']:>3} {r['graph_ms']:>9.3f} {r['step_ms']:>8.3f} {r['eager_ms']:>9.3f} "
