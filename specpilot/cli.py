@@ -110,7 +110,62 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--shutdown-grace-period", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on SIGTERM before they are aborted")
     serve.set_defaults(func=_cmd_serve)
+
+    train = sub.add_parser("train-drafter", help="train a DFlash drafter for a target (CPU or CUDA)",
+                           description="Regenerates responses with the target, trains a DFlash drafter on its tap "
+                                       "features and writes a checkpoint that --speculative-draft-model-path loads.")
+    _train_drafter_args(train)
+    train.set_defaults(func=_cmd_train_drafter)
     return parser
+
+
+def _train_drafter_args(p: argparse.ArgumentParser) -> None:
+    from dataclasses import fields
+
+    from specpilot.drafters.train import TrainConfig
+
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+
+    def add(group: argparse._ArgumentGroup, flag: str, help: str, **kw) -> None:
+        dest = flag[2:].replace("-", "_")
+        value = defaults[dest]
+        if value is not None and value is not False:
+            help += f" (default: {' '.join(value) if isinstance(value, tuple) else value})"
+        group.add_argument(flag, dest=dest, default=value, help=help, **kw)
+
+    g = p.add_argument_group("target and data")
+    g.add_argument("--target", default="default",
+                   help="target GGUF file or HF directory, or 'default' (the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--out", required=True, help="output directory: checkpoint, data.pt, trainer_state.pt")
+    add(g, "--datasets", "train splits whose first user turns are the prompts", nargs="+",
+        choices=defaults["datasets"])
+    add(g, "--num-prompts", "prompts, split evenly across --datasets", type=_positive_int)
+    add(g, "--max-new-tokens", "response tokens the target generates per prompt", type=_positive_int)
+    add(g, "--max-seq-len", "prompt + response tokens at most", type=_positive_int)
+    add(g, "--gen-batch-size", "requests the target generates concurrently", type=_positive_int)
+    d = p.add_argument_group("drafter")
+    add(d, "--num-layers", "draft layers", type=_positive_int)
+    add(d, "--block-size", "B: the anchor token + B-1 mask slots", type=_at_least_two)
+    add(d, "--num-taps", "target layers tapped, spread from layer 1 to L-3", type=_positive_int)
+    add(d, "--target-layer-ids", "explicit tapped layers (overrides --num-taps)", nargs="+", type=_nonneg_int)
+    add(d, "--mask-token-id", "mask id; default: the tokenizer's mask, else an id plain text never produces",
+        type=_nonneg_int)
+    o = p.add_argument_group("optimisation")
+    add(o, "--epochs", "passes over the sequences", type=_positive_int)
+    add(o, "--batch-size", "sequences per optimizer step", type=_positive_int)
+    add(o, "--anchors-per-seq", "random blocks per sequence", type=_positive_int)
+    add(o, "--gamma", "slot k's loss weight is exp(-(k-1)/gamma); default 7 * B / 16", type=float)
+    add(o, "--lr", "AdamW peak learning rate (cosine schedule)", type=float)
+    add(o, "--warmup-ratio", "share of steps warming the learning rate up", type=float)
+    add(o, "--max-grad-norm", "gradient clipping", type=float)
+    add(o, "--seed", "model init, batch order, anchors", type=int)
+    r = p.add_argument_group("run")
+    add(r, "--save-every", "steps between trainer_state.pt saves", type=_positive_int)
+    add(r, "--stop-after", "leave after this many steps (continue later with --resume)", type=_positive_int)
+    add(r, "--resume", "continue the run in --out from trainer_state.pt", action="store_true")
+    add(r, "--device", "auto: cuda if available", choices=["auto", "cpu", "cuda"])
+    add(r, "--dtype", "the target's dtype (auto: bf16 on CUDA, fp32 on CPU); the drafter trains in fp32 "
+                      "master weights under autocast", choices=["auto", "float32", "bfloat16"])
 
 
 def _serving_bench_args(p: argparse.ArgumentParser) -> None:
@@ -251,6 +306,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                  ServerArgs(host=args.host, port=args.port, max_queued_requests=args.max_queued_requests,
                             served_model_name=args.served_model_name,
                             shutdown_grace_period=args.shutdown_grace_period))
+
+
+def _cmd_train_drafter(args: argparse.Namespace) -> int:
+    from dataclasses import fields
+
+    from specpilot.drafters.train import TrainConfig, train_drafter
+
+    names = {f.name for f in fields(TrainConfig)}
+    config = TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
+    config.target = None if args.target == "default" else args.target
+    report = train_drafter(config)
+    last = report["epochs"][-1] if report["epochs"] else {}
+    state = "done" if report["finished"] else f"stopped at step {report['steps']}/{report['total_steps']}"
+    print(f"{state}: loss {last.get('loss', float('nan')):.4f}, tau estimate {last.get('tau_estimate', 0):.2f}; "
+          f"wrote {config.out}")
+    return 0
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:

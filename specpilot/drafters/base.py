@@ -13,10 +13,11 @@ from specpilot.engine.request import Request
 @dataclass
 class Draft:
     """Per request: the proposed continuation (after its newest committed token) and, where the
-    drafter has them, its confidence in each proposed token (probability of its argmax)."""
+    drafter has them, its confidence in each proposed token (probability of its argmax) as a device
+    tensor [requests, drafts] - left on the device since only confidence-aware mechanisms read it."""
 
     tokens: list[list[int]]
-    confidences: list[list[float]] | None = None
+    confidences: torch.Tensor | None = None
 
 
 class Drafter(ABC):

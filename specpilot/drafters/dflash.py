@@ -215,7 +215,7 @@ class DFlashDrafter(Drafter):
             tokens, conf = self._draft_pass(feats, torch.tensor(ctx_positions, device=dev),
                                             torch.tensor(ctx_rows, device=dev), block)
         n = len(reqs)
-        return Draft(tokens[:n].tolist(), conf[:n].tolist())
+        return Draft(tokens[:n].tolist(), conf[:n])
 
     # ---- the pass -----------------------------------------------------------------------------
     def _context_rows(self, reqs: list[Request]) -> tuple[list[int], list[int], torch.Tensor]:
@@ -282,11 +282,10 @@ class _DraftGraph:
                 pool: tuple) -> _DraftGraph:
         B = drafter.block_size
         block = inputs.batch(b, num_kv_splits=1)
-        # context rows reuse the block's input buffer layout: positions and cache rows of their own
-        ctx_pos = torch.zeros(b * B, dtype=torch.int64, device=drafter.device)
-        ctx_rows = torch.full((b * B,), drafter.cache.scratch_slot * drafter.cache.max_len, dtype=torch.int64,
-                              device=drafter.device)
-        args = (feats[: b * B], ctx_pos, ctx_rows, block)
+        # context rows' positions and cache rows: one [2, b*B] buffer, one host-to-device copy per step
+        ctx_meta = torch.zeros(2, b * B, dtype=torch.int64, device=drafter.device)
+        ctx_meta[1] = drafter.cache.scratch_slot * drafter.cache.max_len
+        args = (feats[: b * B], ctx_meta[0], ctx_meta[1], block)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -297,7 +296,7 @@ class _DraftGraph:
         with torch.cuda.graph(graph, pool=pool):
             tokens, conf = drafter._draft_pass(*args)
         g = cls(graph, inputs, feats, b, tokens, conf)
-        g.ctx_pos, g.ctx_rows = ctx_pos, ctx_rows
+        g.ctx_meta = ctx_meta
         return g
 
     def replay(self, drafter: DFlashDrafter, reqs: list[Request], feats: torch.Tensor, positions: list[int],
@@ -308,8 +307,7 @@ class _DraftGraph:
         scratch = drafter.cache.scratch_slot * drafter.cache.max_len
         pad = (self.b - n) * B
         self.feats[: n * B].copy_(feats)
-        self.ctx_pos.copy_(torch.tensor(positions + list(range(pad)), dtype=torch.int64), non_blocking=True)
-        self.ctx_rows.copy_(torch.tensor(rows + [scratch + j % B for j in range(pad)], dtype=torch.int64),
-                            non_blocking=True)
+        meta = torch.tensor([positions + list(range(pad)), rows + [scratch + j % B for j in range(pad)]])
+        self.ctx_meta.copy_(meta, non_blocking=True)
         self.graph.replay()
         return self.tokens, self.conf

@@ -73,6 +73,9 @@ async def _validation_error(_: Request, err: RequestValidationError) -> JSONResp
     errors = err.errors()
     parts = []
     for e in errors[:MAX_LISTED_ERRORS]:
+        if e["type"] == "json_invalid":  # loc is (body, character offset)
+            parts.append(f"malformed JSON at character {e['loc'][-1]}: {e.get('ctx', {}).get('error', e['msg'])}")
+            continue
         loc = ".".join(str(p) for p in e["loc"] if p != "body")
         parts.append(f"{loc}: {e['msg']}" if loc else e["msg"])
     if len(errors) > MAX_LISTED_ERRORS:

@@ -70,7 +70,8 @@ async def abort_request(body: AbortRequest, request: Request) -> dict[str, Any]:
     return {"success": True}
 
 
-@router.api_route("/flush_cache", methods=["GET", "POST"])
+@router.get("/flush_cache")
+@router.post("/flush_cache")
 async def flush_cache(request: Request) -> JSONResponse:
     # Slots are fixed per request and freed when it ends; there is no prefix cache to drop.
     snap = context(request).scheduler.snapshot

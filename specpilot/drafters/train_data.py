@@ -1,0 +1,163 @@
+"""Training data for the DFlash trainer: prompts, target-regenerated responses (cached on disk), batches
+with random anchors, and the target's tap features.
+
+Responses must come from the target itself (greedy): the drafter learns to predict what this target
+emits, not what some other model wrote. Features are recomputed per batch with one teacher-forced target
+pass instead of being stored: at paper scale (800K x 3072 tokens x 5 taps x H in bf16) stored features run
+to hundreds of terabytes, while the pass costs about a third of a target training step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from rich.progress import Progress
+
+from specpilot.config import SamplingParams
+from specpilot.engine.engine import Engine
+from specpilot.engine.forward_batch import ForwardBatch
+
+DATA_FILE = "data.pt"
+
+
+@dataclass
+class Sample:
+    prompt: list[int]
+    response: list[int]
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.response
+
+
+@dataclass
+class DataStats:
+    num_sequences: int
+    skipped_prompts: int  # prompts too long for --max-seq-len
+    prompt_tokens: int
+    response_tokens: int
+    generation_s: float
+    generation_tokens_per_s: float
+    reused_cache: bool = False
+
+
+def load_training_prompts(tokenizer, datasets: list[str], num_prompts: int) -> list[list[int]]:
+    """First user turns of the datasets' train splits (disjoint from the bench splits), interleaved so
+    any prefix is an even mixture, under the target's chat template."""
+    from specpilot.bench.datasets import apply_chat_template, load_prompts
+
+    if tokenizer is None:
+        raise ValueError("the target has no tokenizer: pass token-id prompts instead of --datasets")
+    per_set = -(-num_prompts // len(datasets))
+    # seed 0: the data do not depend on the training seed, so seed sweeps see the same sequences
+    sets = [load_prompts(d, per_set, split="train", seed=0) for d in datasets]
+    mixed = [s[i] for i in range(per_set) for s in sets if i < len(s)]
+    return [apply_chat_template(tokenizer, p) for p in mixed[:num_prompts]]
+
+
+def generate_responses(engine: Engine, prompts: list[list[int]], max_new_tokens: int,
+                       progress: Progress) -> tuple[list[Sample], DataStats]:
+    """Greedy responses by the target with continuous batching (engine.max_running_requests at a time).
+    Prompts leave room for at least two response tokens (one anchor and its target) or are skipped."""
+    fits = [p for p in prompts if len(p) + 2 <= engine.context_length]
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    task = progress.add_task("generating responses", total=len(fits), stats="")
+    reqs = [engine.add_request(p, params) for p in fits]
+    start, produced = time.perf_counter(), 0
+    while engine.has_work:
+        finished = engine.step()
+        produced = sum(len(r.output_ids) for r in reqs)
+        rate = produced / (time.perf_counter() - start)
+        progress.update(task, advance=len(finished), stats=f"{rate:,.0f} tok/s")
+    wall = time.perf_counter() - start
+    # an anchor needs a token after it: responses of one token (an immediate EOS) teach nothing
+    samples = [Sample(r.prompt_ids, r.output_ids) for r in reqs if len(r.output_ids) >= 2]
+    stats = DataStats(len(samples), len(prompts) - len(fits), sum(len(s.prompt) for s in samples),
+                      produced, wall, produced / wall if wall > 0 else 0.0)
+    return samples, stats
+
+
+def prompts_digest(prompts: list[list[int]]) -> str:
+    return hashlib.blake2b(json.dumps(prompts).encode(), digest_size=16).hexdigest()
+
+
+def load_or_generate(out: Path, meta: dict, engine: Engine, prompts: list[list[int]], max_new_tokens: int,
+                     progress: Progress) -> tuple[list[Sample], DataStats]:
+    """Generated sequences are cached in out/data.pt with the settings that made them (`meta`); a rerun
+    with the same settings reuses them instead of regenerating, different settings are refused."""
+    path = out / DATA_FILE
+    if path.is_file():
+        data = torch.load(path, weights_only=True)
+        if data["meta"] != meta:
+            raise ValueError(f"{path} was generated with different settings ({data['meta']}, now {meta}); "
+                             f"use a fresh --out directory")
+        samples = [Sample(p.tolist(), r.tolist()) for p, r in zip(data["prompts"], data["responses"])]
+        return samples, DataStats(**{**data["stats"], "reused_cache": True})
+    samples, stats = generate_responses(engine, prompts, max_new_tokens, progress)
+    data = {"meta": meta, "stats": asdict(stats), "prompts": [torch.tensor(s.prompt) for s in samples],
+            "responses": [torch.tensor(s.response) for s in samples]}
+    tmp = path.with_suffix(".tmp")
+    torch.save(data, tmp)
+    tmp.replace(path)
+    return samples, stats
+
+
+# ---------------------------------------------------------------- batches
+
+
+@dataclass
+class Batch:
+    indices: list[int]  # into the sample list
+    tokens: torch.Tensor  # [N, L] right-padded with 0
+    lengths: torch.Tensor  # [N]
+    anchors: torch.Tensor  # [N, A] block starts (padding anchors are 1 and invalid)
+    anchor_valid: torch.Tensor  # [N, A]
+
+
+def sample_anchors(sample: Sample, num_anchors: int, generator: torch.Generator) -> list[int]:
+    """Distinct random response positions a with a + 1 inside the sequence (slot 1 has a target), as at
+    inference where the first block starts at the first response token with the prompt as context."""
+    first, last = len(sample.prompt), len(sample.tokens) - 2
+    count = last - first + 1
+    picks = torch.randperm(count, generator=generator)[:num_anchors]
+    return sorted(first + int(i) for i in picks)
+
+
+def make_batch(samples: list[Sample], indices: list[int], num_anchors: int, generator: torch.Generator,
+               device: torch.device) -> Batch:
+    seqs = [samples[i].tokens for i in indices]
+    anchors = [sample_anchors(samples[i], num_anchors, generator) for i in indices]
+    n, length, width = len(seqs), max(map(len, seqs)), max(map(len, anchors))
+    tokens = torch.zeros(n, length, dtype=torch.long)
+    anchor_t = torch.ones(n, width, dtype=torch.long)
+    valid = torch.zeros(n, width, dtype=torch.bool)
+    for j, (seq, anc) in enumerate(zip(seqs, anchors)):
+        tokens[j, : len(seq)] = torch.tensor(seq)
+        anchor_t[j, : len(anc)] = torch.tensor(anc)
+        valid[j, : len(anc)] = True
+    lengths = torch.tensor([len(s) for s in seqs])
+    return Batch(indices, tokens.to(device), lengths.to(device), anchor_t.to(device), valid.to(device))
+
+
+def target_features(engine: Engine, seqs: list[list[int]], tap_layers: tuple[int, ...]) -> torch.Tensor:
+    """Tap features of every position from one teacher-forced target pass: [N, L_max, taps * H], zero
+    padded. The same outputs the engine hands the drafter at inference (prefill and verify rows)."""
+    slots = [engine.cache.allocate() for _ in seqs]
+    try:
+        with torch.inference_mode():
+            batch = ForwardBatch.build(slots, [0] * len(seqs), seqs, engine.cache.max_len, engine.device)
+            _, taps = engine.model(batch, engine.cache, tap_layers)
+    finally:
+        for slot in slots:
+            engine.cache.free(slot)
+    out = taps.new_zeros(len(seqs), max(map(len, seqs)), taps.shape[-1])
+    start = 0
+    for j, seq in enumerate(seqs):
+        out[j, : len(seq)] = taps[start : start + len(seq)]
+        start += len(seq)
+    return out  # made outside inference mode: an ordinary tensor that autograd may save
