@@ -85,4 +85,4 @@ class OracleDrafter(Drafter):
             cont = ref[n : n + self.num_proposals]
             cont = cont + [0] * (self.num_proposals - len(cont))
             drafts.append([t if j < self.first_error else (t + 1) % self.vocab for j, t in enumerate(cont)])
-        return Draft(drafts)
+        return Draft(torch.tensor(drafts, dtype=torch.int64))

@@ -12,11 +12,12 @@ from specpilot.engine.request import Request
 
 @dataclass
 class Draft:
-    """Per request: the proposed continuation (after its newest committed token) and, where the
-    drafter has them, its confidence in each proposed token (probability of its argmax) as a device
-    tensor [requests, drafts] - left on the device since only confidence-aware mechanisms read it."""
+    """Per request a row of `tokens` ([requests, block_size - 1], int64, on any device): the proposed
+    continuation after its newest committed token; and, where the drafter has them, its confidence in
+    each proposed token (probability of its argmax), same shape. Both may stay on the device: the engine
+    brings them to the host in the step's single sync."""
 
-    tokens: list[list[int]]
+    tokens: torch.Tensor
     confidences: torch.Tensor | None = None
 
 

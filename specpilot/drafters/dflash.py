@@ -215,7 +215,7 @@ class DFlashDrafter(Drafter):
             tokens, conf = self._draft_pass(feats, torch.tensor(ctx_positions, device=dev),
                                             torch.tensor(ctx_rows, device=dev), block)
         n = len(reqs)
-        return Draft(tokens[:n].tolist(), conf[:n])
+        return Draft(tokens[:n], conf[:n])
 
     # ---- the pass -----------------------------------------------------------------------------
     def _context_rows(self, reqs: list[Request]) -> tuple[list[int], list[int], torch.Tensor]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from specpilot.drafters.base import Draft, Drafter
 from specpilot.engine.request import Request
 
@@ -16,7 +18,7 @@ class NgramDrafter(Drafter):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
     def propose(self, reqs: list[Request]) -> Draft:
-        return Draft([self.lookup(r.all_ids) for r in reqs])
+        return Draft(torch.tensor([self.lookup(r.all_ids) for r in reqs], dtype=torch.int64))
 
     def lookup(self, ids: list[int]) -> list[int]:
         """Longest n-gram first; among its matches the latest one. Always K tokens (stock verifies a full

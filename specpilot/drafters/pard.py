@@ -62,7 +62,7 @@ class PardDrafter(Drafter):
             self.draft_len[r.rid] = len(r.all_ids)
         logits = out.logits[torch.cat(rows).to(out.logits.device)][:, : self.target_vocab]
         conf, tokens = torch.softmax(logits, dim=-1).max(dim=-1)
-        return Draft(tokens.view(len(reqs), k).tolist(), conf.view(len(reqs), k))
+        return Draft(tokens.view(len(reqs), k), conf.view(len(reqs), k))
 
     def release(self, req: Request) -> None:
         self.draft_len.pop(req.rid, None)

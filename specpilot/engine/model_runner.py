@@ -56,6 +56,22 @@ class ModelRunner:
         logits, taps = self._run(batch)
         return RunOutput(logits, taps)
 
+    @torch.inference_mode()
+    def verify(self, slots: list[int], start_lens: list[int], first_tokens: list[int], drafts: torch.Tensor) -> RunOutput:
+        """Every request verifies [its newest token, drafts[i]] (drafts: [B, K], on any device). On the
+        graph path the drafts go device-to-device into the graph's inputs, never through the host."""
+        q = drafts.shape[1] + 1
+        key = (q, self._bucket(len(slots), q))
+        if key not in self.graphs:
+            lists = [[t] + d for t, d in zip(first_tokens, drafts.tolist())]
+            return self.forward(slots, start_lens, lists)
+        g, n = self.graphs[key], len(slots)
+        inputs = self.static_inputs[q]
+        inputs.fill(slots, start_lens, [[t] * q for t in first_tokens], g.batch.batch_size)
+        g.batch.input_ids[: n * q].view(n, q)[:, 1:].copy_(drafts, non_blocking=True)
+        g.graph.replay()
+        return RunOutput(g.logits[: n * q], None if g.taps is None else g.taps[: n * q])
+
     # ---- CUDA graphs ------------------------------------------------------------------------
     def _bucket(self, batch_size: int, q: int) -> int:
         sizes = sorted(b for (qq, b) in self.graphs if qq == q)

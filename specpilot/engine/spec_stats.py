@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+
+import torch
 
 
 @dataclass
@@ -39,3 +42,33 @@ class SpecStats:
             "per_position_acceptance": [a / steps for a in self.position_accepted],
             "time_s": {"draft": self.draft_s, "verify": self.verify_s, "other": self.other_s},
         }
+
+
+class StepClock:
+    """Splits one step into intervals. On CUDA the marks are events on the device's own timeline, so
+    work launched asynchronously is charged to the interval where it runs; the last interval (host work
+    after the step's final sync) is wall time."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.start_wall = time.perf_counter()
+        self.marks: list = []
+        self.mark()
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+        self.last_wall = time.perf_counter()
+
+    def intervals(self) -> list[float]:
+        """Seconds between consecutive marks, then the wall time since the last mark."""
+        if self.cuda:
+            self.marks[-1].synchronize()
+            spans = [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
+        else:
+            spans = [b - a for a, b in zip(self.marks, self.marks[1:])]
+        return spans + [time.perf_counter() - self.last_wall]
