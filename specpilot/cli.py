@@ -159,6 +159,9 @@ def _train_drafter_args(p: argparse.ArgumentParser) -> None:
     add(o, "--warmup-ratio", "share of steps warming the learning rate up", type=float)
     add(o, "--max-grad-norm", "gradient clipping", type=float)
     add(o, "--seed", "model init, batch order, anchors", type=int)
+    add(o, "--cache-features", "compute the target's tap features once and keep them in host memory (small runs, "
+                               "CPU); default: recompute them per batch (one target forward, nothing stored)",
+        action="store_true")
     r = p.add_argument_group("run")
     add(r, "--save-every", "steps between trainer_state.pt saves", type=_positive_int)
     add(r, "--stop-after", "leave after this many steps (continue later with --resume)", type=_positive_int)

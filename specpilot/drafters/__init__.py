@@ -28,11 +28,11 @@ def build_drafter(config: EngineConfig, engine: Engine) -> Drafter:
     if alg == "dflash":
         from specpilot.drafters.dflash import DFlashDrafter
 
-        return DFlashDrafter.from_pretrained(path, engine.model, engine.cache.num_slots, engine.context_length, engine.device,
+        return DFlashDrafter.from_pretrained(path, engine.model, config.max_running_requests, engine.context_length, engine.device,
                              engine.dtype, block_size=block)
     from specpilot.drafters.pard import PardDrafter
 
-    return PardDrafter(path, engine.checkpoint.config, engine.cache.num_slots, engine.context_length,
+    return PardDrafter(path, engine.checkpoint.config, config.max_running_requests, engine.context_length,
                        engine.device, engine.dtype, block_size=block or DEFAULT_BLOCK["pard"])
 
 

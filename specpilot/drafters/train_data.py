@@ -3,8 +3,9 @@ with random anchors, and the target's tap features.
 
 Responses must come from the target itself (greedy): the drafter learns to predict what this target
 emits, not what some other model wrote. Features are recomputed per batch with one teacher-forced target
-pass instead of being stored: at paper scale (800K x 3072 tokens x 5 taps x H in bf16) stored features run
-to hundreds of terabytes, while the pass costs about a third of a target training step.
+pass by default instead of being stored: at paper scale (800K x 3072 tokens x 5 taps x 4096 x bf16) they
+would fill about 100 TB, while the pass costs a fraction of the step. Small runs on slow devices (CPU) can
+cache them in memory instead (FeatureSource).
 """
 
 from __future__ import annotations
@@ -144,9 +145,9 @@ def make_batch(samples: list[Sample], indices: list[int], num_anchors: int, gene
     return Batch(indices, tokens.to(device), lengths.to(device), anchor_t.to(device), valid.to(device))
 
 
-def target_features(engine: Engine, seqs: list[list[int]], tap_layers: tuple[int, ...]) -> torch.Tensor:
-    """Tap features of every position from one teacher-forced target pass: [N, L_max, taps * H], zero
-    padded. The same outputs the engine hands the drafter at inference (prefill and verify rows)."""
+def tap_features(engine: Engine, seqs: list[list[int]], tap_layers: tuple[int, ...]) -> list[torch.Tensor]:
+    """Tap features of every position from one teacher-forced target pass, [len, taps * H] per
+    sequence: the same outputs the engine hands the drafter at inference (prefill and verify rows)."""
     slots = [engine.cache.allocate() for _ in seqs]
     try:
         with torch.inference_mode():
@@ -155,9 +156,37 @@ def target_features(engine: Engine, seqs: list[list[int]], tap_layers: tuple[int
     finally:
         for slot in slots:
             engine.cache.free(slot)
-    out = taps.new_zeros(len(seqs), max(map(len, seqs)), taps.shape[-1])
-    start = 0
-    for j, seq in enumerate(seqs):
-        out[j, : len(seq)] = taps[start : start + len(seq)]
-        start += len(seq)
-    return out  # made outside inference mode: an ordinary tensor that autograd may save
+    return list(taps.split([len(s) for s in seqs]))
+
+
+def pad_features(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """[N, L_max, F], zero padded. Made outside inference mode: an ordinary tensor autograd may save."""
+    out = torch.zeros(len(rows), max(r.shape[0] for r in rows), rows[0].shape[1], dtype=rows[0].dtype, device=device)
+    for j, r in enumerate(rows):
+        out[j, : r.shape[0]] = r
+    return out
+
+
+class FeatureSource:
+    """Tap features for training batches. Default: recomputed per batch (one target forward; cheap on a
+    GPU and nothing to store). With `cache`: computed once up front in fixed chunks of `chunk` sequences
+    (so a resumed run sees bit-identical values) and kept in host memory, for small runs on slow devices."""
+
+    def __init__(self, engine: Engine, samples: list[Sample], tap_layers: tuple[int, ...], cache: bool, chunk: int,
+                 progress: Progress) -> None:
+        self.engine, self.samples, self.tap_layers = engine, samples, tap_layers
+        self.cached: list[torch.Tensor] | None = None
+        if cache:
+            task = progress.add_task("computing features", total=len(samples), stats="")
+            self.cached = []
+            for i in range(0, len(samples), chunk):
+                seqs = [s.tokens for s in samples[i : i + chunk]]
+                self.cached += [r.cpu() for r in tap_features(engine, seqs, tap_layers)]
+                progress.advance(task, len(seqs))
+
+    def __call__(self, indices: list[int]) -> torch.Tensor:
+        if self.cached is not None:
+            rows = [self.cached[i] for i in indices]
+        else:
+            rows = tap_features(self.engine, [self.samples[i].tokens for i in indices], self.tap_layers)
+        return pad_features(rows, self.engine.device)

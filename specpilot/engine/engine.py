@@ -84,7 +84,8 @@ class Engine:
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig, model: Transformer | None = None,
                  drafter_factory: Callable[[EngineConfig, Engine], Drafter] | None = None) -> None:
         """`model`: an already built target (synthetic weights in benchmarks); `drafter_factory`: builds
-        the drafter once the engine exists (default: from the --speculative-* settings)."""
+        the drafter from the config and the engine's model, device, dtype and context length (default:
+        from the --speculative-* settings); the target's KV cache is sized after it."""
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -93,24 +94,25 @@ class Engine:
         mcfg = checkpoint.config
         self.context_length = min(config.context_length, mcfg.max_position_embeddings)
         self.model = model if model is not None else build_model(checkpoint, self.device, self.dtype)
-        self.model.setup_rope(self.context_length)
-        self.cache = KVCache(mcfg.num_layers, config.max_running_requests, self.context_length,
+        self.drafter: Drafter | None = None
+        if drafter_factory is None and config.speculative_algorithm:
+            from specpilot.drafters import build_drafter as drafter_factory
+        if drafter_factory is not None:
+            self.drafter = drafter_factory(config, self)
+        # A verify pass near the end of the context writes up to block_size - 1 positions past it.
+        slot_len = self.context_length + (self.drafter.block_size if self.drafter else 0)
+        self.model.setup_rope(slot_len)
+        self.cache = KVCache(mcfg.num_layers, config.max_running_requests, slot_len,
                              mcfg.num_kv_heads, mcfg.head_dim, self.dtype, self.device)
-        self.runner = ModelRunner(self.model, self.cache, self.device)
+        self.runner = ModelRunner(self.model, self.cache, self.device,
+                                  tap_layers=self.drafter.tap_layers if self.drafter else ())
         self.stops = StopChecker(self.tokenizer, mcfg.eos_token_ids, self.context_length)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.verifier = Verifier()
         # Token forcing (specpilot.forcing) installs itself here: it sees every decided token first.
         self.forcing: TokenObserver | None = None
-        self.drafter: Drafter | None = None
-        self.spec_stats = SpecStats()
-        if drafter_factory is None and config.speculative_algorithm:
-            from specpilot.drafters import build_drafter as drafter_factory
-        if drafter_factory is not None:
-            self.drafter = drafter_factory(config, self)
-            self.runner.tap_layers = self.drafter.tap_layers
-            self.spec_stats.block_size = self.drafter.block_size
+        self.spec_stats = SpecStats(block_size=self.drafter.block_size if self.drafter else 0)
         if config.cuda_graphs and self.device.type == "cuda":
             q_lens = (1,) if self.drafter is None else (1, self.drafter.block_size)
             self.runner.capture(q_lens=q_lens)

@@ -55,7 +55,7 @@ class ServerContext:
     async def submit(self, prompts: list[list[int]], params: list[SamplingParams],
                      rids: list[str | None]) -> Submission:
         """Hand the prompts to the scheduler and wait until the engine took them (or refused them)."""
-        items = [Item(p, sp, rid or uuid4().hex) for p, sp, rid in zip(prompts, params, rids)]
+        items = [Item(p, sp, rid or uuid4().hex) for p, sp, rid in zip(prompts, params, rids, strict=True)]
         try:
             sub = self.scheduler.submit(items)
         except Overloaded as err:

@@ -107,7 +107,7 @@ class Scheduler:
         # the waiting queue. Counted at submission so that the bound holds before the thread sees them.
         self.capacity = engine.config.max_running_requests + max_queued_requests
         self.snapshot = Snapshot()
-        # An RLock: drain() may run in a signal handler that interrupted this thread's own locked section.
+        # An RLock: drain() may run in a signal handler that interrupted the main thread inside a locked section.
         self._cv = threading.Condition(threading.RLock())
         self._inbox: list[Callable[[], None]] = []
         self._outstanding = 0

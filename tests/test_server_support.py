@@ -1,0 +1,98 @@
+"""Shared by the server tests (no tests here): a tiny model directory with a chat template, and a real
+uvicorn server on a free loopback port in a background thread."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import uvicorn
+
+from specpilot.engine.engine import Engine, EngineConfig
+from specpilot.server import ServerArgs, create_app
+from specpilot.server.context import ServerContext
+from tiny_models import tiny_hf_model
+
+CHAT_TEMPLATE = ("{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}"
+                 "{% if add_generation_prompt %}w5{% endif %}")
+
+
+def make_tiny_model_dir(path: pathlib.Path) -> pathlib.Path:
+    """Random tiny Llama plus a word-level tokenizer ("w0".."w319", eos w2) with a Jinja chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tiny_hf_model("llama").save_pretrained(path)
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(320)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w2")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(path)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """The app under uvicorn in a daemon thread, listening on a socket bound before start (no port race)."""
+
+    def __init__(self, model_dir: pathlib.Path, args: ServerArgs | None = None, **engine: Any) -> None:
+        config = EngineConfig(model_path=str(model_dir), device="cpu", **engine)
+        self.app = create_app(Engine.from_config(config), args or ServerArgs())
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    @property
+    def ctx(self) -> ServerContext:
+        return self.app.state.ctx
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
+
+    def info(self) -> dict[str, Any]:
+        return httpx.get(self.url + "/get_server_info", trust_env=False).json()
+
+    def wait_for(self, predicate: Any, timeout: float = 10.0) -> dict[str, Any]:
+        """Polls /get_server_info until predicate(info) holds; returns that info."""
+        deadline = time.monotonic() + timeout
+        while not predicate(info := self.info()):
+            assert time.monotonic() < deadline, f"timed out; last server info: {info}"
+            time.sleep(0.01)
+        return info
+
+
+def serve(model_dir: pathlib.Path, args: ServerArgs | None = None, **engine: Any) -> Iterator[LiveServer]:
+    """Body of a server fixture."""
+    with LiveServer(model_dir, args, **engine) as server:
+        yield server
+
+
+def sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any] | str]:
+    """Decoded `data:` payloads of a server-sent event stream; "[DONE]" stays a string."""
+    for line in lines:
+        if line.startswith("data: "):
+            payload = line[len("data: "):]
+            yield payload if payload == "[DONE]" else json.loads(payload)

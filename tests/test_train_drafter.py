@@ -1,0 +1,255 @@
+"""DFlash drafter training: the training forward equals inference, a tiny run learns, its checkpoint
+loads and stays lossless, --resume reproduces an uninterrupted run, and the CLI drives it."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from spec_fixtures import write_random_dflash
+from specpilot.cli import main
+from specpilot.config import SamplingParams
+from specpilot.drafters.dflash import DFlashDrafter, load_dflash_model, read_dflash_config
+from specpilot.drafters.train import (
+    STATE_FILE, TrainConfig, build_target_layer_ids, default_mask_token_id, draft_config, draft_hidden,
+    export_dflash, init_draft_model, train_drafter,
+)
+from specpilot.engine.engine import Engine, EngineConfig
+from specpilot.engine.request import Request
+from specpilot.forcing import run_forcing
+from specpilot.models.build import build_model
+from specpilot.models.checkpoint import load_checkpoint
+from specpilot.models.rope import RotaryTable
+from test_cli import tiny_dir  # noqa: F401  (fixture: tiny llama + word-level tokenizer)
+from tiny_models import tiny_hf_model
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("target")
+    tiny_hf_model("qwen3").save_pretrained(path)
+    return path
+
+
+def toy_corpus(n: int, seed: int = 0) -> list[list[int]]:
+    """Short prompts ending in a repeated motif: the tiny target's greedy replies fall into loops."""
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(n):
+        motif = [rng.randrange(3, 300) for _ in range(rng.randint(2, 5))]
+        prompts.append([rng.randrange(3, 300) for _ in range(rng.randint(1, 8))] + motif * 3)
+    return prompts
+
+
+def tiny_config(out, target_dir, **overrides) -> TrainConfig:
+    settings = dict(out=out, target=str(target_dir), num_layers=1, block_size=4, max_new_tokens=32, max_seq_len=128,
+                    epochs=6, batch_size=4, anchors_per_seq=16, lr=3e-3, device="cpu")
+    return TrainConfig(**(settings | overrides))
+
+
+# ---------------------------------------------------------------- training forward == inference
+
+
+def test_train_forward_matches_inference(target_dir, tmp_path):
+    """Logits of every block from one batched training forward (two sequences of different lengths,
+    several anchors each) equal DFlashDrafter's inference logits for the same context and block."""
+    target = build_model(load_checkpoint(target_dir), CPU, torch.float32)
+    target.setup_rope(256)
+    B = 5
+    path = write_random_dflash(tmp_path / "d", hidden=64, num_target_layers=3, mask_token_id=319, taps=[0, 2],
+                               block_size=B)
+    cfg = read_dflash_config(path)
+    model = load_dflash_model(path, cfg, CPU, torch.float32)
+    g = torch.Generator().manual_seed(0)
+    lengths = [23, 17]
+    tokens = torch.randint(0, 319, (2, 23), generator=g)
+    feats = torch.randn(2, 23, 2 * 64, generator=g)
+    feats[1, lengths[1] :] = 0  # padding, as batches carry it
+    anchors = torch.tensor([[3, 10, 21], [1, 9, 15]])  # incl. blocks running past the sequence end
+    rope = RotaryTable(cfg.layers.head_dim, cfg.layers.rope_theta, None, 128, CPU)
+    hidden = draft_hidden(model, target, rope, feats, tokens, anchors, cfg.mask_token_id, B)
+    train_logits = target.logits(hidden[:, :, 1:])
+
+    drafter = DFlashDrafter(model, cfg, target, num_slots=1, context_length=64, device=CPU, dtype=torch.float32)
+    seen = []
+    logits = target.logits
+    target.logits = lambda h: seen.append(logits(h)) or seen[-1]
+    for n in range(2):
+        for j, a in enumerate(anchors[n].tolist()):
+            req = Request(tokens[n, :a].tolist(), SamplingParams(), output_ids=[int(tokens[n, a])], slot=0)
+            drafter.start([req], [feats[n, :a]])
+            drafter.propose([req])
+            torch.testing.assert_close(train_logits[n, j], seen[-1], rtol=1e-5, atol=1e-5)
+
+    # and the comparison has teeth: the last context position moves the logits, the anchor's own
+    # features (not yet computed at inference) and other blocks' tokens do not
+    def logits_with(feats_=feats, tokens_=tokens):
+        return target.logits(draft_hidden(model, target, rope, feats_, tokens_, anchors, cfg.mask_token_id, B)[:, :, 1:])
+
+    a = int(anchors[0, 1])
+    for pos, moves in ((a - 1, True), (a, False)):
+        bumped = feats.clone()
+        bumped[0, pos] += 1.0
+        diff = (logits_with(feats_=bumped)[0, 1] - train_logits[0, 1]).abs().max()
+        assert (diff > 1e-3) if moves else (diff == 0), (pos, float(diff))
+    other = tokens.clone()
+    other[0, anchors[0, 0]] = (other[0, anchors[0, 0]] + 1) % 319
+    assert torch.equal(logits_with(tokens_=other)[0, 1:], train_logits[0, 1:])
+
+
+# ---------------------------------------------------------------- defaults
+
+
+def test_target_layer_ids_spread_from_1_to_l_minus_3():
+    assert build_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+    assert build_target_layer_ids(30, 5) == [1, 8, 14, 20, 27]
+    assert build_target_layer_ids(3, 5) == [1]
+    assert build_target_layer_ids(36, 1) == [17]
+
+
+def test_default_mask_token_id():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    def tokenizer(vocab: int, **kw) -> PreTrainedTokenizerFast:
+        tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)},
+                                                                                 unk_token="w0")), **kw)
+        # added special tokens as SmolLM2 has them (ids 20..23); the chat template uses the last two
+        tok.add_tokens(["<repo>", "<file>", "<|im_start|>", "<|im_end|>"], special_tokens=True)
+        tok.chat_template = "{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}"
+        return tok
+
+    smol_like = tokenizer(20, eos_token="w2")
+    assert default_mask_token_id(smol_like, 24) == 21  # the highest added token nothing uses: <file>
+    assert default_mask_token_id(smol_like, 32) == 24  # padded embedding rows (Qwen3): the first past the tokenizer
+    assert default_mask_token_id(tokenizer(20, mask_token="w7"), 24) == 7
+    assert default_mask_token_id(None, 320) == 319
+
+
+# ---------------------------------------------------------------- a tiny run
+
+
+@pytest.fixture(scope="module")
+def tiny_run(target_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    prompts = toy_corpus(24)
+    report = train_drafter(tiny_config(out, target_dir), prompts)
+    return out, prompts, report
+
+
+def test_tiny_run_learns(tiny_run):
+    _, _, report = tiny_run
+    assert report["finished"] and report["steps"] == report["total_steps"] == 6 * 6
+    losses = report["step_losses"]
+    assert sum(losses[-6:]) / 6 < sum(losses[:6]) / 6 - 0.3, losses
+    first, last = report["epochs"][0], report["epochs"][-1]
+    assert last["accuracy"][0] > first["accuracy"][0] + 0.2 and last["tau_estimate"] > 1.5
+    data = report["data"]
+    assert data["num_sequences"] == 24 and data["generation_tokens_per_s"] > 0 and not data["reused_cache"]
+
+
+def test_checkpoint_is_in_the_published_format(tiny_run, target_dir, tmp_path):
+    out, _, report = tiny_run
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
+    assert cfg["dflash_config"] == {"mask_token_id": 319, "target_layer_ids": [1], "block_size": 4}
+    tensors = load_file(str(out / "model.safetensors"))
+    reference = load_file(str(write_random_dflash(tmp_path / "ref", hidden=64, num_target_layers=3, mask_token_id=0,
+                                                  num_layers=1, heads=4, kv_heads=2, head_dim=32, taps=[1])
+                              / "model.safetensors"))
+    assert {k: v.shape for k, v in tensors.items()} == {k: v.shape for k, v in reference.items()}
+    assert all(v.dtype == torch.bfloat16 for v in tensors.values())
+    # the fp32 master weights, rounded to bf16, are what inference loads
+    dcfg = read_dflash_config(out)
+    loaded = load_dflash_model(out, dcfg, CPU, torch.float32).state_dict()
+    master = torch.load(out / STATE_FILE, weights_only=True)["model"]
+    for name, value in master.items():
+        assert torch.equal(loaded[name], value.to(torch.bfloat16).float()), name
+    assert json.loads((out / "training.json").read_text())["steps"] == report["steps"]
+
+
+def spec_engine(target_dir, drafter_dir=None) -> Engine:
+    algorithm = None if drafter_dir is None else "dflash"
+    return Engine(load_checkpoint(target_dir), EngineConfig(
+        device="cpu", max_running_requests=24, context_length=128, speculative_algorithm=algorithm,
+        speculative_draft_model_path=None if drafter_dir is None else str(drafter_dir)))
+
+
+def test_trained_drafter_is_lossless_and_beats_random(tiny_run, target_dir, tmp_path):
+    out, prompts, _ = tiny_run
+    params = SamplingParams(max_new_tokens=32)
+    verdict = run_forcing(spec_engine(target_dir), spec_engine(target_dir, out), prompts[:6], params, "dflash")
+    assert verdict.passed, verdict.as_dict()
+
+    random_dir = tmp_path / "random"
+    random_dir.mkdir()
+    dcfg = read_dflash_config(out)
+    export_dflash(init_draft_model(dcfg, seed=1, device=CPU), dcfg, 3, random_dir)
+    taus = {}
+    for name, path in (("trained", out), ("random", random_dir)):
+        engine = spec_engine(target_dir, path)
+        engine.generate(prompts, params)
+        taus[name] = engine.spec_stats.tau
+    assert taus["trained"] > taus["random"] + 0.4, taus
+
+
+@pytest.mark.parametrize("cache_features", [False, True])
+def test_resume_reproduces_an_uninterrupted_run(tiny_run, target_dir, tmp_path, cache_features):
+    source, prompts, _ = tiny_run
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    for out in (whole, split):  # same prompts as the tiny run: its cached responses are reused
+        out.mkdir()
+        shutil.copy(source / "data.pt", out / "data.pt")
+    settings = dict(epochs=2, save_every=2, cache_features=cache_features)
+    train_drafter(tiny_config(whole, target_dir, **settings), prompts)
+
+    first = train_drafter(tiny_config(split, target_dir, stop_after=5, **settings), prompts)
+    assert not first["finished"] and first["steps"] == 5 and first["data"]["reused_cache"]
+    assert not (split / "model.safetensors").exists()
+    with pytest.raises(ValueError, match="--resume"):
+        train_drafter(tiny_config(split, target_dir, **settings), prompts)
+    with pytest.raises(ValueError, match="lr"):
+        train_drafter(tiny_config(split, target_dir, resume=True, **(settings | {"lr": 1e-3})), prompts)
+    second = train_drafter(tiny_config(split, target_dir, resume=True, **settings), prompts)
+    assert second["finished"] and second["steps"] == 12 and len(second["step_losses"]) == 12
+
+    assert (whole / "model.safetensors").read_bytes() == (split / "model.safetensors").read_bytes()
+    a, b = (torch.load(d / STATE_FILE, weights_only=True) for d in (whole, split))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert a["step_losses"] == b["step_losses"]
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def test_cli_trains_on_dataset_prompts(tiny_dir, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "drafter"
+    assert main(["train-drafter", "--target", str(tiny_dir), "--out", str(out), "--datasets", "math",
+                 "--num-prompts", "4", "--max-new-tokens", "6", "--num-layers", "1", "--block-size", "3",
+                 "--target-layer-ids", "0", "1", "--epochs", "1", "--batch-size", "2", "--device", "cpu"]) == 0
+    assert "done" in capsys.readouterr().out
+    report = json.loads((out / "training.json").read_text())
+    assert report["data"]["num_sequences"] == 4 and report["steps"] == 2
+    assert report["args"]["datasets"] == ["math"] and report["draft"]["target_layer_ids"] == [0, 1]
+    assert read_dflash_config(out).block_size == 3
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--block-size", "1"], "--block-size"),
+    (["--dtype", "float16"], "--dtype"),
+    (["--resume"], "--resume"),
+    (["--mask-token-id", "100000"], "--mask-token-id"),
+])
+def test_cli_errors_name_the_flag(tiny_dir, tmp_path, capsys, argv, message):  # noqa: F811
+    with pytest.raises(SystemExit) as exc:
+        main(["train-drafter", "--target", str(tiny_dir), "--out", str(tmp_path / "d"), "--device", "cpu",
+              "--datasets", "math", "--num-prompts", "2", "--max-new-tokens", "4", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
