@@ -46,7 +46,7 @@ def dflash_factory(target_cfg: ModelConfig, layers: int, block: int):
             model = DFlashModel(cfg).to(engine.dtype)
         for name, p in model.named_parameters():
             p.data.uniform_(0.8, 1.2) if name.endswith("norm.weight") else p.data.normal_(0.0, 0.02)
-        return DFlashDrafter(model.eval(), cfg, engine.model, engine.cache.num_slots, engine.context_length,
+        return DFlashDrafter(model.eval(), cfg, engine.model, config.max_running_requests, engine.context_length,
                              engine.device, engine.dtype)
     return build
 

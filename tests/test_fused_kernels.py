@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from triton_interpret import patch_bf16_cast, run_module
 
 from specpilot.engine.kv_cache import KVCache
 from specpilot.kernels.fused import (
@@ -32,7 +29,6 @@ from specpilot.kernels.fused import (
 from specpilot.models.rope import RotaryTable
 from specpilot.models.transformer import RMSNorm
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 EPS = 1e-5
 MAX_POS = 64
 CPU = torch.device("cpu")
@@ -276,7 +272,12 @@ def test_silu_and_mul_validates() -> None:
 def test_triton_entry_points_validate_before_launch() -> None:
     """Layout limits of the kernels raise on CPU tensors before any launch."""
     pytest.importorskip("triton")
-    from specpilot.kernels.fused import MAX_NORM_DIM, rms_norm_triton, rope_and_cache_write_triton, silu_and_mul_triton
+    from specpilot.kernels.fused import (
+        MAX_NORM_DIM,
+        rms_norm_triton,
+        rope_and_cache_write_triton,
+        silu_and_mul_triton,
+    )
 
     with pytest.raises(ValueError, match="H <="):
         rms_norm_triton(torch.randn(2, 2 * MAX_NORM_DIM), torch.randn(2 * MAX_NORM_DIM), EPS)
@@ -320,23 +321,6 @@ TOL = {"float32": 1e-5, "bfloat16": 1e-2}
 # bf16 results round at the same points as the references; only fp32 last-bit differences (rsqrt, sum order) may
 # flip a rounding.
 MAX_BF16_MISMATCH = 0.02
-
-
-def _patch_interpreter_bf16_cast() -> None:
-    """The interpreter casts float32 to bfloat16 by truncation; the GPU (and torch) round to nearest even."""
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    cast_impl = interpreter.InterpreterBuilder.cast_impl
-
-    def patched(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            rounded = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16)
-            return interpreter.TensorHandle(rounded.view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
-        return cast_impl(self, src, dst_type)
-
-    interpreter.InterpreterBuilder.cast_impl = patched
 
 
 @contextlib.contextmanager
@@ -406,7 +390,7 @@ def _run_silu(case: SiluCase) -> None:
 
 def _triton_failures() -> dict[str, str]:
     """Runs in the interpreter subprocess: per case, the failure message or "" when it passes."""
-    _patch_interpreter_bf16_cast()
+    patch_bf16_cast()
     failures = {}
     for run, cases in ((_run_norm, NORM_CASES), (_run_rope, ROPE_CASES), (_run_silu, SILU_CASES)):
         for case in cases:
@@ -421,13 +405,7 @@ def _triton_failures() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def triton_failures() -> dict[str, str]:
     pytest.importorskip("triton")
-    pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": pythonpath}
-    proc = subprocess.run(
-        [sys.executable, __file__], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_module(__file__)
 
 
 @pytest.mark.parametrize("name", [c.name for c in (*NORM_CASES, *ROPE_CASES, *SILU_CASES)])

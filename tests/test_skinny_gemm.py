@@ -7,14 +7,11 @@ so it must be set before anything imports the kernel module.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
+from triton_interpret import patch_bf16_dot, run_module
 
 from specpilot.kernels.skinny_gemm import (
     CANDIDATE_CONFIGS,
@@ -25,7 +22,6 @@ from specpilot.kernels.skinny_gemm import (
     tune,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -150,28 +146,6 @@ def _triton_cases() -> list[Case]:
 TRITON_CASES = _triton_cases()
 
 
-def _patch_interpreter_bf16_dot() -> None:
-    """The interpreter stores bf16 as its raw uint16 bits, which np.matmul would multiply as integers.
-
-    Widen bf16 dot operands to the float32 values they encode (exact), as the GPU's MMA consumes them.
-    """
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
-
-    original = InterpreterBuilder.create_dot
-
-    def as_float32(h: TensorHandle) -> TensorHandle:
-        if h.dtype.scalar != tl.bfloat16:
-            return h
-        return TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
-
-    def create_dot(self, a, b, d, *args):
-        return original(self, as_float32(a), as_float32(b), d, *args)
-
-    InterpreterBuilder.create_dot = create_dot
-
-
 def _poison_allocations() -> None:
     """torch.empty returns NaN-filled floats, so an output or workspace element never written shows up."""
     empty = torch.empty
@@ -185,7 +159,7 @@ def _poison_allocations() -> None:
 
 def _triton_errors() -> dict[str, float]:
     """Runs in the interpreter subprocess: relative error of each case against float64."""
-    _patch_interpreter_bf16_dot()
+    patch_bf16_dot()
     _poison_allocations()
     errors = {}
     for case in TRITON_CASES:
@@ -199,13 +173,7 @@ def _triton_errors() -> dict[str, float]:
 @pytest.fixture(scope="module")
 def triton_errors() -> dict[str, float]:
     pytest.importorskip("triton")
-    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    proc = subprocess.run(
-        [sys.executable, __file__], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_module(__file__)
 
 
 @pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: c.name)

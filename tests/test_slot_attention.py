@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
+from triton_interpret import patch_bf16_dot, run_module
 
 from specpilot.kernels.slot_attention import slot_attention, slot_attention_reference
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -198,33 +194,11 @@ TRITON_CASES = [
 TRITON_TOL = {"float32": 1e-4, "bfloat16": 3e-2}
 
 
-def _patch_interpreter_bf16_dot() -> None:
-    """The interpreter keeps bf16 values as raw uint16 bits and feeds them to np.matmul as integers.
-
-    Widen such operands to their exact float32 values first, which is what the GPU's bf16 MMA multiplies.
-    """
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    create_dot = interpreter.InterpreterBuilder.create_dot
-
-    def widen(x):
-        if x.data.dtype != np.uint16:
-            return x
-        return interpreter.TensorHandle((x.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
-
-    def patched(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return create_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
-
-    interpreter.InterpreterBuilder.create_dot = patched
-
-
 def _triton_errors() -> dict[str, float]:
     """Runs in the interpreter subprocess: max |triton - reference| over covered rows, per case."""
     from specpilot.kernels.slot_attention import slot_attention_triton
 
-    _patch_interpreter_bf16_dot()
+    patch_bf16_dot()
 
     errors = {}
     for case in TRITON_CASES:
@@ -241,13 +215,7 @@ def _triton_errors() -> dict[str, float]:
 @pytest.fixture(scope="module")
 def triton_errors() -> dict[str, float]:
     pytest.importorskip("triton")
-    pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": pythonpath}
-    proc = subprocess.run(
-        [sys.executable, __file__], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_module(__file__)
 
 
 @pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: c.name)

@@ -1,0 +1,66 @@
+"""Triton kernels under the CPU interpreter in tests.
+
+Each kernel test module runs its Triton cases in a subprocess of itself, so TRITON_INTERPRET=1 is set
+before triton is first imported whatever other tests imported, and reports one JSON object on its last
+line. The interpreter's bf16 handling differs from the GPU's in two places; the patches below make it
+compute what the GPU computes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_module(path: str, timeout: int = 600) -> Any:
+    """Run `python path` in the interpreter; returns the JSON its last output line holds."""
+    pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": pythonpath}
+    proc = subprocess.run([sys.executable, path], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def patch_bf16_dot() -> None:
+    """The interpreter keeps bf16 as raw uint16 bits, which np.matmul would multiply as integers: widen
+    bf16 dot operands to the float32 values they encode (exact), as the GPU's MMA consumes them."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+    original = InterpreterBuilder.create_dot
+
+    def as_float32(h: TensorHandle) -> TensorHandle:
+        if h.dtype.scalar != tl.bfloat16:
+            return h
+        return TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+
+    def create_dot(self, a, b, d, *args):
+        return original(self, as_float32(a), as_float32(b), d, *args)
+
+    InterpreterBuilder.create_dot = create_dot
+
+
+def patch_bf16_cast() -> None:
+    """The interpreter casts float32 to bfloat16 by truncation; the GPU (and torch) round to nearest even."""
+    import numpy as np
+    import torch
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    cast_impl = interpreter.InterpreterBuilder.cast_impl
+
+    def patched(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            rounded = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16)
+            return interpreter.TensorHandle(rounded.view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
+        return cast_impl(self, src, dst_type)
+
+    interpreter.InterpreterBuilder.cast_impl = patched
