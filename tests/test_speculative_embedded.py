@@ -7,7 +7,7 @@ import pytest
 from spec_fixtures import OracleDrafter, write_random_dflash, write_random_pard
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine, EngineConfig
-from specpilot.forcing import run_forcing
+from specpilot.forcing import run_forcing, run_stock
 from specpilot.models.checkpoint import load_checkpoint
 
 PROMPTS = [
@@ -22,13 +22,18 @@ PROMPTS = [
 ]
 
 
+PARAMS = SamplingParams(max_new_tokens=32)
+
+
 @pytest.fixture(scope="module")
 def smol():
+    """The checkpoint, the prompts, a stock engine and one stock run every candidate is forced against."""
     ckpt = load_checkpoint(None)
     tok = ckpt.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True, add_generation_prompt=True,
                                        return_dict=False) for p in PROMPTS]
-    return ckpt, prompts
+    stock_engine = engine(ckpt)
+    return ckpt, prompts, stock_engine, run_stock(stock_engine, prompts, PARAMS)
 
 
 def engine(ckpt, **spec) -> Engine:
@@ -37,7 +42,7 @@ def engine(ckpt, **spec) -> Engine:
 
 @pytest.mark.parametrize("algorithm", ["ngram", "dflash", "pard"])
 def test_embedded_forcing(smol, tmp_path, algorithm):
-    ckpt, prompts = smol
+    ckpt, prompts, stock_engine, stock = smol
     spec = {"speculative_algorithm": algorithm, "speculative_num_draft_tokens": 6}
     if algorithm == "dflash":
         cfg = ckpt.config
@@ -47,22 +52,20 @@ def test_embedded_forcing(smol, tmp_path, algorithm):
     if algorithm == "pard":
         spec["speculative_draft_model_path"] = str(write_random_pard(tmp_path / "pard", pard_token=0,
                                                                      vocab_size=ckpt.config.vocab_size))
-    params = SamplingParams(max_new_tokens=32)
-    verdict = run_forcing(engine(ckpt), engine(ckpt, **spec), prompts, params, algorithm)
+    verdict = run_forcing(stock_engine, engine(ckpt, **spec), prompts, PARAMS, algorithm, stock=stock)
     print(verdict.as_dict())
     assert verdict.passed, verdict.as_dict()
     assert verdict.positions_checked >= 8 * 4
 
 
 def test_embedded_oracle_accepts_exactly(smol):
-    ckpt, prompts = smol
-    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
-    ar = [r.output_ids for r in engine(ckpt).generate(prompts, params)]
+    ckpt, prompts, _, stock = smol
+    ar = stock.tokens
     cand = engine(ckpt)
-    reqs = [cand.add_request(p, params) for p in prompts]
+    reqs = [cand.add_request(p, PARAMS) for p in prompts]
     cand.drafter = OracleDrafter(6, {r.rid: a for r, a in zip(reqs, ar)}, 2, ckpt.config.vocab_size)
     cand.spec_stats.block_size = 6
     while cand.has_work:
         cand.step()
     assert [r.output_ids for r in reqs] == ar
-    assert all(n == 3 for r in reqs for n in r.accept_lengths[:-1])
+    assert all(n == 3 for r in reqs for n in r.accept_lengths[:-1])  # the last step may end at EOS

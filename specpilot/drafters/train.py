@@ -45,6 +45,7 @@ STATE_FILE = "trainer_state.pt"
 INIT_STD = 0.02
 # Rows of vocabulary logits materialised at once (fp32): bounds the loss's memory at large vocabularies.
 LOGIT_CHUNK_ELEMENTS = 1 << 27
+LOG_EVERY = 50  # steps between log lines when the console is not a terminal (no live progress bar)
 # Settings that may change between a run and its --resume (they do not change what is trained).
 OPERATIONAL_KEYS = ("out", "resume", "stop_after", "save_every", "gen_batch_size", "device")
 
@@ -359,7 +360,10 @@ class DraftTrainer:
         start, before = time.perf_counter(), self.elapsed_s
         while self.step < stop:
             self.train_step()
-            progress.update(task, completed=self.step, stats=self._status())
+            status = self._status()
+            progress.update(task, completed=self.step, stats=status)
+            if not progress.console.is_terminal and self.step % LOG_EVERY == 0:
+                progress.console.print(f"step {self.step}/{self.total_steps} {status}")
             self.elapsed_s = before + time.perf_counter() - start
             if self.step % cfg.save_every == 0 and self.step < stop:
                 self.save()

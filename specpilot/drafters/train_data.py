@@ -28,12 +28,8 @@ DATA_FILE = "data.pt"
 
 @dataclass
 class Sample:
-    prompt: list[int]
-    response: list[int]
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.response
+    tokens: torch.Tensor  # [len] int32: the prompt, then the target's response
+    prompt_len: int
 
 
 @dataclass
@@ -72,14 +68,14 @@ def generate_responses(engine: Engine, prompts: list[list[int]], max_new_tokens:
     start, produced = time.perf_counter(), 0
     while engine.has_work:
         finished = engine.step()
-        produced = sum(len(r.output_ids) for r in reqs)
-        rate = produced / (time.perf_counter() - start)
-        progress.update(task, advance=len(finished), stats=f"{rate:,.0f} tok/s")
+        produced += sum(len(r.output_ids) for r in finished)
+        progress.update(task, advance=len(finished), stats=f"{produced / (time.perf_counter() - start):,.0f} tok/s")
     wall = time.perf_counter() - start
     # an anchor needs a token after it: responses of one token (an immediate EOS) teach nothing
-    samples = [Sample(r.prompt_ids, r.output_ids) for r in reqs if len(r.output_ids) >= 2]
-    stats = DataStats(len(samples), len(prompts) - len(fits), sum(len(s.prompt) for s in samples),
-                      produced, wall, produced / wall if wall > 0 else 0.0)
+    samples = [Sample(torch.tensor(r.all_ids, dtype=torch.int32), len(r.prompt_ids))
+               for r in reqs if len(r.output_ids) >= 2]
+    stats = DataStats(len(samples), len(prompts) - len(fits), sum(s.prompt_len for s in samples), produced, wall,
+                      produced / wall if wall > 0 else 0.0)
     return samples, stats
 
 
@@ -89,19 +85,22 @@ def prompts_digest(prompts: list[list[int]]) -> str:
 
 def load_or_generate(out: Path, meta: dict, engine: Engine, prompts: list[list[int]], max_new_tokens: int,
                      progress: Progress) -> tuple[list[Sample], DataStats]:
-    """Generated sequences are cached in out/data.pt with the settings that made them (`meta`); a rerun
-    with the same settings reuses them instead of regenerating, different settings are refused."""
+    """Generated sequences are cached in out/data.pt (flat int32 tokens + lengths) with the settings that
+    made them (`meta`); a rerun with the same settings reuses them instead of regenerating, different
+    settings are refused."""
     path = out / DATA_FILE
     if path.is_file():
         data = torch.load(path, weights_only=True)
         if data["meta"] != meta:
             raise ValueError(f"{path} was generated with different settings ({data['meta']}, now {meta}); "
                              f"use a fresh --out directory")
-        samples = [Sample(p.tolist(), r.tolist()) for p, r in zip(data["prompts"], data["responses"])]
+        seqs = data["tokens"].split(data["lengths"].tolist())
+        samples = [Sample(t, p) for t, p in zip(seqs, data["prompt_lens"].tolist())]
         return samples, DataStats(**{**data["stats"], "reused_cache": True})
     samples, stats = generate_responses(engine, prompts, max_new_tokens, progress)
-    data = {"meta": meta, "stats": asdict(stats), "prompts": [torch.tensor(s.prompt) for s in samples],
-            "responses": [torch.tensor(s.response) for s in samples]}
+    data = {"meta": meta, "stats": asdict(stats), "tokens": torch.cat([s.tokens for s in samples]),
+            "lengths": torch.tensor([len(s.tokens) for s in samples]),
+            "prompt_lens": torch.tensor([s.prompt_len for s in samples])}
     tmp = path.with_suffix(".tmp")
     torch.save(data, tmp)
     tmp.replace(path)
@@ -123,7 +122,7 @@ class Batch:
 def sample_anchors(sample: Sample, num_anchors: int, generator: torch.Generator) -> list[int]:
     """Distinct random response positions a with a + 1 inside the sequence (slot 1 has a target), as at
     inference where the first block starts at the first response token with the prompt as context."""
-    first, last = len(sample.prompt), len(sample.tokens) - 2
+    first, last = sample.prompt_len, len(sample.tokens) - 2
     count = last - first + 1
     picks = torch.randperm(count, generator=generator)[:num_anchors]
     return sorted(first + int(i) for i in picks)
@@ -138,7 +137,7 @@ def make_batch(samples: list[Sample], indices: list[int], num_anchors: int, gene
     anchor_t = torch.ones(n, width, dtype=torch.long)
     valid = torch.zeros(n, width, dtype=torch.bool)
     for j, (seq, anc) in enumerate(zip(seqs, anchors)):
-        tokens[j, : len(seq)] = torch.tensor(seq)
+        tokens[j, : len(seq)] = seq
         anchor_t[j, : len(anc)] = torch.tensor(anc)
         valid[j, : len(anc)] = True
     lengths = torch.tensor([len(s) for s in seqs])
@@ -180,7 +179,7 @@ class FeatureSource:
             task = progress.add_task("computing features", total=len(samples), stats="")
             self.cached = []
             for i in range(0, len(samples), chunk):
-                seqs = [s.tokens for s in samples[i : i + chunk]]
+                seqs = [s.tokens.tolist() for s in samples[i : i + chunk]]
                 self.cached += [r.cpu() for r in tap_features(engine, seqs, tap_layers)]
                 progress.advance(task, len(seqs))
 
@@ -188,5 +187,5 @@ class FeatureSource:
         if self.cached is not None:
             rows = [self.cached[i] for i in indices]
         else:
-            rows = tap_features(self.engine, [self.samples[i].tokens for i in indices], self.tap_layers)
+            rows = tap_features(self.engine, [self.samples[i].tokens.tolist() for i in indices], self.tap_layers)
         return pad_features(rows, self.engine.device)

@@ -137,13 +137,15 @@ def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams) 
 
 
 def run_forcing(stock_engine: Engine, candidate: Engine, prompts: list[list[int]], params: SamplingParams,
-                algorithm: str, tie_epsilon: float | None = None) -> ForcingVerdict:
-    """Run stock on `stock_engine` (no drafter) and the candidate forced to stock's tokens."""
+                algorithm: str, tie_epsilon: float | None = None, stock: StockRun | None = None) -> ForcingVerdict:
+    """Run stock on `stock_engine` (no drafter) and the candidate forced to stock's tokens. A `stock` run
+    of the same prompts and params may be passed in to check several candidates against one stock run."""
     if stock_engine.drafter is not None:
         raise ValueError("the stock engine must decode autoregressively (no drafter)")
     if tie_epsilon is None:
         tie_epsilon = NEAR_TIE if stock_engine.dtype == torch.float32 else NEAR_TIE_BF16
-    stock = run_stock(stock_engine, prompts, params)
+    if stock is None:
+        stock = run_stock(stock_engine, prompts, params)
     verdict = ForcingVerdict(algorithm, params.greedy, len(prompts), tie_epsilon=tie_epsilon)
     reqs = [candidate.add_request(p, params) for p in prompts]
     observer = ForcingObserver(stock, {r.rid: i for i, r in enumerate(reqs)}, verdict)
