@@ -10,14 +10,22 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from spec_fixtures import write_random_dflash
+from test_cli import tiny_dir  # noqa: F401  (fixture: tiny llama + word-level tokenizer)
+from tiny_models import tiny_hf_model
+
 from specpilot.cli import main
 from specpilot.config import SamplingParams
 from specpilot.drafters.dflash import DFlashDrafter, load_dflash_model, read_dflash_config
 from specpilot.drafters.train import (
-    STATE_FILE, TrainConfig, build_target_layer_ids, default_mask_token_id, draft_config, draft_hidden,
-    export_dflash, init_draft_model, train_drafter,
+    STATE_FILE,
+    TrainConfig,
+    build_target_layer_ids,
+    default_mask_token_id,
+    draft_hidden,
+    export_dflash,
+    init_draft_model,
+    train_drafter,
 )
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.engine.request import Request
@@ -25,8 +33,6 @@ from specpilot.forcing import run_forcing
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import load_checkpoint
 from specpilot.models.rope import RotaryTable
-from test_cli import tiny_dir  # noqa: F401  (fixture: tiny llama + word-level tokenizer)
-from tiny_models import tiny_hf_model
 
 CPU = torch.device("cpu")
 
@@ -49,8 +55,8 @@ def toy_corpus(n: int, seed: int = 0) -> list[list[int]]:
 
 
 def tiny_config(out, target_dir, **overrides) -> TrainConfig:
-    settings = dict(out=out, target=str(target_dir), num_layers=1, block_size=4, max_new_tokens=32, max_seq_len=128,
-                    epochs=6, batch_size=4, anchors_per_seq=16, lr=3e-3, device="cpu")
+    settings = {"out": out, "target": str(target_dir), "num_layers": 1, "block_size": 4, "max_new_tokens": 32,
+                "max_seq_len": 128, "epochs": 6, "batch_size": 4, "anchors_per_seq": 16, "lr": 3e-3, "device": "cpu"}
     return TrainConfig(**(settings | overrides))
 
 
@@ -207,7 +213,7 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_run, target_dir, tmp_path, 
     for out in (whole, split):  # same prompts as the tiny run: its cached responses are reused
         out.mkdir()
         shutil.copy(source / "data.pt", out / "data.pt")
-    settings = dict(epochs=2, save_every=2, cache_features=cache_features)
+    settings = {"epochs": 2, "save_every": 2, "cache_features": cache_features}
     train_drafter(tiny_config(whole, target_dir, **settings), prompts)
 
     first = train_drafter(tiny_config(split, target_dir, stop_after=5, **settings), prompts)

@@ -33,7 +33,14 @@ from torch.utils.checkpoint import checkpoint
 
 from specpilot.drafters.dflash import DFlashConfig, DFlashLayer, DFlashModel
 from specpilot.drafters.train_data import (
-    Batch, DataStats, FeatureSource, Sample, load_or_generate, load_training_prompts, make_batch, prompts_digest,
+    Batch,
+    DataStats,
+    FeatureSource,
+    Sample,
+    load_or_generate,
+    load_training_prompts,
+    make_batch,
+    prompts_digest,
 )
 from specpilot.engine.engine import Engine, EngineConfig, resolve_device, resolve_dtype
 from specpilot.models.checkpoint import _chat_template_text, load_checkpoint
