@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from tiny_models import tiny_hf_model
 
 from specpilot.drafters.base import Draft, Drafter
 from specpilot.engine.request import Request
-from tiny_models import tiny_hf_model
 
 
 def write_random_dflash(path: Path, hidden: int, num_target_layers: int, mask_token_id: int,

@@ -7,21 +7,6 @@ import json
 import pytest
 
 from specpilot.cli import main
-from tiny_models import tiny_hf_model
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from transformers import PreTrainedTokenizerFast
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    path = tmp_path_factory.mktemp("tiny")
-    tiny_hf_model("llama").save_pretrained(path)
-    vocab = {f"w{i}": i for i in range(320)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w2").save_pretrained(path)
-    return path
 
 
 def run_json(capsys, *argv: str) -> dict:

@@ -6,12 +6,12 @@ import random
 
 import pytest
 import torch
-
 from reference import assert_same_up_to_near_tie, hf_greedy
+from tiny_models import tiny_hf_model
+
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.models.checkpoint import load_checkpoint
-from tiny_models import tiny_hf_model
 
 NEW_TOKENS = 64
 GREEDY = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)

@@ -11,12 +11,16 @@ import pytest
 import safetensors.torch
 import torch
 import transformers
+from tiny_models import TINY_ARCHS, save_tiny_gguf, tiny_hf_model
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from specpilot.models import checkpoint as checkpoint_module
-from specpilot.models.checkpoint import Checkpoint, embedded_default_path, load_checkpoint
+from specpilot.models.checkpoint import (
+    Checkpoint,
+    embedded_default_path,
+    load_checkpoint,
+)
 from specpilot.models.config import ModelConfig
-from tiny_models import TINY_ARCHS, save_tiny_gguf, tiny_hf_model
 
 ARCH_TIED = [(arch, tied) for arch in TINY_ARCHS for tied in (False, True)]
 

@@ -12,7 +12,6 @@ import time
 import httpx
 import openai
 import pytest
-
 from test_server_support import make_tiny_model_dir, serve, sse_events
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}

@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from test_server_support import make_tiny_model_dir, serve
 
 from specpilot.cli import main
-from test_server_support import make_tiny_model_dir, serve
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

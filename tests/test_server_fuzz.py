@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-
 from test_server_support import make_tiny_model_dir, serve
 
 EXAMPLES_PER_OPERATION = 50

@@ -12,9 +12,15 @@ import time
 
 import httpx
 import pytest
+from test_server_support import (
+    LiveServer,
+    free_port,
+    make_tiny_model_dir,
+    serve,
+    sse_events,
+)
 
 from specpilot.server import ServerArgs
-from test_server_support import LiveServer, free_port, make_tiny_model_dir, serve, sse_events
 
 LONG = {"max_new_tokens": 3800, "ignore_eos": True}
 

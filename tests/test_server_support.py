@@ -13,28 +13,11 @@ from typing import Any
 
 import httpx
 import uvicorn
+from tiny_models import make_tiny_model_dir  # noqa: F401  (re-exported for the server tests)
 
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.server import ServerArgs, create_app
 from specpilot.server.context import ServerContext
-from tiny_models import tiny_hf_model
-
-CHAT_TEMPLATE = ("{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}"
-                 "{% if add_generation_prompt %}w5{% endif %}")
-
-
-def make_tiny_model_dir(path: pathlib.Path) -> pathlib.Path:
-    """Random tiny Llama plus a word-level tokenizer ("w0".."w319", eos w2) with a Jinja chat template."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tiny_hf_model("llama").save_pretrained(path)
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(320)}, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w2")
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(path)
-    return path
 
 
 def free_port() -> int:

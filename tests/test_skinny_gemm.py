@@ -23,7 +23,6 @@ from specpilot.kernels.skinny_gemm import (
 )
 
 
-
 @dataclass(frozen=True)
 class Case:
     m: int

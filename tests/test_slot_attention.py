@@ -17,7 +17,6 @@ from triton_interpret import patch_bf16_dot, run_module
 from specpilot.kernels.slot_attention import slot_attention, slot_attention_reference
 
 
-
 @dataclass(frozen=True)
 class Case:
     name: str

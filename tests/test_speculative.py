@@ -6,15 +6,15 @@ import random
 
 import pytest
 import torch
-
 from spec_fixtures import OracleDrafter, write_random_dflash, write_random_pard
+from tiny_models import tiny_hf_model
+
 from specpilot.config import SamplingParams
 from specpilot.drafters.ngram import NgramDrafter
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.engine.verify import Verifier
 from specpilot.forcing import run_forcing
 from specpilot.models.checkpoint import load_checkpoint
-from tiny_models import tiny_hf_model
 
 GREEDY = SamplingParams(max_new_tokens=40, ignore_eos=True)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from spec_fixtures import OracleDrafter, write_random_dflash, write_random_pard
+
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.forcing import run_forcing, run_stock

@@ -11,12 +11,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from spec_fixtures import write_random_dflash
-from test_cli import tiny_dir  # noqa: F401  (fixture: tiny llama + word-level tokenizer)
 from tiny_models import tiny_hf_model
 
 from specpilot.cli import main
 from specpilot.config import SamplingParams
-from specpilot.drafters.dflash import DFlashDrafter, load_dflash_model, read_dflash_config
+from specpilot.drafters.dflash import (
+    DFlashDrafter,
+    load_dflash_model,
+    read_dflash_config,
+)
 from specpilot.drafters.train import (
     STATE_FILE,
     TrainConfig,
@@ -235,7 +238,7 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_run, target_dir, tmp_path, 
 # ---------------------------------------------------------------- the command line
 
 
-def test_cli_trains_on_dataset_prompts(tiny_dir, tmp_path, capsys):  # noqa: F811
+def test_cli_trains_on_dataset_prompts(tiny_dir, tmp_path, capsys):
     out = tmp_path / "drafter"
     assert main(["train-drafter", "--target", str(tiny_dir), "--out", str(out), "--datasets", "math",
                  "--num-prompts", "4", "--max-new-tokens", "6", "--num-layers", "1", "--block-size", "3",
@@ -253,7 +256,7 @@ def test_cli_trains_on_dataset_prompts(tiny_dir, tmp_path, capsys):  # noqa: F81
     (["--resume"], "--resume"),
     (["--mask-token-id", "100000"], "--mask-token-id"),
 ])
-def test_cli_errors_name_the_flag(tiny_dir, tmp_path, capsys, argv, message):  # noqa: F811
+def test_cli_errors_name_the_flag(tiny_dir, tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
         main(["train-drafter", "--target", str(tiny_dir), "--out", str(tmp_path / "d"), "--device", "cpu",
               "--datasets", "math", "--num-prompts", "2", "--max-new-tokens", "4", *argv])

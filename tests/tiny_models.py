@@ -142,3 +142,21 @@ def save_tiny_gguf(model: transformers.PreTrainedModel, path: pathlib.Path) -> p
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}"
+                 "{% if add_generation_prompt %}w5{% endif %}")
+
+
+def make_tiny_model_dir(path: pathlib.Path) -> pathlib.Path:
+    """Random tiny Llama plus a word-level tokenizer ("w0".."w319", eos w2) with a Jinja chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tiny_hf_model("llama").save_pretrained(path)
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(320)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w2")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(path)
+    return path
