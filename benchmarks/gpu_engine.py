@@ -14,12 +14,23 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import LLAMA31_8B, copy_bandwidth, out_dir, synthetic_model, time_cuda, weight_bytes_per_step, write_json  # noqa: E402
+from common import (  # noqa: E402
+    LLAMA31_8B,
+    copy_bandwidth,
+    out_dir,
+    synthetic_model,
+    time_cuda,
+    weight_bytes_per_step,
+    write_json,
+)
 
 from specpilot.engine.forward_batch import ForwardBatch  # noqa: E402
 from specpilot.engine.kv_cache import KVCache  # noqa: E402
 from specpilot.engine.model_runner import ModelRunner  # noqa: E402
-from specpilot.kernels.slot_attention import slot_attention_reference, slot_attention_triton  # noqa: E402
+from specpilot.kernels.slot_attention import (  # noqa: E402
+    slot_attention_reference,
+    slot_attention_triton,
+)
 
 BATCHES = (1, 8, 32)
 VERIFY_Q = 16

@@ -8,9 +8,9 @@ and as bare graph replays. A DFlash-shaped drafter: 5 layers at the target's wid
 from __future__ import annotations
 
 import argparse
-from contextlib import nullcontext
 import random
 import sys
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 

@@ -204,7 +204,6 @@ class DFlashDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, reqs: list[Request]) -> Draft:
-        B = self.block_size
         ctx_positions, ctx_rows, feats = self._context_rows(reqs)
         bucket = next((b for b in sorted(self.graphs) if b >= len(reqs)), 0)
         if bucket:

@@ -27,7 +27,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 from safetensors.torch import save_file
 from torch.utils.checkpoint import checkpoint
 

@@ -3,7 +3,6 @@ prefill), then advances every running request by one decode step per `step()` ca
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # CPU-only installs run the torch path
-    HAS_TRITON = False
+from specpilot.kernels.triton_support import (
+    HAS_TRITON,
+    pick_backend,
+    require_triton,
+    tl,
+    triton,
+)
 
 __all__ = [
     "HAS_TRITON",
@@ -147,19 +147,6 @@ def _check_silu_and_mul(gate_up: torch.Tensor) -> None:
     if gate_up.dim() != 2 or gate_up.shape[1] % 2:
         raise ValueError(f"gate_up must be [T, 2 * I], got shape {tuple(gate_up.shape)}")
     _check_float(gate_up, "gate_up")
-
-
-def _pick_backend(backend: str, x: torch.Tensor) -> str:
-    if backend == "auto":
-        return "triton" if x.is_cuda and HAS_TRITON else "torch"
-    if backend in ("triton", "torch"):
-        return backend
-    raise ValueError(f"unknown backend {backend!r}; expected 'auto', 'triton' or 'torch'")
-
-
-def _require_triton(name: str) -> None:
-    if not HAS_TRITON:
-        raise RuntimeError(f"{name} needs triton, which is not importable")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -367,7 +354,7 @@ def rms_norm_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton rms_norm: one program per row. Returns new tensors (inputs are not modified), except that without a
     residual the second result is x itself."""
-    _require_triton("rms_norm_triton")
+    require_triton("rms_norm_triton")
     _check_rms_norm(x, weight, residual)
     num_rows, hidden = x.shape
     if hidden > MAX_NORM_DIM:
@@ -415,7 +402,7 @@ def rope_and_cache_write_triton(
 ) -> torch.Tensor:
     """Triton rope_and_cache_write: one launch over (token, head). q, k, v may be strided views (e.g. splits of a
     fused qkv output) as long as each head is contiguous. Positions and rows are trusted, not range-checked."""
-    _require_triton("rope_and_cache_write_triton")
+    require_triton("rope_and_cache_write_triton")
     _check_rope(q, k, v, cos, sin, positions, rows, k_cache, v_cache, q_norm_weight, k_norm_weight)
     _check_unit_stride(q=q, k=k, v=v, cos=cos, sin=sin)
     num_tokens, num_heads, head_dim = q.shape
@@ -461,7 +448,7 @@ def rope_and_cache_write_triton(
 
 def silu_and_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     """Triton silu_and_mul over (row, column block); gate_up may have a row stride."""
-    _require_triton("silu_and_mul_triton")
+    require_triton("silu_and_mul_triton")
     _check_silu_and_mul(gate_up)
     _check_unit_stride(gate_up=gate_up)
     num_rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
@@ -494,7 +481,7 @@ def rms_norm(
     ``(RMSNorm(x), x)``. The output dtype is ``promote(weight.dtype, x.dtype)`` as in the RMSNorm module.
     ``backend``: ``"triton"``, ``"torch"``, or ``"auto"`` (triton for CUDA tensors when importable).
     """
-    if _pick_backend(backend, x) == "triton":
+    if pick_backend(backend, x) == "triton":
         return rms_norm_triton(x, weight, eps, residual)
     return rms_norm_reference(x, weight, eps, residual)
 
@@ -521,7 +508,7 @@ def rope_and_cache_write(
     or neither, [D], q's dtype) apply Qwen3-style QK-norm with ``eps`` first. Hq may be 0 (k/v-only writes).
     Returns the rotated q as a new contiguous [T, Hq, D] tensor; q, k, v are left unchanged.
     """
-    if _pick_backend(backend, q) == "triton":
+    if pick_backend(backend, q) == "triton":
         return rope_and_cache_write_triton(
             q, k, v, cos, sin, positions, rows, k_cache, v_cache, q_norm_weight, k_norm_weight, eps
         )
@@ -532,6 +519,6 @@ def rope_and_cache_write(
 
 def silu_and_mul(gate_up: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """``silu(gate) * up`` for ``gate, up = gate_up.chunk(2, -1)``; gate_up [T, 2I] -> [T, I] in gate_up's dtype."""
-    if _pick_backend(backend, gate_up) == "triton":
+    if pick_backend(backend, gate_up) == "triton":
         return silu_and_mul_triton(gate_up)
     return silu_and_mul_reference(gate_up)

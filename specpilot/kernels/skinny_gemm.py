@@ -23,13 +23,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # CPU-only installs only have the reference
-    HAS_TRITON = False
+from specpilot.kernels.triton_support import HAS_TRITON, require_triton, tl, triton
 
 __all__ = [
     "CANDIDATE_CONFIGS",
@@ -223,8 +217,7 @@ def skinny_gemm(
     x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, config: SkinnyConfig | None = None
 ) -> torch.Tensor:
     """Triton ``x @ w.T + bias`` for ``x`` of 1..64 rows; fp32 accumulation, output in ``x.dtype``."""
-    if not HAS_TRITON:
-        raise RuntimeError("skinny_gemm needs triton, which is not importable")
+    require_triton("skinny_gemm")
     _check_inputs(x, w, bias)
     (m, k), n = x.shape, w.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)

@@ -19,13 +19,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-try:
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # CPU-only installs run the torch path
-    HAS_TRITON = False
+from specpilot.kernels.triton_support import (
+    HAS_TRITON,
+    pick_backend,
+    require_triton,
+    tl,
+    triton,
+)
 
 __all__ = ["HAS_TRITON", "slot_attention", "slot_attention_reference", "slot_attention_triton"]
 
@@ -436,8 +436,7 @@ def slot_attention_triton(
     across programs (flash-decoding) and merges the partial results in a second kernel. Metadata values
     (slot ids, q_len <= kv_len <= max_len) are trusted, not checked, since checking them would sync.
     """
-    if not HAS_TRITON:
-        raise RuntimeError("slot_attention_triton needs triton, which is not importable")
+    require_triton("slot_attention_triton")
     _check_inputs(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -537,12 +536,8 @@ def slot_attention(
     backend: str = "auto",
 ) -> torch.Tensor:
     """Dispatch: ``"triton"``, ``"torch"``, or ``"auto"`` (triton for CUDA tensors when importable)."""
-    if backend == "auto":
-        backend = "triton" if q.is_cuda and HAS_TRITON else "torch"
-    if backend == "triton":
+    if pick_backend(backend, q) == "triton":
         return slot_attention_triton(
             q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, scale, causal, max_q_len, num_kv_splits
         )
-    if backend == "torch":
-        return slot_attention_reference(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, scale, causal)
-    raise ValueError(f"unknown backend {backend!r}; expected 'auto', 'triton' or 'torch'")
+    return slot_attention_reference(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, scale, causal)

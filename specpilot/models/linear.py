@@ -14,7 +14,6 @@ from torch import nn
 
 from specpilot.kernels.skinny_gemm import HAS_TRITON, skinny_gemm
 
-
 # Up to this many rows (decode, small verify) a Triton GEMM that streams W at near copy bandwidth
 # beats cuBLAS on the H200 (docs/RESULTS.md); above it the pass is compute-bound and cuBLAS wins.
 SKINNY_MAX_M = 32

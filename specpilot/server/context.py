@@ -13,7 +13,13 @@ from starlette.requests import Request
 
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine
-from specpilot.server.scheduler import Item, NotAccepting, Overloaded, Scheduler, Submission
+from specpilot.server.scheduler import (
+    Item,
+    NotAccepting,
+    Overloaded,
+    Scheduler,
+    Submission,
+)
 
 RETRY_AFTER_S = 1
 

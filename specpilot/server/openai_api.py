@@ -11,7 +11,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from specpilot.server.context import ServerContext, bad_request, context
-from specpilot.server.protocol import ChatCompletionRequest, CompletionRequest, OpenAISampling
+from specpilot.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAISampling,
+)
 from specpilot.server.scheduler import Submission
 from specpilot.server.stream import Follower, Output, sse_stream
 
