@@ -49,7 +49,7 @@ from specpilot.drafters.train_data import (
     prompts_digest,
 )
 from specpilot.engine.engine import Engine, EngineConfig, resolve_device, resolve_dtype
-from specpilot.models.checkpoint import _chat_template_text, load_checkpoint
+from specpilot.models.checkpoint import chat_template_text, load_checkpoint
 from specpilot.models.config import ModelConfig
 from specpilot.models.rope import RotaryTable
 from specpilot.models.transformer import MLP, Transformer
@@ -135,7 +135,7 @@ def default_mask_token_id(tokenizer, vocab_size: int) -> int:
         return tokenizer.mask_token_id
     if len(tokenizer) < vocab_size:
         return len(tokenizer)
-    declared, template = set(tokenizer.all_special_ids), _chat_template_text(tokenizer)
+    declared, template = set(tokenizer.all_special_ids), chat_template_text(tokenizer)
     unused = [i for tok, i in tokenizer.get_added_vocab().items()
               if i < vocab_size and i not in declared and tok not in template]
     return max(unused, default=vocab_size - 1)

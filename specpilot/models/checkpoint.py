@@ -123,14 +123,14 @@ def collect_eos_ids(
 ) -> list[int]:
     """Declared eos ids plus the end-of-turn tokens the chat template emits (as HF generation_config does)."""
     ids = [i for i in declared if i is not None]
-    template = _chat_template_text(tokenizer)
+    template = chat_template_text(tokenizer)
     if tokenizer is not None and template:
         vocab = tokenizer.get_vocab()
         ids += [vocab[tok] for tok in END_OF_TURN_TOKENS if tok in template and tok in vocab]
     return list(dict.fromkeys(int(i) for i in ids))
 
 
-def _chat_template_text(tokenizer: transformers.PreTrainedTokenizerBase | None) -> str:
+def chat_template_text(tokenizer: transformers.PreTrainedTokenizerBase | None) -> str:
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):  # several named templates
         return "\n".join(template.values())
