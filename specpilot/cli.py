@@ -47,25 +47,17 @@ def _sampling_args(p: argparse.ArgumentParser, with_length: bool = True) -> None
     g.add_argument("--ignore-eos", action="store_true")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+def _int_at_least(minimum: int):
+    """An argparse type: an integer >= minimum (the error names the flag)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        return value
+    return parse
 
 
-def _at_least_two(text: str) -> int:
-    value = int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"must be >= 2, got {text}")
-    return value
-
-
-def _nonneg_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+_positive_int, _nonneg_int, _at_least_two = _int_at_least(1), _int_at_least(0), _int_at_least(2)
 
 
 def build_parser() -> argparse.ArgumentParser:

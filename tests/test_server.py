@@ -12,20 +12,15 @@ import time
 import httpx
 import openai
 import pytest
-from test_server_support import make_tiny_model_dir, serve, sse_events
+from test_server_support import serve, sse_events
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny-server"))
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):
+def server(tiny_dir):
     # context 4096 so that a long generation lasts seconds (client-disconnect and abort tests)
-    yield from serve(model_dir, max_running_requests=4, context_length=4096, speculative_algorithm="ngram",
+    yield from serve(tiny_dir, max_running_requests=4, context_length=4096, speculative_algorithm="ngram",
                      speculative_num_draft_tokens=4)
 
 

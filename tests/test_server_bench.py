@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from test_server_support import make_tiny_model_dir, serve
+from test_server_support import serve
 
 from specpilot.cli import main
 
@@ -17,9 +17,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    model_dir = make_tiny_model_dir(tmp_path_factory.mktemp("tiny-bench"))
-    yield from serve(model_dir, max_running_requests=4, context_length=512, speculative_algorithm="ngram")
+def server(tiny_dir):
+    yield from serve(tiny_dir, max_running_requests=4, context_length=512, speculative_algorithm="ngram")
 
 
 @pytest.mark.parametrize("backend,extra", [("sglang", ["--request-rate", "50"]),

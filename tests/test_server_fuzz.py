@@ -6,16 +6,15 @@ from __future__ import annotations
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from test_server_support import make_tiny_model_dir, serve
+from test_server_support import serve
 
 EXAMPLES_PER_OPERATION = 50
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tiny_dir):
     # A short context bounds what any fuzzed max_new_tokens can cost, and makes requests reach its end.
-    model_dir = make_tiny_model_dir(tmp_path_factory.mktemp("tiny-fuzz"))
-    yield from serve(model_dir, max_running_requests=4, context_length=96, speculative_algorithm="ngram")
+    yield from serve(tiny_dir, max_running_requests=4, context_length=96, speculative_algorithm="ngram")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import pytest
 from test_server_support import (
     LiveServer,
     free_port,
-    make_tiny_model_dir,
     serve,
     sse_events,
 )
@@ -26,14 +25,9 @@ LONG = {"max_new_tokens": 3800, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny-limits"))
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):
+def server(tiny_dir):
     """One running slot and one queue place: the third concurrent request is refused."""
-    yield from serve(model_dir, ServerArgs(max_queued_requests=1), max_running_requests=1, context_length=4096)
+    yield from serve(tiny_dir, ServerArgs(max_queued_requests=1), max_running_requests=1, context_length=4096)
 
 
 class Stream:
@@ -86,8 +80,8 @@ def test_rid_in_use_is_400(server):
     assert running.final()["finish_reason"]["type"] == "abort"
 
 
-def test_drain_refuses_newcomers_and_aborts_stragglers_after_the_grace_period(model_dir):
-    with LiveServer(model_dir, ServerArgs(shutdown_grace_period=0.3), max_running_requests=2,
+def test_drain_refuses_newcomers_and_aborts_stragglers_after_the_grace_period(tiny_dir):
+    with LiveServer(tiny_dir, ServerArgs(shutdown_grace_period=0.3), max_running_requests=2,
                     context_length=4096) as server:
         short = Stream(server.url, "short", {"max_new_tokens": 4})
         assert short.final()["finish_reason"]["type"] == "length"
@@ -102,11 +96,11 @@ def test_drain_refuses_newcomers_and_aborts_stragglers_after_the_grace_period(mo
         assert 0.3 <= time.monotonic() - drained < 2.0
 
 
-def test_serve_cli_with_sigterm(model_dir):
+def test_serve_cli_with_sigterm(tiny_dir):
     """`specpilot serve` with SGLang's flags; SIGTERM lets the in-flight stream end (abort after the
     grace period) and the process exit."""
     port = free_port()
-    cmd = [sys.executable, "-m", "specpilot.cli", "serve", "--model-path", str(model_dir), "--port", str(port),
+    cmd = [sys.executable, "-m", "specpilot.cli", "serve", "--model-path", str(tiny_dir), "--port", str(port),
            "--host", "127.0.0.1", "--speculative-algorithm", "ngram", "--speculative-num-draft-tokens", "4",
            "--max-running-requests", "2", "--context-length", "4096", "--dtype", "float32", "--device", "cpu",
            "--shutdown-grace-period", "0.3"]

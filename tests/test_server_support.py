@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import uvicorn
-from tiny_models import make_tiny_model_dir  # noqa: F401  (re-exported for the server tests)
 
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.server import ServerArgs, create_app
