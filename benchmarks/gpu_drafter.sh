@@ -25,7 +25,7 @@ train() {
     local run=$1 deadline=$(( SECONDS + $2 ))
     mkdir -p "$run"
     if [[ ! -f $run/epochs ]]; then
-        rm -rf "$run/probe"
+        rm -f "$run/probe/trainer_state.pt"  # an interrupted probe; its data.pt (the long part) is kept
         "${SPECPILOT[@]}" train-drafter --out "$run/probe" "${RECIPE[@]}" --epochs 1 --stop-after 40
         python3 - "$run" "${TRAIN_BUDGET_S:-600}" <<'EOF'
 import json, math, sys

@@ -11,7 +11,7 @@ from specpilot.engine.forward_batch import ForwardBatch
 from specpilot.engine.kv_cache import KVCache
 from specpilot.models.transformer import Transformer
 
-DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
 @dataclass
