@@ -69,3 +69,21 @@ def test_embedded_oracle_accepts_exactly(smol):
         cand.step()
     assert [r.output_ids for r in reqs] == ar
     assert all(n == 3 for r in reqs for n in r.accept_lengths[:-1])  # the last step may end at EOS
+
+
+def test_embedded_model_defaults_to_the_shipped_drafter(smol, tmp_path, monkeypatch):
+    import specpilot.drafters as drafters
+
+    ckpt = smol[0]
+    cfg = ckpt.config
+    shipped = write_random_dflash(tmp_path / "shipped", hidden=cfg.hidden_size, num_target_layers=cfg.num_layers,
+                                  mask_token_id=16, num_layers=1, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
+                                  head_dim=cfg.head_dim, intermediate=256, block_size=5)
+    monkeypatch.setattr(drafters, "EMBEDDED_DRAFTER", shipped)
+    eng = engine(ckpt, speculative_algorithm="dflash")
+    assert eng.drafter.block_size == 5 and eng.drafter.name == "dflash"
+    monkeypatch.setattr(drafters, "EMBEDDED_DRAFTER", tmp_path / "missing")
+    with pytest.raises(ValueError, match="drafter is missing from the package"):
+        engine(ckpt, speculative_algorithm="dflash")
+    with pytest.raises(ValueError, match="needs --speculative-draft-model-path"):
+        engine(ckpt, speculative_algorithm="pard")

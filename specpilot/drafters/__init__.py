@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specpilot.drafters.base import Draft, Drafter
@@ -11,6 +12,31 @@ if TYPE_CHECKING:
 
 ALGORITHMS = ("dflash", "pard", "ngram")
 DEFAULT_BLOCK = {"pard": 9, "ngram": 8}
+# The DFlash drafter trained for the embedded SmolLM2-135M-Instruct (`specpilot train-drafter`, README),
+# shipped with the package: --speculative-algorithm dflash on the embedded model needs no draft path.
+EMBEDDED_DRAFTER = Path(__file__).parent / "assets" / "smollm2-135m-dflash"
+
+
+def default_draft_model_path(config: EngineConfig, engine: Engine, alg: str) -> str:
+    """--speculative-draft-model-path, else the shipped drafter when the target is the embedded model."""
+    if config.speculative_draft_model_path is not None:
+        return config.speculative_draft_model_path
+    if alg == "dflash" and _is_embedded(engine):
+        if not (EMBEDDED_DRAFTER / "model.safetensors").is_file():
+            raise ValueError(f"the embedded model's DFlash drafter is missing from the package ({EMBEDDED_DRAFTER}); "
+                             f"reinstall specpilot or pass --speculative-draft-model-path")
+        return str(EMBEDDED_DRAFTER)
+    embedded = " (only the embedded model has a shipped DFlash drafter)" if alg == "dflash" else ""
+    raise ValueError(f"--speculative-algorithm {alg} needs --speculative-draft-model-path{embedded}")
+
+
+def _is_embedded(engine: Engine) -> bool:
+    from specpilot.models.checkpoint import embedded_default_path
+
+    try:
+        return Path(engine.checkpoint.source) == embedded_default_path()
+    except FileNotFoundError:
+        return False
 
 
 def build_drafter(config: EngineConfig, engine: Engine) -> Drafter:
@@ -22,9 +48,7 @@ def build_drafter(config: EngineConfig, engine: Engine) -> Drafter:
         from specpilot.drafters.ngram import NgramDrafter
 
         return NgramDrafter(block or DEFAULT_BLOCK["ngram"])
-    path = config.speculative_draft_model_path
-    if path is None:
-        raise ValueError(f"--speculative-algorithm {alg} needs --speculative-draft-model-path")
+    path = default_draft_model_path(config, engine, alg)
     if alg == "dflash":
         from specpilot.drafters.dflash import DFlashDrafter
 
@@ -36,4 +60,4 @@ def build_drafter(config: EngineConfig, engine: Engine) -> Drafter:
                        engine.device, engine.dtype, block_size=block or DEFAULT_BLOCK["pard"])
 
 
-__all__ = ["ALGORITHMS", "Draft", "Drafter", "build_drafter"]
+__all__ = ["ALGORITHMS", "EMBEDDED_DRAFTER", "Draft", "Drafter", "build_drafter", "default_draft_model_path"]
