@@ -114,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _train_drafter_args(p: argparse.ArgumentParser) -> None:
     from dataclasses import fields
 
+    from specpilot.bench.datasets import TRAIN_DATASETS
     from specpilot.drafters.train import TrainConfig
 
     defaults = {f.name: f.default for f in fields(TrainConfig)}
@@ -129,8 +130,7 @@ def _train_drafter_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target", default="default",
                    help="target GGUF file or HF directory, or 'default' (the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--out", required=True, help="output directory: checkpoint, data.pt, trainer_state.pt")
-    add(g, "--datasets", "train splits whose first user turns are the prompts", nargs="+",
-        choices=defaults["datasets"])
+    add(g, "--datasets", "train splits whose first user turns are the prompts", nargs="+", choices=TRAIN_DATASETS)
     add(g, "--num-prompts", "prompts, split evenly across --datasets", type=_positive_int)
     add(g, "--max-new-tokens", "response tokens the target generates per prompt", type=_positive_int)
     add(g, "--max-seq-len", "prompt + response tokens at most", type=_positive_int)
@@ -179,13 +179,13 @@ def _serving_bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def _dataset_args(p: argparse.ArgumentParser, default_prompts: int, default_tokens: int, many: bool = False) -> None:
-    from specpilot.bench.datasets import DATASETS
+    from specpilot.bench.datasets import BENCH_DATASETS
 
     g = p.add_argument_group("workload")
     if many:
-        g.add_argument("--dataset", nargs="+", default=["humaneval"], choices=DATASETS, help="one or more")
+        g.add_argument("--dataset", nargs="+", default=["humaneval"], choices=BENCH_DATASETS, help="one or more")
     else:
-        g.add_argument("--dataset", default="humaneval", choices=DATASETS)
+        g.add_argument("--dataset", default="humaneval", choices=BENCH_DATASETS)
     g.add_argument("--num-prompts", type=_positive_int, default=default_prompts)
     g.add_argument("--max-new-tokens", type=_positive_int, default=default_tokens)
 

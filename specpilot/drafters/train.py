@@ -67,7 +67,7 @@ OPERATIONAL_KEYS = ("out", "resume", "stop_after", "save_every", "gen_batch_size
 class TrainConfig:
     out: Path
     target: str | None = None  # None: the embedded SmolLM2-135M-Instruct
-    datasets: tuple[str, ...] = ("sharegpt", "math")
+    datasets: tuple[str, ...] = ("sharegpt", "math", "code")
     num_prompts: int = 2048
     max_new_tokens: int = 512
     max_seq_len: int = 3072
