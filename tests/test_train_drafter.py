@@ -28,6 +28,7 @@ from specpilot.drafters.train import (
     draft_hidden,
     export_dflash,
     init_draft_model,
+    lm_head_loss,
     train_drafter,
 )
 from specpilot.engine.engine import Engine, EngineConfig
@@ -114,6 +115,23 @@ def test_train_forward_matches_inference(target_dir, tmp_path):
 
 
 # ---------------------------------------------------------------- defaults
+
+
+def test_chunked_head_loss_equals_whole():
+    """Recomputing the logits chunk by chunk in backward changes neither the loss nor its gradients."""
+    g = torch.Generator().manual_seed(0)
+    head = torch.randn(50, 8, generator=g)
+    targets = torch.randint(0, 50, (13,), generator=g)
+    results = []
+    for chunk in (50 * 13, 50 * 4, 1):
+        h = torch.randn(13, 8, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+        ce, pred = lm_head_loss(h, head, targets, chunk)
+        ce.sum().backward()
+        results.append((ce.detach(), pred, h.grad))
+    for ce, pred, grad in results[1:]:
+        torch.testing.assert_close(ce, results[0][0])
+        assert torch.equal(pred, results[0][1])
+        torch.testing.assert_close(grad, results[0][2])
 
 
 def test_target_layer_ids_spread_from_1_to_l_minus_3():

@@ -56,8 +56,9 @@ from specpilot.models.transformer import MLP, Transformer
 
 STATE_FILE = "trainer_state.pt"
 INIT_STD = 0.02
-# Rows of vocabulary logits materialised at once (fp32): bounds the loss's memory at large vocabularies.
+# Vocabulary logits materialised at once (fp32) off CUDA: bounds the loss's memory at large vocabularies.
 LOGIT_CHUNK_ELEMENTS = 1 << 27
+LOGIT_BYTES = 12  # per logit element: fp32 logits, their gradient and the bf16 matmul output
 LOG_EVERY = 50  # steps between log lines when the console is not a terminal (no live progress bar)
 # Settings that may change between a run and its --resume (they do not change what is trained).
 OPERATIONAL_KEYS = ("out", "resume", "stop_after", "save_every", "gen_batch_size", "device")
@@ -247,10 +248,20 @@ def _ce_and_argmax(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor) -
     return F.cross_entropy(logits, targets, reduction="none"), logits.argmax(-1)
 
 
-def lm_head_loss(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def logit_chunk_elements(device: torch.device) -> int:
+    """Logit elements the loss may hold at once: on CUDA what a quarter of the free memory holds (on an
+    H200 a whole batch, so no recomputation), elsewhere LOGIT_CHUNK_ELEMENTS."""
+    if device.type != "cuda":
+        return LOGIT_CHUNK_ELEMENTS
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(LOGIT_CHUNK_ELEMENTS, free // 4 // LOGIT_BYTES)
+
+
+def lm_head_loss(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor,
+                 chunk_elements: int = LOGIT_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row cross-entropy and argmax through the frozen head. Beyond one chunk of rows the logits
     are recomputed in backward instead of kept (a 150K vocabulary makes them the largest activation)."""
-    rows = max(1, LOGIT_CHUNK_ELEMENTS // head.shape[0])
+    rows = max(1, chunk_elements // head.shape[0])
     if h.shape[0] <= rows:
         return _ce_and_argmax(h, head, targets)
     parts = [checkpoint(_ce_and_argmax, h[i : i + rows], head, targets[i : i + rows], use_reentrant=False)
@@ -259,12 +270,12 @@ def lm_head_loss(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor) -> 
 
 
 def draft_loss(hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, ok: torch.Tensor,
-               gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+               gamma: float, chunk_elements: int = LOGIT_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy of slots 1..B-1 weighted by exp(-(k-1)/gamma) (early slots gate every later
     acceptance), averaged over counted slots; also which counted slots the argmax got right."""
     slots = hidden.shape[2] - 1
     weights = torch.exp(-torch.arange(slots, device=hidden.device, dtype=torch.float32) / gamma).expand(ok.shape)
-    ce, pred = lm_head_loss(hidden[:, :, 1:][ok], head, targets[ok])
+    ce, pred = lm_head_loss(hidden[:, :, 1:][ok], head, targets[ok], chunk_elements)
     w = weights[ok]
     correct = torch.zeros_like(ok)
     correct[ok] = pred == targets[ok]
@@ -336,6 +347,7 @@ class DraftTrainer:
         self.step_losses: list[float] = []
         self.elapsed_s = 0.0
         self.autocast = torch.autocast(self.device.type, dtype=engine.dtype, enabled=engine.dtype != torch.float32)
+        self.logit_chunk = logit_chunk_elements(self.device)
 
     # ---- one step -----------------------------------------------------------------------------
     def batch_indices(self, step: int) -> list[int]:
@@ -352,7 +364,8 @@ class DraftTrainer:
         with self.autocast:
             hidden = draft_hidden(self.model, self.engine.model, self.rope, feats, batch.tokens, batch.anchors,
                                   self.dcfg.mask_token_id, cfg.block_size)
-            loss, correct = draft_loss(hidden, self.engine.model.lm_head.weight, targets, ok, cfg.loss_gamma)
+            loss, correct = draft_loss(hidden, self.engine.model.lm_head.weight, targets, ok, cfg.loss_gamma,
+                                       self.logit_chunk)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         self.optimizer.step()
