@@ -10,7 +10,7 @@ from spec_fixtures import OracleDrafter, write_random_dflash, write_random_pard
 from tiny_models import tiny_hf_model
 
 from specpilot.config import SamplingParams
-from specpilot.drafters.ngram import NgramDrafter
+from specpilot.drafters.ngram import NgramIndex
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.engine.verify import Verifier
 from specpilot.forcing import run_forcing
@@ -133,11 +133,52 @@ def test_sampling_verifier_is_exact_on_toy_distribution():
         assert chi2 < 20.5, chi2  # 5 dof, p = 0.001
 
 
+def _ngram_lookup_by_scan(ids: list[int], k: int, max_n: int = 4, min_n: int = 1) -> list[int]:
+    """The definition: longest n-gram first, its latest earlier occurrence, padded to k."""
+    for n in range(min(max_n, len(ids) - 1), min_n - 1, -1):
+        for start in range(len(ids) - n - 1, -1, -1):
+            if ids[start : start + n] == ids[-n:]:
+                cont = ids[start + n : start + n + k]
+                return cont + [cont[-1]] * (k - len(cont))
+    return [ids[-1]] * k
+
+
+def _indexed(ids: list[int], k: int) -> list[int]:
+    index = NgramIndex(1, 4)
+    index.extend(ids)
+    return index.lookup(k)
+
+
 def test_ngram_lookup():
-    d = NgramDrafter(block_size=4)
-    assert d.lookup([5, 6, 7, 8, 9, 5, 6]) == [7, 8, 9]
-    assert d.lookup([1, 2, 3]) == [3, 3, 3]
-    assert d.lookup([4, 1, 4]) == [1, 4, 4]
+    assert _indexed([5, 6, 7, 8, 9, 5, 6], 3) == [7, 8, 9]
+    assert _indexed([1, 2, 3], 3) == [3, 3, 3]
+    assert _indexed([4, 1, 4], 3) == [1, 4, 4]
+
+
+@pytest.mark.parametrize("vocab", [3, 8, 50])
+def test_ngram_index_equals_the_scan_as_the_context_grows(vocab):
+    rng = random.Random(vocab)
+    for _ in range(20):
+        index, ids = NgramIndex(1, 4), []
+        for _ in range(60):
+            new = [rng.randrange(vocab) for _ in range(rng.randint(1, 5))]
+            index.extend(new)
+            ids += new
+            assert index.lookup(7) == _ngram_lookup_by_scan(ids, 7), ids
+
+
+def test_ngram_drafter_follows_committed_tokens_and_releases(tiny):
+    ckpt, _ = tiny
+    eng = engine_for(ckpt, "ngram")
+    reqs = [eng.add_request([5, 6, 7, 8, 5, 6, 7], SamplingParams(max_new_tokens=24)) for _ in range(2)]
+    steps = 0
+    while eng.has_work:
+        eng.step()
+        steps += 1
+        for r in eng.running:  # synced before this step's draft: the committed tokens up to then
+            ids = eng.drafter.indexes[r.rid].ids if steps > 1 else r.prompt_ids
+            assert len(ids) >= len(r.prompt_ids) and ids == r.all_ids[: len(ids)]
+    assert not eng.drafter.indexes and all(r.finished for r in reqs)
 
 
 def test_bad_speculative_config(tiny):
