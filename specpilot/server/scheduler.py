@@ -74,10 +74,20 @@ class Submission:
 
     def push(self, message: Verdict | Update) -> None:
         """Called from the scheduler thread."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, message)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            pass
+        deliver(self.loop, [(self, message)])
+
+
+def deliver(loop: asyncio.AbstractEventLoop, messages: list[tuple[Submission, Verdict | Update]]) -> None:
+    """Hand messages to their submissions' queues with one wake-up of the event loop (called from the
+    scheduler thread; a step's updates for every request go together)."""
+    def put_all() -> None:
+        for sub, message in messages:
+            sub.queue.put_nowait(message)
+
+    try:
+        loop.call_soon_threadsafe(put_all)
+    except RuntimeError:  # the event loop is closed: nobody is listening any more
+        pass
 
 
 @dataclass(frozen=True)
@@ -239,16 +249,18 @@ class Scheduler:
 
     def _publish(self) -> None:
         """Push what each live request gained since the last step; retire the finished ones."""
-        done = []
+        done, messages = [], []
         for rid, live in self._live.items():
             req = live.req
             new = req.output_ids[live.sent:]
             if new or req.finished:
                 live.sent += len(new)
                 self._window_tokens += len(new)
-                live.sub.push(Update(live.index, new, req if req.finished else None))
+                messages.append((live.sub, Update(live.index, new, req if req.finished else None)))
             if req.finished:
                 done.append(rid)
+        if messages:
+            deliver(messages[0][0].loop, messages)
         for rid in done:
             del self._live[rid]
         self._release(len(done))

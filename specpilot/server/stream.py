@@ -16,6 +16,7 @@ from specpilot.server.context import ServerContext
 from specpilot.server.scheduler import Item, Submission, Update
 
 SSE_DONE = "data: [DONE]\n\n"
+DISCONNECTED = object()  # queued by a follower's disconnect watcher
 
 
 class ClientDisconnected(Exception):
@@ -92,6 +93,9 @@ class Follower:
 
     async def __aenter__(self) -> Follower:
         self._gone = asyncio.ensure_future(_disconnected(self.request))
+        # the disconnect arrives through the update queue: a wake-up then costs one queue get, not a race of
+        # two futures (per update and request, that was the event loop's largest cost under load)
+        self._gone.add_done_callback(lambda gone: gone.cancelled() or self.sub.queue.put_nowait(DISCONNECTED))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -103,14 +107,11 @@ class Follower:
     async def changes(self) -> AsyncIterator[list[Output]]:
         """The outputs that changed, one list per wake-up (updates that queued up meanwhile are merged)."""
         while not all(o.finished for o in self.outputs):
-            get = asyncio.ensure_future(self.sub.queue.get())
-            await asyncio.wait((get, self._gone), return_when=asyncio.FIRST_COMPLETED)
-            if not get.done():
-                get.cancel()
-                raise ClientDisconnected()
-            updates = [get.result()]
+            updates = [await self.sub.queue.get()]
             while not self.sub.queue.empty():
                 updates.append(self.sub.queue.get_nowait())
+            if any(u is DISCONNECTED for u in updates):
+                raise ClientDisconnected()
             changed: dict[int, Output] = {}
             for update in updates:
                 if update.error is not None:
