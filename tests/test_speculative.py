@@ -189,3 +189,18 @@ def test_bad_speculative_config(tiny):
         engine_for(ckpt, "dflash")
     with pytest.raises(ValueError, match="DFlashDraftModel|pard_token"):
         engine_for(ckpt, "dflash", paths["pard"])
+
+
+def test_min_new_tokens_holds_inside_a_verify_block(tiny):
+    """A stop token the target prefers early is banned in every verify row before min_new_tokens, as in AR."""
+    ckpt, _ = tiny
+    ar, spec = engine_for(ckpt), engine_for(ckpt, "ngram", block=6)
+    prompts = mixed_prompts(ckpt.config.vocab_size, 4)
+    free = ar.generate(prompts, SamplingParams(max_new_tokens=20, ignore_eos=True))
+    for prompt, req in zip(prompts, free):
+        stop = req.output_ids[1]  # the target's second token becomes a stop token
+        params = SamplingParams(max_new_tokens=20, stop_token_ids=[stop], min_new_tokens=7)
+        want = ar.generate([prompt], params)[0].output_ids
+        got = spec.generate([prompt], params)[0].output_ids
+        assert got == want and len(got) >= 7
+        assert stop not in got[:6]

@@ -200,7 +200,7 @@ class Engine:
         return self._sample_and_commit(reqs, out.logits)
 
     def _sample_and_commit(self, reqs: list[Request], logits: torch.Tensor) -> list[Request]:
-        logits = suppress(logits, [r.banned_ids(self.stops.stop_ids(r)) for r in reqs])
+        logits = suppress(logits, [self.stops.banned(r, 1)[0] for r in reqs])
         tokens = choose_tokens(logits, [r.params for r in reqs], [r.generator for r in reqs])
         finished = [r for i, (r, t) in enumerate(zip(reqs, tokens)) if self._commit(r, [t], logits[i : i + 1])[1]]
         self._retire(finished)
@@ -228,7 +228,7 @@ class Engine:
         n, q = len(reqs), drafts.shape[1] + 1
         out = self.runner.verify([r.slot for r in reqs], [r.cached_len for r in reqs],
                                  [r.output_ids[-1] for r in reqs], drafts)
-        banned = [r.banned_ids(self.stops.stop_ids(r), j) for r in reqs for j in range(q)]
+        banned = [row for r in reqs for row in self.stops.banned(r, q)]
         logits = suppress(out.logits, banned)
         host = torch.cat([logits.argmax(-1), drafts.to(logits.device).flatten()]).tolist()  # the one sync
         clock.mark()

@@ -28,6 +28,7 @@ class Request:
     finished_time: float | None = None
     # speculative decoding statistics: tokens committed per verify pass
     accept_lengths: list[int] = field(default_factory=list)
+    stop_ids: frozenset[int] | None = field(default=None, repr=False)  # StopChecker's, on first use
 
     @property
     def finished(self) -> bool:
@@ -41,12 +42,6 @@ class Request:
     @property
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
-
-    def banned_ids(self, stop_ids: frozenset[int], offset: int = 0) -> list[int]:
-        """Ids that may not be chosen for output position len(output)+offset (min_new_tokens)."""
-        if len(self.output_ids) + offset < self.params.min_new_tokens:
-            return sorted(stop_ids)
-        return []
 
     @property
     def e2e_latency(self) -> float:
@@ -63,8 +58,19 @@ class StopChecker:
         self.max_len = max_len
 
     def stop_ids(self, req: Request) -> frozenset[int]:
-        ids = frozenset(req.params.stop_token_ids)
-        return ids if req.params.ignore_eos else ids | self.eos_token_ids
+        if req.stop_ids is None:  # computed once: every appended token and every verify row asks
+            ids = frozenset(req.params.stop_token_ids)
+            req.stop_ids = ids if req.params.ignore_eos else ids | self.eos_token_ids
+        return req.stop_ids
+
+    def banned(self, req: Request, rows: int) -> list[list[int]]:
+        """For output positions len(output) + j, j < rows: the ids that may not be chosen there (the stop
+        ids, until min_new_tokens)."""
+        short = req.params.min_new_tokens - len(req.output_ids)
+        if short <= 0:
+            return [[]] * rows
+        stop = sorted(self.stop_ids(req))
+        return [stop if j < short else [] for j in range(rows)]
 
     def append(self, req: Request, token: int) -> bool:
         """Append one token; returns True (and sets finish_reason) when the request is finished."""
