@@ -5,6 +5,9 @@
 #       The training run of the README in RUN, stopped after DEADLINE_S seconds; calling it again resumes it
 #       where it stopped (--resume) until it is done. DATA: a data.pt made earlier by the same command (its
 #       settings are checked), so a run can skip regenerating the responses.
+#   benchmarks/gpu_drafter.sh repro RUN STEPS
+#       Reproducibility: the same command and seed again, from RUN's data, for STEPS steps in RUN.repro;
+#       prints the largest loss difference against RUN's first STEPS steps.
 #   benchmarks/gpu_drafter.sh eval RUN OUT
 #       tau and speedup over AR (B=1, CUDA graphs, block 16) on the four datasets, token forcing against
 #       stock AR, and the serving benchmark at concurrency 1, 8 and 32; everything lands in OUT.
@@ -28,6 +31,20 @@ train() {
     local resume=()
     [[ -f $run/trainer_state.pt ]] && resume=(--resume)
     timeout "$deadline" "${SPECPILOT[@]}" train-drafter --out "$run" "${RECIPE[@]}" "${resume[@]}" || [[ $? == 124 ]]
+}
+
+repro() {
+    local run=$1 steps=$2
+    rm -rf "$run.repro" && mkdir -p "$run.repro" && cp "$run/data.pt" "$run.repro/"
+    "${SPECPILOT[@]}" train-drafter --out "$run.repro" "${RECIPE[@]}" --stop-after "$steps"
+    python3 - "$run" "$steps" <<'EOF'
+import json, sys
+run, steps = sys.argv[1], int(sys.argv[2])
+first = json.load(open(f"{run}/training.json"))["step_losses"][:steps]
+again = json.load(open(f"{run}.repro/training.json"))["step_losses"][:steps]
+diff = max(abs(a - b) for a, b in zip(first, again))
+print(f"reproduction: {len(again)} steps, max |loss difference| {diff:.2e}, identical: {first == again}")
+EOF
 }
 
 eval_drafter() {
@@ -56,6 +73,7 @@ eval_drafter() {
 
 case ${1:-} in
     train) train "$2" "$3" "${4:-}" ;;
+    repro) repro "$2" "$3" ;;
     eval) eval_drafter "$2" "$3" ;;
-    *) echo "usage: $0 train RUN DEADLINE_S [DATA] | eval RUN OUT" >&2; exit 2 ;;
+    *) echo "usage: $0 train RUN DEADLINE_S [DATA] | repro RUN STEPS | eval RUN OUT" >&2; exit 2 ;;
 esac
