@@ -15,7 +15,8 @@ class NgramIndex:
 
     def __init__(self, min_ngram: int, max_ngram: int) -> None:
         self.ids: list[int] = []
-        self.latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_ngram, max_ngram + 1)}
+        # longest first: the order lookups try them in
+        self.latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(max_ngram, min_ngram - 1, -1)}
 
     def extend(self, tokens: list[int]) -> None:
         ids = self.ids
@@ -30,8 +31,10 @@ class NgramIndex:
         """Longest n-gram first; among its matches the latest one. Always k tokens (stock verifies a full
         block): a short continuation is padded by repeating its last token."""
         ids = self.ids
-        for n in sorted((n for n in self.latest if n < len(ids)), reverse=True):
-            start = self.latest[n].get(tuple(ids[-n:]))
+        for n, table in self.latest.items():
+            if n >= len(ids):
+                continue
+            start = table.get(tuple(ids[-n:]))
             if start is not None:
                 cont = ids[start + n : start + n + k]
                 return cont + [cont[-1]] * (k - len(cont))

@@ -93,8 +93,8 @@ class Follower:
 
     async def __aenter__(self) -> Follower:
         self._gone = asyncio.ensure_future(_disconnected(self.request))
-        # the disconnect arrives through the update queue: a wake-up then costs one queue get, not a race of
-        # two futures (per update and request, that was the event loop's largest cost under load)
+        # the disconnect arrives through the update queue: a wake-up then costs one queue get, not a new task
+        # raced against this future (per update and request)
         self._gone.add_done_callback(lambda gone: gone.cancelled() or self.sub.queue.put_nowait(DISCONNECTED))
         return self
 
