@@ -49,13 +49,9 @@ def sampling_params(fields: dict[str, Any], vocab_size: int) -> SamplingParams:
     return SamplingParams(**fields)
 
 
-# ---- SGLang /generate -----------------------------------------------------------------------------
-class GenerateSampling(_Strict):
-    """SGLang's sampling_params keys that the engine implements. Unset keys use the engine's
-    defaults (max_new_tokens 128, greedy)."""
+class _SamplingKnobs(BaseModel):
+    """The sampling keys both APIs spell the same way (SamplingParams' names)."""
 
-    max_new_tokens: NonNegInt | None = None
-    min_new_tokens: NonNegInt | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -65,8 +61,21 @@ class GenerateSampling(_Strict):
     stop_token_ids: TokenIds | None = None
     ignore_eos: bool | None = None
 
+    def knobs(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _SamplingKnobs.model_fields} | {"stop": _strings(self.stop)}
+
+
+# ---- SGLang /generate -----------------------------------------------------------------------------
+class GenerateSampling(_Strict, _SamplingKnobs):
+    """SGLang's sampling_params keys that the engine implements. Unset keys use the engine's
+    defaults (max_new_tokens 128, greedy)."""
+
+    max_new_tokens: NonNegInt | None = None
+    min_new_tokens: NonNegInt | None = None
+
     def to_params(self, vocab_size: int) -> SamplingParams:
-        return sampling_params(self.model_dump() | {"stop": _strings(self.stop)}, vocab_size)
+        return sampling_params(self.knobs() | {"max_new_tokens": self.max_new_tokens,
+                                               "min_new_tokens": self.min_new_tokens}, vocab_size)
 
 
 class GenerateRequest(_Strict):
@@ -124,20 +133,12 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
-class OpenAISampling(_Lenient):
-    """Fields shared by /v1/completions and /v1/chat/completions. Defaults are OpenAI's (temperature 1);
-    top_k, min_p, ignore_eos, min_tokens and stop_token_ids are SGLang extensions."""
+class OpenAISampling(_Lenient, _SamplingKnobs):
+    """Fields shared by /v1/completions and /v1/chat/completions. Defaults are OpenAI's (temperature
+    None means 1); top_k, min_p, ignore_eos, min_tokens and stop_token_ids are SGLang extensions."""
 
     model: str | None = None
     max_tokens: NonNegInt | None = None
-    temperature: float | None = None  # None: OpenAI's default, 1
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: Seed | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: TokenIds | None = None
-    ignore_eos: bool | None = None
     min_tokens: NonNegInt | None = None
     n: int = 1
     stream: bool = False
@@ -158,11 +159,8 @@ class OpenAISampling(_Lenient):
         # without max_tokens, generate until a stop or the end of the context (as OpenAI does)
         max_tokens = self.max_tokens if self.max_tokens is not None else max(context_length - prompt_len, 0)
         temperature = 1.0 if self.temperature is None else self.temperature
-        return sampling_params(
-            {"max_new_tokens": max_tokens, "min_new_tokens": self.min_tokens, "temperature": temperature,
-             "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p, "seed": self.seed,
-             "stop": _strings(self.stop), "stop_token_ids": self.stop_token_ids, "ignore_eos": self.ignore_eos},
-            vocab_size)
+        return sampling_params(self.knobs() | {"max_new_tokens": max_tokens, "min_new_tokens": self.min_tokens,
+                                               "temperature": temperature}, vocab_size)
 
     @property
     def include_usage(self) -> bool:
