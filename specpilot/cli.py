@@ -132,6 +132,8 @@ def _train_drafter_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--out", required=True, help="output directory: checkpoint, data.pt, trainer_state.pt")
     add(g, "--datasets", "train splits whose first user turns are the prompts", nargs="+", choices=TRAIN_DATASETS)
     add(g, "--num-prompts", "prompts, split evenly across --datasets", type=_positive_int)
+    add(g, "--validation-prompts", "held-out prompts (the next ones of each train split) whose responses "
+                                   "measure tau after every epoch; 0: none", type=_nonneg_int)
     add(g, "--max-new-tokens", "response tokens the target generates per prompt", type=_positive_int)
     add(g, "--max-seq-len", "prompt + response tokens at most", type=_positive_int)
     add(g, "--gen-batch-size", "requests the target generates concurrently", type=_positive_int)
@@ -314,8 +316,8 @@ def _cmd_train_drafter(args: argparse.Namespace) -> int:
     report = train_drafter(config)
     last = report["epochs"][-1] if report["epochs"] else {}
     state = "done" if report["finished"] else f"stopped at step {report['steps']}/{report['total_steps']}"
-    print(f"{state}: loss {last.get('loss', float('nan')):.4f}, tau estimate {last.get('tau_estimate', 0):.2f}; "
-          f"wrote {config.out}")
+    tau = f", validation tau {report['validation'][-1]['tau']:.2f}" if report["validation"] else ""
+    print(f"{state}: loss {last.get('loss', float('nan')):.4f}{tau}; wrote {config.out}")
     return 0
 
 

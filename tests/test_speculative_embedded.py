@@ -8,6 +8,7 @@ from spec_fixtures import OracleDrafter, write_random_dflash, write_random_pard
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.forcing import run_forcing, run_stock
+from specpilot.forcing.forcing import NEAR_TIE
 from specpilot.models.checkpoint import load_checkpoint
 
 PROMPTS = [
@@ -87,3 +88,20 @@ def test_embedded_model_defaults_to_the_shipped_drafter(smol, tmp_path, monkeypa
         engine(ckpt, speculative_algorithm="dflash")
     with pytest.raises(ValueError, match="needs --speculative-draft-model-path"):
         engine(ckpt, speculative_algorithm="pard")
+
+
+def test_embedded_forcing_with_the_shipped_drafter(smol):
+    """The packaged drafter is what `--speculative-algorithm dflash` loads on the embedded model."""
+    ckpt, prompts, stock_engine, stock = smol
+    candidate = engine(ckpt, speculative_algorithm="dflash")
+    assert candidate.drafter.block_size == 16
+    verdict = run_forcing(stock_engine, candidate, prompts, PARAMS, "dflash", stock=stock)
+    print(verdict.as_dict())
+    assert verdict.passed, verdict.as_dict()
+    assert verdict.tau > 1.5  # a trained drafter: random ones stay near 1
+
+
+def test_stock_noise_keeps_the_fp32_tie_floor(smol):
+    """fp32 decode and teacher-forced logits agree far below the tie floor, so it is the floor that counts."""
+    *_, stock = smol
+    assert stock.noise < NEAR_TIE / 10

@@ -24,6 +24,7 @@ from specpilot.drafters.train import (
     STATE_FILE,
     TrainConfig,
     build_target_layer_ids,
+    chained_tau,
     default_mask_token_id,
     draft_hidden,
     export_dflash,
@@ -167,7 +168,7 @@ def test_default_mask_token_id():
 def tiny_run(target_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     prompts = toy_corpus(24)
-    report = train_drafter(tiny_config(out, target_dir), prompts)
+    report = train_drafter(tiny_config(out, target_dir), prompts, toy_corpus(6, seed=1))
     return out, prompts, report
 
 
@@ -177,7 +178,9 @@ def test_tiny_run_learns(tiny_run):
     losses = report["step_losses"]
     assert sum(losses[-6:]) / 6 < sum(losses[:6]) / 6 - 0.3, losses
     first, last = report["epochs"][0], report["epochs"][-1]
-    assert last["accuracy"][0] > first["accuracy"][0] + 0.2 and last["tau_estimate"] > 1.5
+    assert last["accuracy"][0] > first["accuracy"][0] + 0.2 and last["tau_all_anchors"] > 1.5
+    validation = report["validation"]
+    assert len(validation) == 6 and validation[-1]["tau"] > validation[0]["tau"] + 0.1, validation
     data = report["data"]
     assert data["num_sequences"] == 24 and data["generation_tokens_per_s"] > 0 and not data["reused_cache"]
 
@@ -251,6 +254,20 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_run, target_dir, tmp_path, 
     a, b = (torch.load(d / STATE_FILE, weights_only=True) for d in (whole, split))
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert a["step_losses"] == b["step_losses"]
+
+
+def test_chained_tau_steps_like_decoding():
+    # anchor 0 accepts 2 (commits 3), anchor 3 accepts 0, anchor 4 accepts 3 (past the end: stops)
+    assert chained_tau([2, 9, 9, 0, 3, 9]) == (3, 3 + 1 + 4)
+    assert chained_tau([]) == (0, 0)
+
+
+def test_validation_tau_matches_the_engine(tiny_run, target_dir):
+    """The per-epoch validation tau is the tau the engine measures on the same held-out prompts."""
+    out, _, report = tiny_run
+    engine = spec_engine(target_dir, out)
+    engine.generate(toy_corpus(6, seed=1), SamplingParams(max_new_tokens=32))
+    assert report["validation"][-1]["tau"] == pytest.approx(engine.spec_stats.tau, abs=0.05)
 
 
 # ---------------------------------------------------------------- the command line

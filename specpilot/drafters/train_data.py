@@ -24,6 +24,7 @@ from specpilot.engine.engine import Engine
 from specpilot.engine.forward_batch import ForwardBatch
 
 DATA_FILE = "data.pt"
+VALIDATION_FILE = "validation.pt"
 
 
 @dataclass
@@ -43,18 +44,24 @@ class DataStats:
     reused_cache: bool = False
 
 
-def load_training_prompts(tokenizer, datasets: list[str], num_prompts: int) -> list[list[int]]:
+def load_training_prompts(tokenizer, datasets: list[str], num_prompts: int,
+                          num_validation: int = 0) -> tuple[list[list[int]], list[list[int]]]:
     """First user turns of the datasets' train splits (disjoint from the bench splits), interleaved so
-    any prefix is an even mixture, under the target's chat template."""
+    any prefix is an even mixture, under the target's chat template: `num_prompts` for training and the
+    `num_validation` that follow them in each set for validation (the training prompts do not depend on
+    how many validation prompts are asked for)."""
     from specpilot.bench.datasets import apply_chat_template, load_prompts
 
     if tokenizer is None:
         raise ValueError("the target has no tokenizer: pass token-id prompts instead of --datasets")
     per_set = -(-num_prompts // len(datasets))
+    val_per_set = -(-num_validation // len(datasets))
     # seed 0: the data do not depend on the training seed, so seed sweeps see the same sequences
-    sets = [load_prompts(d, per_set, split="train", seed=0) for d in datasets]
+    sets = [load_prompts(d, per_set + val_per_set, split="train", seed=0) for d in datasets]
     mixed = [s[i] for i in range(per_set) for s in sets if i < len(s)]
-    return [apply_chat_template(tokenizer, p) for p in mixed[:num_prompts]]
+    held = [s[i] for i in range(per_set, per_set + val_per_set) for s in sets if i < len(s)]
+    return ([apply_chat_template(tokenizer, p) for p in mixed[:num_prompts]],
+            [apply_chat_template(tokenizer, p) for p in held[:num_validation]])
 
 
 def generate_responses(engine: Engine, prompts: list[list[int]], max_new_tokens: int,
@@ -84,11 +91,11 @@ def prompts_digest(prompts: list[list[int]]) -> str:
 
 
 def load_or_generate(out: Path, meta: dict, engine: Engine, prompts: list[list[int]], max_new_tokens: int,
-                     progress: Progress) -> tuple[list[Sample], DataStats]:
-    """Generated sequences are cached in out/data.pt (flat int32 tokens + lengths) with the settings that
+                     progress: Progress, name: str = DATA_FILE) -> tuple[list[Sample], DataStats]:
+    """Generated sequences are cached in out/`name` (flat int32 tokens + lengths) with the settings that
     made them (`meta`); a rerun with the same settings reuses them instead of regenerating, different
     settings are refused."""
-    path = out / DATA_FILE
+    path = out / name
     if path.is_file():
         data = torch.load(path, weights_only=True)
         if data["meta"] != meta:

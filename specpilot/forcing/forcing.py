@@ -8,7 +8,10 @@
    is what gets committed. Once a decided token differs, the rest of that step is dropped (its target
    K/V came from the wrong token), so the candidate always continues from stock's exact context.
 3. Greedy verdict: positions checked, mismatches where stock's margin is not a near-tie (must be 0),
-   the first divergence. T>0 verdict: at each committed position, the total-variation distance between
+   the first divergence. A near-tie is a margin below the dtype's floor or below twice stock's own
+   reordering noise: the largest difference between stock's decode logits and its teacher-forced logits
+   for the same position (its top tokens), since a third evaluation (the candidate's) may move each of
+   the two top logits by that much. T>0 verdict: at each committed position, the total-variation distance between
    the distribution the candidate's own target pass gave (the one its verifier sampled from) and stock's.
 """
 
@@ -26,6 +29,7 @@ from specpilot.engine.sampling import target_probs
 
 NEAR_TIE = 1e-3  # fp32 logit margin under which float reordering may flip the argmax (fp32 CPU)
 NEAR_TIE_BF16 = 0.1  # bf16 logits are much coarser
+NOISE_TOP_K = 8  # decode-logit entries per position compared with the teacher-forced pass
 TV_TOLERANCE = 5e-3
 
 
@@ -49,6 +53,7 @@ class ForcingVerdict:
     first_divergence: Divergence | None = None
     max_tv_distance: float = 0.0
     tie_epsilon: float = NEAR_TIE
+    stock_noise: float = 0.0  # max |decode - teacher-forced| logit of stock's top tokens
     tau: float = 0.0
 
     @property
@@ -70,6 +75,18 @@ class StockRun:
     tokens: list[list[int]]
     margins: list[list[float]]  # greedy: top-1 minus top-2 logit at each output position
     probs: list[torch.Tensor | None] = field(default_factory=list)  # T>0: [n, V] target distributions
+    noise: float = 0.0  # greedy: max |decode - teacher-forced| over each position's top decode logits
+
+
+class DecodeLogitRecorder:
+    """Installed as the stock engine's `forcing` hook: keeps each decided position's top decode logits."""
+
+    def __init__(self) -> None:
+        self.top: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def observe(self, req: Request, tokens: list[int], rows: torch.Tensor) -> list[int]:
+        self.top.setdefault(req.rid, []).extend(zip(*torch.topk(rows[: len(tokens)].float(), NOISE_TOP_K, dim=-1)))
+        return tokens
 
 
 class ForcingObserver:
@@ -121,19 +138,26 @@ def teacher_forced_logits(engine: Engine, prompt: list[int], output: list[int]) 
 
 
 def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> StockRun:
-    reqs = engine.generate(prompts, params)
+    recorder = DecodeLogitRecorder()
+    engine.forcing = recorder
+    try:
+        reqs = engine.generate(prompts, params)
+    finally:
+        engine.forcing = None
     tokens = [r.output_ids for r in reqs]
-    margins, probs = [], []
-    for prompt, out in zip(prompts, tokens):
+    margins, probs, noise = [], [], 0.0
+    for req, prompt, out in zip(reqs, prompts, tokens):
         logits = teacher_forced_logits(engine, prompt, out)
         if params.greedy:
             top2 = torch.topk(logits, 2, dim=-1).values
             margins.append((top2[:, 0] - top2[:, 1]).tolist())
             probs.append(None)
+            for pos, (values, ids) in enumerate(recorder.top.get(req.rid, [])):
+                noise = max(noise, float((values - logits[pos, ids].float()).abs().max()))
         else:
             margins.append([])
             probs.append(target_probs(logits, params).cpu())
-    return StockRun(tokens, margins, probs)
+    return StockRun(tokens, margins, probs, noise)
 
 
 def run_forcing(stock_engine: Engine, candidate: Engine, prompts: list[list[int]], params: SamplingParams,
@@ -142,11 +166,13 @@ def run_forcing(stock_engine: Engine, candidate: Engine, prompts: list[list[int]
     of the same prompts and params may be passed in to check several candidates against one stock run."""
     if stock_engine.drafter is not None:
         raise ValueError("the stock engine must decode autoregressively (no drafter)")
-    if tie_epsilon is None:
-        tie_epsilon = NEAR_TIE if stock_engine.dtype == torch.float32 else NEAR_TIE_BF16
     if stock is None:
         stock = run_stock(stock_engine, prompts, params)
-    verdict = ForcingVerdict(algorithm, params.greedy, len(prompts), tie_epsilon=tie_epsilon)
+    if tie_epsilon is None:
+        floor = NEAR_TIE if stock_engine.dtype == torch.float32 else NEAR_TIE_BF16
+        tie_epsilon = max(floor, 2 * stock.noise)
+    verdict = ForcingVerdict(algorithm, params.greedy, len(prompts), tie_epsilon=tie_epsilon,
+                             stock_noise=stock.noise)
     reqs = [candidate.add_request(p, params) for p in prompts]
     observer = ForcingObserver(stock, {r.rid: i for i, r in enumerate(reqs)}, verdict)
     candidate.forcing = observer
