@@ -371,11 +371,10 @@ def cosine_with_warmup(total_steps: int, warmup_steps: int):
 
 @contextmanager
 def _deterministic():
-    """Deterministic kernels for the training steps (on CUDA, index_put's accumulate and attention's
-    backward otherwise add in arbitrary order); warn-only, so an op without a deterministic variant
-    cannot stop a run."""
+    """Deterministic kernels for the training steps: on CUDA, attention's backward (cuDNN) otherwise adds
+    in arbitrary order, and it switches only in strict mode (warn-only mode keeps the fast, unordered one)."""
     was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.use_deterministic_algorithms(True)
     try:
         yield
     finally:
