@@ -27,9 +27,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--speculative-algorithm", default=None, type=str.lower, choices=["none", *ALGORITHMS],
                    help="drafter; default none (plain AR decoding)")
     s.add_argument("--speculative-draft-model-path", default=None,
-                   help="DFlash checkpoint directory or PARD model directory")
+                   help="DFlash checkpoint directory or PARD model directory; DFlash on the embedded model: "
+                        "the shipped drafter")
     s.add_argument("--speculative-num-draft-tokens", type=_at_least_two, default=None,
-                   help="tokens per verify pass (block size: newest token + drafts); default from the drafter")
+                   help="tokens per verify pass (block size: newest token + drafts); default from the drafter "
+                        "(DFlash on CPU: at most 4)")
 
 
 def _sampling_args(p: argparse.ArgumentParser, with_length: bool = True) -> None:

@@ -6,6 +6,7 @@ import pytest
 from spec_fixtures import OracleDrafter, write_random_dflash, write_random_pard
 
 from specpilot.config import SamplingParams
+from specpilot.drafters import DFLASH_CPU_BLOCK
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.forcing import run_forcing, run_stock
 from specpilot.forcing.forcing import NEAR_TIE
@@ -82,7 +83,8 @@ def test_embedded_model_defaults_to_the_shipped_drafter(smol, tmp_path, monkeypa
                                   head_dim=cfg.head_dim, intermediate=256, block_size=5)
     monkeypatch.setattr(drafters, "EMBEDDED_DRAFTER", shipped)
     eng = engine(ckpt, speculative_algorithm="dflash")
-    assert eng.drafter.block_size == 5 and eng.drafter.name == "dflash"
+    assert eng.drafter.name == "dflash" and eng.drafter.block_size == DFLASH_CPU_BLOCK  # CPU: at most 4
+    assert engine(ckpt, speculative_algorithm="dflash", speculative_num_draft_tokens=5).drafter.block_size == 5
     monkeypatch.setattr(drafters, "EMBEDDED_DRAFTER", tmp_path / "missing")
     with pytest.raises(ValueError, match="drafter is missing from the package"):
         engine(ckpt, speculative_algorithm="dflash")
@@ -93,8 +95,7 @@ def test_embedded_model_defaults_to_the_shipped_drafter(smol, tmp_path, monkeypa
 def test_embedded_forcing_with_the_shipped_drafter(smol):
     """The packaged drafter is what `--speculative-algorithm dflash` loads on the embedded model."""
     ckpt, prompts, stock_engine, stock = smol
-    candidate = engine(ckpt, speculative_algorithm="dflash")
-    assert candidate.drafter.block_size == 16
+    candidate = engine(ckpt, speculative_algorithm="dflash", speculative_num_draft_tokens=16)
     verdict = run_forcing(stock_engine, candidate, prompts, PARAMS, "dflash", stock=stock)
     print(verdict.as_dict())
     assert verdict.passed, verdict.as_dict()

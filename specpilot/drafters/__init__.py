@@ -12,6 +12,10 @@ if TYPE_CHECKING:
 
 ALGORITHMS = ("dflash", "pard", "ngram")
 DEFAULT_BLOCK = {"pard": 9, "ngram": 8}
+# DFlash's default block is the checkpoint's, except on CPU where a verify pass of many tokens costs
+# about two decode steps: the shipped drafter is fastest at 4 there (1.25x over AR; 0.98x at 8, 0.84x
+# at 16; docs/RESULTS.md).
+DFLASH_CPU_BLOCK = 4
 # The DFlash drafter trained for the embedded SmolLM2-135M-Instruct (`specpilot train-drafter`, README),
 # shipped with the package: --speculative-algorithm dflash on the embedded model needs no draft path.
 EMBEDDED_DRAFTER = Path(__file__).parent / "assets" / "smollm2-135m-dflash"
@@ -50,14 +54,16 @@ def build_drafter(config: EngineConfig, engine: Engine) -> Drafter:
         return NgramDrafter(block or DEFAULT_BLOCK["ngram"])
     path = default_draft_model_path(config, engine, alg)
     if alg == "dflash":
-        from specpilot.drafters.dflash import DFlashDrafter
+        from specpilot.drafters.dflash import DFlashDrafter, read_dflash_config
 
-        return DFlashDrafter.from_pretrained(path, engine.model, config.max_running_requests, engine.context_length, engine.device,
-                             engine.dtype, block_size=block)
+        if block is None and engine.device.type == "cpu":
+            block = min(DFLASH_CPU_BLOCK, read_dflash_config(Path(path)).block_size)
+        return DFlashDrafter.from_pretrained(path, engine.model, config.max_running_requests, engine.context_length,
+                                             engine.device, engine.dtype, block_size=block)
     from specpilot.drafters.pard import PardDrafter
 
     return PardDrafter(path, engine.checkpoint.config, config.max_running_requests, engine.context_length,
                        engine.device, engine.dtype, block_size=block or DEFAULT_BLOCK["pard"])
 
 
-__all__ = ["ALGORITHMS", "EMBEDDED_DRAFTER", "Draft", "Drafter", "build_drafter", "default_draft_model_path"]
+__all__ = ["ALGORITHMS", "DFLASH_CPU_BLOCK", "EMBEDDED_DRAFTER", "Draft", "Drafter", "build_drafter", "default_draft_model_path"]
