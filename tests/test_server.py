@@ -58,6 +58,7 @@ def test_health_and_info_endpoints(http, server):
     info = http.get("/get_server_info").json()
     assert info.keys() == http.get("/server_info").json().keys()
     assert info["speculative_algorithm"] == "ngram" and info["max_running_requests"] == 4
+    assert info["speculative_num_draft_tokens"] == 4 and info["speculative_draft_model_path"] is None
     assert info["max_queued_requests"] == 16  # 4 x max_running_requests by default
     state = info["internal_states"][0]
     assert {"avg_spec_accept_length", "last_gen_throughput"} <= set(state)

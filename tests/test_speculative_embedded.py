@@ -84,6 +84,9 @@ def test_embedded_model_defaults_to_the_shipped_drafter(smol, tmp_path, monkeypa
     monkeypatch.setattr(drafters, "EMBEDDED_DRAFTER", shipped)
     eng = engine(ckpt, speculative_algorithm="dflash")
     assert eng.drafter.name == "dflash" and eng.drafter.block_size == DFLASH_CPU_BLOCK  # CPU: at most 4
+    # the settings in effect, as /get_server_info reports them
+    assert eng.config.speculative_draft_model_path == str(shipped)
+    assert eng.config.speculative_num_draft_tokens == DFLASH_CPU_BLOCK
     assert engine(ckpt, speculative_algorithm="dflash", speculative_num_draft_tokens=5).drafter.block_size == 5
     monkeypatch.setattr(drafters, "EMBEDDED_DRAFTER", tmp_path / "missing")
     with pytest.raises(ValueError, match="drafter is missing from the package"):

@@ -58,12 +58,15 @@ def build_drafter(config: EngineConfig, engine: Engine) -> Drafter:
 
         if block is None and engine.device.type == "cpu":
             block = min(DFLASH_CPU_BLOCK, read_dflash_config(Path(path)).block_size)
-        return DFlashDrafter.from_pretrained(path, engine.model, config.max_running_requests, engine.context_length,
-                                             engine.device, engine.dtype, block_size=block)
-    from specpilot.drafters.pard import PardDrafter
+        drafter = DFlashDrafter.from_pretrained(path, engine.model, config.max_running_requests,
+                                                engine.context_length, engine.device, engine.dtype, block_size=block)
+    else:
+        from specpilot.drafters.pard import PardDrafter
 
-    return PardDrafter(path, engine.checkpoint.config, config.max_running_requests, engine.context_length,
-                       engine.device, engine.dtype, block_size=block or DEFAULT_BLOCK["pard"])
+        drafter = PardDrafter(path, engine.checkpoint.config, config.max_running_requests, engine.context_length,
+                              engine.device, engine.dtype, block_size=block or DEFAULT_BLOCK["pard"])
+    drafter.source = path
+    return drafter
 
 
 __all__ = ["ALGORITHMS", "DFLASH_CPU_BLOCK", "EMBEDDED_DRAFTER", "Draft", "Drafter", "build_drafter", "default_draft_model_path"]

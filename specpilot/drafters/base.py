@@ -32,6 +32,7 @@ class Drafter(ABC):
 
     name: str = "drafter"
     tap_layers: tuple[int, ...] = ()  # target layers whose outputs the drafter consumes
+    source: str | None = None  # the checkpoint directory it was loaded from, if any
 
     def __init__(self, block_size: int) -> None:
         if block_size < 2:

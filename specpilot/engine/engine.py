@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -98,6 +98,9 @@ class Engine:
             from specpilot.drafters import build_drafter as drafter_factory
         if drafter_factory is not None:
             self.drafter = drafter_factory(config, self)
+            # the settings in effect (/get_server_info reports them): defaults resolved by the drafter
+            self.config = replace(config, speculative_num_draft_tokens=self.drafter.block_size,
+                                  speculative_draft_model_path=self.drafter.source)
         # A verify pass near the end of the context writes up to block_size - 1 positions past it.
         slot_len = self.context_length + (self.drafter.block_size if self.drafter else 0)
         self.model.setup_rope(slot_len)
