@@ -141,6 +141,7 @@ def _train_drafter_args(p: argparse.ArgumentParser) -> None:
     add(g, "--gen-batch-size", "requests the target generates concurrently", type=_positive_int)
     d = p.add_argument_group("drafter")
     add(d, "--num-layers", "draft layers", type=_positive_int)
+    add(d, "--intermediate-size", "MLP width of the draft layers; default: the target's", type=_positive_int)
     add(d, "--block-size", "B: the anchor token + B-1 mask slots", type=_at_least_two)
     add(d, "--num-taps", "target layers tapped, spread from layer 1 to L-3", type=_positive_int)
     add(d, "--target-layer-ids", "explicit tapped layers (overrides --num-taps)", nargs="+", type=_nonneg_int)

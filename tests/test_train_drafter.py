@@ -32,6 +32,7 @@ from specpilot.drafters.train import (
     lm_head_loss,
     train_drafter,
 )
+from specpilot.drafters.train_data import load_training_prompts
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.engine.request import Request
 from specpilot.forcing import run_forcing
@@ -256,6 +257,14 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_run, target_dir, tmp_path, 
     assert a["step_losses"] == b["step_losses"]
 
 
+def test_validation_prompts_follow_the_training_prompts(tiny_dir):
+    tokenizer = load_checkpoint(tiny_dir).tokenizer
+    alone, none = load_training_prompts(tokenizer, ["math", "code"], 10)
+    train, held_out = load_training_prompts(tokenizer, ["math", "code"], 10, 4)
+    assert train == alone and none == [] and len(held_out) == 4
+    assert not {tuple(p) for p in held_out} & {tuple(p) for p in train}
+
+
 def test_chained_tau_steps_like_decoding():
     # anchor 0 accepts 2 (commits 3), anchor 3 accepts 0, anchor 4 accepts 3 (past the end: stops)
     assert chained_tau([2, 9, 9, 0, 3, 9]) == (3, 3 + 1 + 4)
@@ -276,13 +285,16 @@ def test_validation_tau_matches_the_engine(tiny_run, target_dir):
 def test_cli_trains_on_dataset_prompts(tiny_dir, tmp_path, capsys):
     out = tmp_path / "drafter"
     assert main(["train-drafter", "--target", str(tiny_dir), "--out", str(out), "--datasets", "math",
-                 "--num-prompts", "4", "--max-new-tokens", "6", "--num-layers", "1", "--block-size", "3",
-                 "--target-layer-ids", "0", "1", "--epochs", "1", "--batch-size", "2", "--device", "cpu"]) == 0
-    assert "done" in capsys.readouterr().out
+                 "--num-prompts", "4", "--validation-prompts", "2", "--max-new-tokens", "6", "--num-layers", "2",
+                 "--intermediate-size", "48", "--block-size", "3", "--target-layer-ids", "0", "1", "--epochs", "1",
+                 "--batch-size", "2", "--device", "cpu"]) == 0
+    assert "validation tau" in capsys.readouterr().out
     report = json.loads((out / "training.json").read_text())
-    assert report["data"]["num_sequences"] == 4 and report["steps"] == 2
+    assert report["data"]["num_sequences"] == 4 and report["steps"] == 2 and len(report["validation"]) == 1
     assert report["args"]["datasets"] == ["math"] and report["draft"]["target_layer_ids"] == [0, 1]
-    assert read_dflash_config(out).block_size == 3
+    dcfg = read_dflash_config(out)
+    assert dcfg.block_size == 3 and dcfg.layers.num_layers == 2 and dcfg.layers.intermediate_size == 48
+    assert load_file(str(out / "model.safetensors"))["layers.1.mlp.gate_proj.weight"].shape[0] == 48
 
 
 @pytest.mark.parametrize("argv,message", [

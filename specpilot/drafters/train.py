@@ -80,6 +80,7 @@ class TrainConfig:
     max_new_tokens: int = 512
     max_seq_len: int = 3072
     num_layers: int = 5
+    intermediate_size: int | None = None  # the draft layers' MLP width; default: the target's
     block_size: int = 16
     num_taps: int = 5
     target_layer_ids: list[int] | None = None  # default: spread evenly (build_target_layer_ids)
@@ -150,11 +151,12 @@ def default_mask_token_id(tokenizer, vocab_size: int) -> int:
 
 
 def draft_config(target: ModelConfig, num_layers: int, target_layer_ids: list[int], mask_token_id: int,
-                 block_size: int) -> DFlashConfig:
-    """Qwen3-style layers at the target's width, with the target's head layout and RoPE."""
+                 block_size: int, intermediate_size: int | None = None) -> DFlashConfig:
+    """Qwen3-style layers at the target's width, with the target's head layout and RoPE; the MLP as wide
+    as the target's unless `intermediate_size` (narrower layers buy depth within a size budget)."""
     layers = ModelConfig(
         architecture="qwen3", vocab_size=target.vocab_size, hidden_size=target.hidden_size,
-        intermediate_size=target.intermediate_size, num_layers=num_layers, num_heads=target.num_heads,
+        intermediate_size=intermediate_size or target.intermediate_size, num_layers=num_layers, num_heads=target.num_heads,
         num_kv_heads=target.num_kv_heads, head_dim=target.head_dim, rms_norm_eps=target.rms_norm_eps,
         rope_theta=target.rope_theta, rope_scaling=target.rope_scaling,
         max_position_embeddings=target.max_position_embeddings, qk_norm=True,
@@ -599,7 +601,7 @@ def train_drafter(cfg: TrainConfig, prompts: list[list[int]] | None = None,
     taps = cfg.target_layer_ids or build_target_layer_ids(tcfg.num_layers, cfg.num_taps)
     mask = cfg.mask_token_id if cfg.mask_token_id is not None else default_mask_token_id(engine.tokenizer,
                                                                                           tcfg.vocab_size)
-    dcfg = draft_config(tcfg, cfg.num_layers, taps, mask, cfg.block_size)
+    dcfg = draft_config(tcfg, cfg.num_layers, taps, mask, cfg.block_size, cfg.intermediate_size)
     _check_draft(dcfg, tcfg)
     if prompts is None:
         prompts, validation_prompts = load_training_prompts(engine.tokenizer, list(cfg.datasets), cfg.num_prompts,
