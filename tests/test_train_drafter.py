@@ -257,8 +257,15 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_run, target_dir, tmp_path, 
     assert a["step_losses"] == b["step_losses"]
 
 
-def test_validation_prompts_follow_the_training_prompts(tiny_dir):
-    tokenizer = load_checkpoint(tiny_dir).tokenizer
+class _BytesTokenizer:
+    """Encodes text as its UTF-8 bytes, so distinct prompts stay distinct (no chat template)."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+
+def test_validation_prompts_follow_the_training_prompts():
+    tokenizer = _BytesTokenizer()
     alone, none = load_training_prompts(tokenizer, ["math", "code"], 10)
     train, held_out = load_training_prompts(tokenizer, ["math", "code"], 10, 4)
     assert train == alone and none == [] and len(held_out) == 4
