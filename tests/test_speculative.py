@@ -204,3 +204,12 @@ def test_min_new_tokens_holds_inside_a_verify_block(tiny):
         got = spec.generate([prompt], params)[0].output_ids
         assert got == want and len(got) >= 7
         assert stop not in got[:6]
+
+
+def test_warm_up_leaves_no_trace(tiny):
+    ckpt, _ = tiny
+    eng = engine_for(ckpt, "ngram")
+    eng.warm_up()
+    assert not eng.has_work and eng.cache.num_free == 8 and eng.spec_stats.steps == 0
+    [req] = eng.generate([[5, 6, 7, 5, 6, 7]], SamplingParams(max_new_tokens=12))
+    assert eng.spec_stats.committed == len(req.output_ids) - 1 == 11  # the first token comes from prefill

@@ -12,7 +12,6 @@ from specpilot.bench.datasets import apply_chat_template, load_prompts
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine
 from specpilot.engine.request import Request
-from specpilot.engine.spec_stats import SpecStats
 
 
 @dataclass
@@ -61,12 +60,11 @@ def bench_dataset(engine: Engine, dataset: str, num_prompts: int, params: Sampli
     if engine.tokenizer is None:
         raise ValueError("bench needs a model with a tokenizer")
     prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts(dataset, num_prompts)]
-    engine.generate(prompts[:1], SamplingParams(max_new_tokens=8))  # warm-up
+    engine.warm_up()
     with engine.autoregressive():
         ar = _run(engine, prompts, params, batch_size, progress, f"{dataset} AR")
     result = DatasetResult(dataset, len(prompts), ar)
-    if engine.drafter is not None:
-        engine.spec_stats = SpecStats(block_size=engine.drafter.block_size)
+    if engine.drafter is not None:  # warm_up left the statistics empty and AR records none
         result.spec = _run(engine, prompts, params, batch_size, progress, f"{dataset} {engine.drafter.name}")
         result.spec_stats = engine.spec_stats.as_dict()
     return result

@@ -283,6 +283,13 @@ class Engine:
             self.step()
         return reqs
 
+    def warm_up(self) -> None:
+        """One short generation, so the first real request does not pay for kernel compilation and lazy
+        allocations (on CUDA the first prefill took over a second); it leaves the statistics empty."""
+        block = self.drafter.block_size if self.drafter else 1
+        self.generate([list(range(16))], SamplingParams(max_new_tokens=2 * block + 2, ignore_eos=True))
+        self.spec_stats = SpecStats(block_size=self.drafter.block_size if self.drafter else 0)
+
     def output_text(self, req: Request) -> str:
         return self.stops.output_text(req)
 

@@ -30,6 +30,7 @@ class _Server(uvicorn.Server):
 def serve(engine_config: EngineConfig, args: ServerArgs) -> int:
     """Blocks until the server stops; returns the process exit code."""
     engine = Engine.from_config(engine_config)
+    engine.warm_up()
     app = create_app(engine, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # uvicorn's own grace is a backstop: the scheduler ends every request within shutdown_grace_period
