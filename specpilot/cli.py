@@ -32,6 +32,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--speculative-num-draft-tokens", type=_at_least_two, default=None,
                    help="tokens per verify pass (block size: newest token + drafts); default from the drafter "
                         "(DFlash on CPU: at most 4)")
+    s.add_argument("--speculative-ngram-assist", type=_nonneg_int, default=0, metavar="N",
+                   help="dflash/pard: where the context's last N+ tokens occurred before, draft what followed them "
+                        "(prompt lookup) instead of the model's block; 0: off (default)")
 
 
 def _sampling_args(p: argparse.ArgumentParser, with_length: bool = True) -> None:
@@ -272,7 +275,8 @@ def engine_config_from_args(args: argparse.Namespace):
                         context_length=args.context_length, max_running_requests=args.max_running_requests,
                         cuda_graphs=not args.disable_cuda_graph, speculative_algorithm=algorithm,
                         speculative_draft_model_path=args.speculative_draft_model_path,
-                        speculative_num_draft_tokens=args.speculative_num_draft_tokens)
+                        speculative_num_draft_tokens=args.speculative_num_draft_tokens,
+                        speculative_ngram_assist=args.speculative_ngram_assist)
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:

@@ -40,17 +40,18 @@ def tiny(tmp_path_factory):
     return ckpt, {"dflash": dflash, "pard": pard}
 
 
-def engine_for(ckpt, algorithm=None, path=None, block=None, slots=8) -> Engine:
+def engine_for(ckpt, algorithm=None, path=None, block=None, slots=8, assist=0) -> Engine:
     return Engine(ckpt, EngineConfig(device="cpu", max_running_requests=slots, context_length=256,
                                      speculative_algorithm=algorithm, speculative_draft_model_path=path,
-                                     speculative_num_draft_tokens=block))
+                                     speculative_num_draft_tokens=block, speculative_ngram_assist=assist))
 
 
-@pytest.mark.parametrize("algorithm,block", [("ngram", 4), ("dflash", None), ("pard", 5)])
-def test_forcing_passes_batched_mixed_lengths(tiny, algorithm, block):
+@pytest.mark.parametrize("algorithm,block,assist", [("ngram", 4, 0), ("dflash", None, 0), ("pard", 5, 0),
+                                                    ("dflash", None, 1), ("pard", 5, 2)])
+def test_forcing_passes_batched_mixed_lengths(tiny, algorithm, block, assist):
     ckpt, paths = tiny
     stock = engine_for(ckpt)
-    cand = engine_for(ckpt, algorithm, paths.get(algorithm), block)
+    cand = engine_for(ckpt, algorithm, paths.get(algorithm), block, assist=assist)
     prompts = mixed_prompts(ckpt.config.vocab_size, 8)
     verdict = run_forcing(stock, cand, prompts, GREEDY, algorithm)
     assert verdict.passed, verdict.as_dict()
@@ -189,6 +190,26 @@ def test_bad_speculative_config(tiny):
         engine_for(ckpt, "dflash")
     with pytest.raises(ValueError, match="DFlashDraftModel|pard_token"):
         engine_for(ckpt, "dflash", paths["pard"])
+    with pytest.raises(ValueError, match="--speculative-ngram-assist assists a model drafter"):
+        engine_for(ckpt, "ngram", assist=2)
+    with pytest.raises(ValueError, match="--speculative-ngram-assist must be between 1 and 4"):
+        engine_for(ckpt, "dflash", paths["dflash"], assist=5)
+
+
+def test_ngram_assist_replaces_only_repeating_rows(tiny):
+    """Rows whose context ends in a repeated 2-gram get the lookup's continuation; the others keep the
+    model drafter's block, and the model drafter keeps following every request."""
+    ckpt, paths = tiny
+    eng = engine_for(ckpt, "dflash", paths["dflash"], block=5, assist=2)
+    assert eng.drafter.name == "dflash+ngram" and eng.config.speculative_draft_model_path == str(paths["dflash"])
+    repeating = eng.add_request([9, 5, 6, 7, 8, 5], GREEDY)  # + 6: "5 6" occurred before, followed by 7 8 5 6
+    fresh = eng.add_request([10, 11, 12, 13], GREEDY)
+    eng.step()  # prefill: one token each
+    for req in (repeating, fresh):
+        req.output_ids[-1:] = [6] if req is repeating else [14]  # pin the newest token
+    model_rows = eng.drafter.model.propose([repeating, fresh]).tokens.tolist()
+    rows = eng.drafter.propose([repeating, fresh]).tokens.tolist()
+    assert rows[0] == [7, 8, 5, 6] and rows[1] == model_rows[1]
 
 
 def test_min_new_tokens_holds_inside_a_verify_block(tiny):

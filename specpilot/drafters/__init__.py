@@ -49,9 +49,20 @@ def build_drafter(config: EngineConfig, engine: Engine) -> Drafter:
         raise ValueError(f"--speculative-algorithm must be one of {', '.join(ALGORITHMS)}, got {alg!r}")
     block = config.speculative_num_draft_tokens
     if alg == "ngram":
+        if config.speculative_ngram_assist:
+            raise ValueError("--speculative-ngram-assist assists a model drafter (dflash or pard), not ngram")
         from specpilot.drafters.ngram import NgramDrafter
 
         return NgramDrafter(block or DEFAULT_BLOCK["ngram"])
+    drafter = _model_drafter(config, engine, alg, block)
+    if config.speculative_ngram_assist:
+        from specpilot.drafters.ngram_assist import NgramAssistedDrafter
+
+        return NgramAssistedDrafter(drafter, config.speculative_ngram_assist)
+    return drafter
+
+
+def _model_drafter(config: EngineConfig, engine: Engine, alg: str, block: int | None) -> Drafter:
     path = default_draft_model_path(config, engine, alg)
     if alg == "dflash":
         from specpilot.drafters.dflash import DFlashDrafter, read_dflash_config
@@ -65,7 +76,7 @@ def build_drafter(config: EngineConfig, engine: Engine) -> Drafter:
 
         drafter = PardDrafter(path, engine.checkpoint.config, config.max_running_requests, engine.context_length,
                               engine.device, engine.dtype, block_size=block or DEFAULT_BLOCK["pard"])
-    drafter.source = path
+    drafter.source = str(path)
     return drafter
 
 

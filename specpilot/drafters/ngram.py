@@ -30,6 +30,11 @@ class NgramIndex:
     def lookup(self, k: int) -> list[int]:
         """Longest n-gram first; among its matches the latest one. Always k tokens (stock verifies a full
         block): a short continuation is padded by repeating its last token."""
+        return self.match(k)[0]
+
+    def match(self, k: int) -> tuple[list[int], int]:
+        """`lookup`'s k tokens and the length of the n-gram they continue (0: no match, the last token
+        repeated)."""
         ids = self.ids
         for n, table in self.latest.items():
             if n >= len(ids):
@@ -37,8 +42,8 @@ class NgramIndex:
             start = table.get(tuple(ids[-n:]))
             if start is not None:
                 cont = ids[start + n : start + n + k]
-                return cont + [cont[-1]] * (k - len(cont))
-        return [ids[-1]] * k
+                return cont + [cont[-1]] * (k - len(cont)), n
+        return [ids[-1]] * k, 0
 
 
 class NgramDrafter(Drafter):
@@ -52,9 +57,9 @@ class NgramDrafter(Drafter):
         self.indexes: dict[str, NgramIndex] = {}
 
     def propose(self, reqs: list[Request]) -> Draft:
-        return Draft(torch.tensor([self._synced(r).lookup(self.num_proposals) for r in reqs], dtype=torch.int64))
+        return Draft(torch.tensor([self.synced(r).lookup(self.num_proposals) for r in reqs], dtype=torch.int64))
 
-    def _synced(self, req: Request) -> NgramIndex:
+    def synced(self, req: Request) -> NgramIndex:
         """The request's index, brought up to its committed tokens (committed tokens never change)."""
         index = self.indexes.get(req.rid)
         if index is None:

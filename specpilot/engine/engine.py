@@ -38,6 +38,7 @@ class EngineConfig:
     speculative_algorithm: str | None = None  # None | dflash | pard | ngram
     speculative_draft_model_path: str | None = None
     speculative_num_draft_tokens: int | None = None  # tokens per verify pass (block size); default from the drafter
+    speculative_ngram_assist: int = 0  # dflash/pard: prompt lookup's block where an n-gram this long repeats (0: off)
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

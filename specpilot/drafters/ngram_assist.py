@@ -1,0 +1,58 @@
+"""A model drafter whose block is replaced by prompt lookup where the context repeats itself.
+
+Greedy output of small targets falls into repeated stretches (loops, echoed identifiers, restated
+text) that a parallel drafter rarely continues past a few slots, while an n-gram lookup copies them
+whole. Per request and step: if the context's last n tokens (n >= `min_match`) occurred before, the
+tokens that followed them are the draft; otherwise the model drafter's block is. Verification is
+unchanged, so the output is the target's own either way. The model drafter still sees every step
+(its context cache must follow the committed tokens), so the lookup only adds host work: O(max n)
+per request.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpilot.drafters.base import Draft, Drafter
+from specpilot.drafters.ngram import NgramDrafter
+from specpilot.engine.request import Request
+
+
+class NgramAssistedDrafter(Drafter):
+    def __init__(self, model: Drafter, min_match: int, max_ngram: int = 4) -> None:
+        if not 1 <= min_match <= max_ngram:
+            raise ValueError(f"--speculative-ngram-assist must be between 1 and {max_ngram}, got {min_match}")
+        super().__init__(model.block_size)
+        self.model, self.min_match = model, min_match
+        self.lookup = NgramDrafter(model.block_size, max_ngram=max_ngram, min_ngram=min_match)
+        self.name = f"{model.name}+ngram"
+        self.tap_layers, self.source = model.tap_layers, model.source
+
+    def start(self, reqs: list[Request], prompt_taps: list[torch.Tensor | None]) -> None:
+        self.model.start(reqs, prompt_taps)
+
+    def propose(self, reqs: list[Request]) -> Draft:
+        draft = self.model.propose(reqs)
+        rows, found = [], []
+        for req in reqs:
+            tokens, n = self.lookup.synced(req).match(self.num_proposals)
+            rows.append(tokens)
+            found.append(n >= self.min_match)
+        if not any(found):
+            return draft
+        device = draft.tokens.device
+        use = torch.tensor(found, device=device)[:, None]
+        tokens = torch.where(use, torch.tensor(rows, dtype=draft.tokens.dtype, device=device), draft.tokens)
+        confidences = None if draft.confidences is None else torch.where(use, 1.0, draft.confidences)
+        return Draft(tokens, confidences)
+
+    def commit(self, reqs: list[Request], committed: list[int], verify_taps: list[torch.Tensor | None]) -> None:
+        self.model.commit(reqs, committed, verify_taps)
+
+    def release(self, req: Request) -> None:
+        self.model.release(req)
+        self.lookup.release(req)
+
+    def capture(self, batch_sizes: tuple[int, ...]) -> None:
+        if hasattr(self.model, "capture"):
+            self.model.capture(batch_sizes)
