@@ -1,6 +1,7 @@
-"""Three τ figures for one DFlash drafter on the same greedy sequences of the embedded model:
-the engine's, the chained estimate the trainer validates with, and the all-anchor figure training batches
-used to report. Shows (docs/RESULTS.md) why the all-anchor figure overstates τ on repetitive text.
+"""τ figures for one DFlash drafter on the same greedy sequences of the embedded model: the engine's,
+the chained estimate the trainer validates with, the all-anchor figure training batches used to report
+(docs/RESULTS.md: it overstates τ on repetitive text), and the chained τ with --speculative-ngram-assist N
+(the drafter's block replaced by prompt lookup where the context's last N+ tokens repeat).
 
     python scripts/tau_by_anchoring.py DRAFTER_DIR --dataset humaneval --num-prompts 4 --max-new-tokens 128
 """
@@ -15,6 +16,7 @@ import torch
 from specpilot.bench.datasets import BENCH_DATASETS, TRAIN_DATASETS, apply_chat_template, load_prompts
 from specpilot.config import SamplingParams
 from specpilot.drafters.dflash import load_dflash_model, read_dflash_config
+from specpilot.drafters.ngram import NgramIndex
 from specpilot.drafters.train import ValidationStats, block_targets, draft_hidden
 from specpilot.drafters.train_data import Sample, make_batch, pad_features, tap_features
 from specpilot.engine.engine import Engine, EngineConfig
@@ -28,6 +30,7 @@ def main() -> None:
     p.add_argument("--split", default="bench", choices=["bench", "train"])
     p.add_argument("--num-prompts", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--ngram-assist", type=int, default=2, help="N of --speculative-ngram-assist")
     args = p.parse_args()
     cpu = torch.device("cpu")
     cfg = read_dflash_config(args.drafter)
@@ -48,11 +51,32 @@ def main() -> None:
                               cfg.block_size)
         pred = engine.model.logits(hidden[:, :, 1:].reshape(-1, hidden.shape[-1])).argmax(-1).view(targets.shape)
     correct = (pred == targets) & ok
-    stats = ValidationStats()
+    stats, assisted = ValidationStats(), ValidationStats()
     stats.add(correct, ok, batch.anchor_valid)
+    assisted.add(ngram_assisted(correct, targets, ok, batch.tokens, batch.anchors, samples, args.ngram_assist),
+                 ok, batch.anchor_valid)
     all_anchors = 1 + correct.long().cumprod(-1).sum(-1)[batch.anchor_valid].float().mean().item()
     print(f"engine tau {engine.spec_stats.tau:.2f} | chained tau {stats.summary()['tau']:.2f} | "
-          f"all-anchor tau {all_anchors:.2f} | slot-1 accuracy {stats.summary()['accuracy'][0]:.2f}")
+          f"all-anchor tau {all_anchors:.2f} | slot-1 accuracy {stats.summary()['accuracy'][0]:.2f} | "
+          f"chained tau with n-gram assist {args.ngram_assist}: {assisted.summary()['tau']:.2f}")
+
+
+def ngram_assisted(correct: torch.Tensor, targets: torch.Tensor, ok: torch.Tensor, tokens: torch.Tensor,
+                   anchors: torch.Tensor, samples: list[Sample], min_match: int) -> torch.Tensor:
+    """`correct` with each anchor's row replaced by the lookup's where the context repeats an n-gram of
+    at least `min_match` tokens (NgramAssistedDrafter's rule)."""
+    out = correct.clone()
+    for j, sample in enumerate(samples):
+        index, seen = NgramIndex(min_match, 4), 0
+        for i, a in enumerate(anchors[j].tolist()):
+            if a < sample.prompt_len or a >= len(sample.tokens):
+                continue
+            index.extend(tokens[j, seen : a + 1].tolist())
+            seen = a + 1
+            proposal, n = index.match(targets.shape[-1])
+            if n >= min_match:
+                out[j, i] = (torch.tensor(proposal) == targets[j, i]) & ok[j, i]
+    return out
 
 
 if __name__ == "__main__":
