@@ -9,7 +9,8 @@
 #       Reproducibility: the same command and seed again, from RUN's data, for STEPS steps in RUN.repro;
 #       prints the largest loss difference against RUN's first STEPS steps.
 #   benchmarks/gpu_drafter.sh eval RUN OUT
-#       tau and speedup over AR (B=1, CUDA graphs, block 16) on the four datasets, token forcing against
+#       tau and speedup over AR (B=1, CUDA graphs, block 16) on the four datasets, alone and with
+#       --speculative-ngram-assist 2, token forcing against
 #       stock AR, and the serving benchmark at concurrency 1, 8 and 32 (server on $PORT, default 30000);
 #       everything lands in OUT.
 #
@@ -56,6 +57,8 @@ eval_drafter() {
                 --speculative-num-draft-tokens 16 --device "$DEVICE")
     "${SPECPILOT[@]}" bench --dataset humaneval math mtbench sharegpt --num-prompts "${EVAL_PROMPTS:-80}" \
         --max-new-tokens "${EVAL_TOKENS:-256}" "${spec[@]}" --output-dir "$out/bench"
+    "${SPECPILOT[@]}" bench --dataset humaneval math mtbench sharegpt --num-prompts "${EVAL_PROMPTS:-80}" \
+        --max-new-tokens "${EVAL_TOKENS:-256}" "${spec[@]}" --speculative-ngram-assist 2 --output-dir "$out/bench_assist"
     "${SPECPILOT[@]}" force --dataset humaneval --num-prompts 8 --max-new-tokens "${EVAL_TOKENS:-128}" "${spec[@]}" \
         > "$out/force.json" || echo "token forcing FAILED"
     "${SPECPILOT[@]}" serve "${spec[@]}" --max-running-requests 32 --port "$PORT" > "$out/serve.log" 2>&1 &
