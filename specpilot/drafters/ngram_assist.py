@@ -40,9 +40,12 @@ class NgramAssistedDrafter(Drafter):
             found.append(n >= self.min_match)
         if not any(found):
             return draft
+        # one asynchronous copy (pinned), so the host does not wait for the model drafter's pass
+        host = torch.tensor([[int(f), *row] for f, row in zip(found, rows)], dtype=draft.tokens.dtype)
         device = draft.tokens.device
-        use = torch.tensor(found, device=device)[:, None]
-        tokens = torch.where(use, torch.tensor(rows, dtype=draft.tokens.dtype, device=device), draft.tokens)
+        lookup = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+        use = lookup[:, :1].bool()
+        tokens = torch.where(use, lookup[:, 1:], draft.tokens)
         confidences = None if draft.confidences is None else torch.where(use, 1.0, draft.confidences)
         return Draft(tokens, confidences)
 
