@@ -154,3 +154,26 @@ def test_graph_input_buffers_pad_into_scratch_slot(tmp_path):
         padded, _ = runner._run(inputs.batch(4, num_kv_splits=1))
     torch.testing.assert_close(padded[:12], plain)
     assert torch.equal(cache.k[0][other_slot], before)
+
+
+def test_prefill_waves_keep_outputs_and_cut_prefill_passes(tmp_path):
+    """min_prefill_batch: fewer prefill passes, the same greedy outputs, every request served."""
+    tiny_hf_model("qwen3").save_pretrained(tmp_path)
+    ckpt = load_checkpoint(tmp_path)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(4, 20))] for _ in range(40)]
+    params = [SamplingParams(max_new_tokens=rng.randint(2, 24), ignore_eos=True) for _ in prompts]
+    outputs, passes = {}, {}
+    for wave in (1, 4):
+        eng = Engine(ckpt, EngineConfig(device="cpu", max_running_requests=8, context_length=128,
+                                        min_prefill_batch=wave))
+        prefill, passes[wave] = eng._prefill, 0
+
+        def counted(reqs, prefill=prefill, wave=wave):
+            passes[wave] += 1
+            return prefill(reqs)
+
+        eng._prefill = counted
+        outputs[wave] = [r.output_ids for r in eng.generate(prompts, params)]
+    assert outputs[4] == outputs[1] and all(len(o) == p.max_new_tokens for o, p in zip(outputs[4], params))
+    assert passes[4] * 2 <= passes[1], passes

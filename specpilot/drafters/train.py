@@ -65,6 +65,9 @@ INIT_STD = 0.02
 LOGIT_CHUNK_ELEMENTS = 1 << 27
 LOGIT_BYTES = 12  # per logit element: fp32 logits, their gradient and the bf16 matmul output
 LOG_EVERY = 50  # steps between log lines when the console is not a terminal (no live progress bar)
+# Data generation admits new prompts once 1/8 of its slots are free: on a GPU each admission is an eager
+# prefill pass, and admitting per finished request made about one prefill for every two decode steps.
+GEN_PREFILL_WAVE = 8
 VALIDATION_CHUNK = 8  # validation sequences per forward (every response position is an anchor)
 # Settings that may change between a run and its --resume (they do not change what is trained).
 OPERATIONAL_KEYS = ("out", "resume", "stop_after", "save_every", "gen_batch_size", "device")
@@ -567,7 +570,8 @@ def _target_engine(cfg: TrainConfig) -> Engine:
     checkpoint = load_checkpoint(cfg.target, dtype=dtype)
     engine = Engine(checkpoint, EngineConfig(
         model_path=cfg.target, device=cfg.device, dtype=cfg.dtype, context_length=cfg.max_seq_len,
-        max_running_requests=max(cfg.gen_batch_size, cfg.batch_size)))
+        max_running_requests=max(cfg.gen_batch_size, cfg.batch_size),
+        min_prefill_batch=max(1, cfg.gen_batch_size // GEN_PREFILL_WAVE)))
     engine.model.requires_grad_(False)  # frozen: embedding and LM head are shared, never trained
     return engine
 

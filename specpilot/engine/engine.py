@@ -35,6 +35,9 @@ class EngineConfig:
     context_length: int = 4096  # KV positions per request slot
     cuda_graphs: bool = True
     max_prefill_tokens: int = 16384  # tokens of prompts admitted in one prefill pass
+    # Offline throughput: while requests run, admit waiting ones only once this many slots are free (or
+    # every waiting one fits), so prefills come in waves instead of one eager pass per finished request.
+    min_prefill_batch: int = 1
     speculative_algorithm: str | None = None  # None | dflash | pard | ngram
     speculative_draft_model_path: str | None = None
     speculative_num_draft_tokens: int | None = None  # tokens per verify pass (block size); default from the drafter
@@ -177,6 +180,9 @@ class Engine:
 
     def _admit(self) -> list[Request]:
         admitted: list[Request] = []
+        free = min(self.cache.num_free, self.config.max_running_requests - len(self.running))
+        if self.running and free < min(self.config.min_prefill_batch, len(self.waiting)):
+            return admitted
         budget = self.config.max_prefill_tokens
         while self.waiting and self.cache.num_free and len(self.running) + len(admitted) < self.config.max_running_requests:
             req = self.waiting[0]
