@@ -11,8 +11,9 @@
    the first divergence. A near-tie is a margin below the dtype's floor or below twice stock's own
    reordering noise: the largest difference between stock's decode logits and its teacher-forced logits
    for the same position (its top tokens), since a third evaluation (the candidate's) may move each of
-   the two top logits by that much. T>0 verdict: at each committed position, the total-variation distance between
-   the distribution the candidate's own target pass gave (the one its verifier sampled from) and stock's.
+   the two top logits by that much. T>0 verdict: at each committed position, the total-variation
+   distance between the distribution the candidate's own target pass gave (the one its verifier sampled
+   from) and stock's.
 """
 
 from __future__ import annotations
@@ -152,8 +153,9 @@ def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams) 
             top2 = torch.topk(logits, 2, dim=-1).values
             margins.append((top2[:, 0] - top2[:, 1]).tolist())
             probs.append(None)
-            for pos, (values, ids) in enumerate(recorder.top.get(req.rid, [])):
-                noise = max(noise, float((values - logits[pos, ids].float()).abs().max()))
+            if top := recorder.top.get(req.rid):
+                values, ids = (torch.stack(t) for t in zip(*top))
+                noise = max(noise, float((values - logits[: len(top)].float().gather(1, ids)).abs().max()))
         else:
             margins.append([])
             probs.append(target_probs(logits, params).cpu())
