@@ -295,28 +295,39 @@ def draft_loss(hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, 
 
 
 @dataclass
-class EpochStats:
+class SlotAccuracy:
+    """Right and counted drafts per block slot 1..B-1, summed over batches."""
+
+    correct: list[int] = field(default_factory=list)
+    counted: list[int] = field(default_factory=list)
+
+    def add_slots(self, correct: torch.Tensor, ok: torch.Tensor) -> None:
+        c, k = correct.sum((0, 1)).tolist(), ok.sum((0, 1)).tolist()
+        self.correct = [x + y for x, y in zip(self.correct, c)] if self.correct else c
+        self.counted = [x + y for x, y in zip(self.counted, k)] if self.counted else k
+
+    def accuracy(self) -> list[float]:
+        return [c / max(k, 1) for c, k in zip(self.correct, self.counted)]
+
+
+@dataclass
+class EpochStats(SlotAccuracy):
     """Running sums over an epoch's steps."""
 
     loss_sum: float = 0.0
     steps: int = 0
-    correct: list[int] = field(default_factory=list)  # per slot 1..B-1
-    counted: list[int] = field(default_factory=list)
     accepted: int = 0  # leading correct slots, summed over blocks
     blocks: int = 0
 
     def add(self, loss: float, correct: torch.Tensor, ok: torch.Tensor, valid: torch.Tensor) -> None:
         self.loss_sum += loss
         self.steps += 1
-        c, k = correct.sum((0, 1)).tolist(), ok.sum((0, 1)).tolist()
-        self.correct = [x + y for x, y in zip(self.correct, c)] if self.correct else c
-        self.counted = [x + y for x, y in zip(self.counted, k)] if self.counted else k
+        self.add_slots(correct, ok)
         self.accepted += int(correct.long().cumprod(-1).sum(-1)[valid].sum())
         self.blocks += int(valid.sum())
 
     def summary(self) -> dict:
-        return {"loss": self.loss_sum / max(self.steps, 1), "steps": self.steps,
-                "accuracy": [c / max(k, 1) for c, k in zip(self.correct, self.counted)],
+        return {"loss": self.loss_sum / max(self.steps, 1), "steps": self.steps, "accuracy": self.accuracy(),
                 # tokens per pass if every random anchor were a step start: repetitive stretches, where whole
                 # blocks are right, count at every anchor instead of once per block, so this overstates tau
                 "tau_all_anchors": 1 + self.accepted / max(self.blocks, 1)}
@@ -334,24 +345,21 @@ def chained_tau(accepted: list[int]) -> tuple[int, int]:
 
 
 @dataclass
-class ValidationStats:
+class ValidationStats(SlotAccuracy):
+    """Every anchor's slots, and the steps and tokens of decoding chained through them."""
+
     steps: int = 0
     tokens: int = 0
-    correct: list[int] = field(default_factory=list)  # per slot 1..B-1, over every anchor
-    counted: list[int] = field(default_factory=list)
 
     def add(self, correct: torch.Tensor, ok: torch.Tensor, valid: torch.Tensor) -> None:
-        c, k = correct.sum((0, 1)).tolist(), ok.sum((0, 1)).tolist()
-        self.correct = [x + y for x, y in zip(self.correct, c)] if self.correct else c
-        self.counted = [x + y for x, y in zip(self.counted, k)] if self.counted else k
+        self.add_slots(correct, ok)
         accepted = correct.long().cumprod(-1).sum(-1)
         for row, mask in zip(accepted.tolist(), valid.tolist()):
             steps, tokens = chained_tau([a for a, v in zip(row, mask) if v])
             self.steps, self.tokens = self.steps + steps, self.tokens + tokens
 
     def summary(self) -> dict:
-        return {"tau": self.tokens / max(self.steps, 1), "steps": self.steps,
-                "accuracy": [c / max(k, 1) for c, k in zip(self.correct, self.counted)]}
+        return {"tau": self.tokens / max(self.steps, 1), "steps": self.steps, "accuracy": self.accuracy()}
 
 
 # ---------------------------------------------------------------- optimisation

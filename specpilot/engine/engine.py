@@ -118,7 +118,7 @@ class Engine:
         self.verifier = Verifier()
         # Token forcing (specpilot.forcing) installs itself here: it sees every decided token first.
         self.forcing: TokenObserver | None = None
-        self.spec_stats = SpecStats(block_size=self.drafter.block_size if self.drafter else 0)
+        self.reset_spec_stats()
         if config.cuda_graphs and self.device.type == "cuda":
             q_lens = (1,) if self.drafter is None else (1, self.drafter.block_size)
             self.runner.capture(q_lens=q_lens)
@@ -295,6 +295,9 @@ class Engine:
         allocations (on CUDA the first prefill took over a second); it leaves the statistics empty."""
         block = self.drafter.block_size if self.drafter else 1
         self.generate([list(range(16))], SamplingParams(max_new_tokens=2 * block + 2, ignore_eos=True))
+        self.reset_spec_stats()
+
+    def reset_spec_stats(self) -> None:
         self.spec_stats = SpecStats(block_size=self.drafter.block_size if self.drafter else 0)
 
     def output_text(self, req: Request) -> str:
