@@ -35,6 +35,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--speculative-ngram-assist", type=_nonneg_int, default=0, metavar="N",
                    help="dflash/pard: where the context's last N+ tokens occurred before, draft what followed them "
                         "(prompt lookup) instead of the model's block; 0: off (default)")
+    s.add_argument("--speculative-eagle-topk", type=_positive_int, default=1, metavar="K",
+                   help="dflash: K > 1 verifies a draft tree instead of a chain: the likeliest paths through "
+                        "each slot's top-K tokens, as many nodes as the block has drafts; 1: chain (default)")
 
 
 def _sampling_args(p: argparse.ArgumentParser, with_length: bool = True) -> None:
@@ -276,7 +279,8 @@ def engine_config_from_args(args: argparse.Namespace):
                         cuda_graphs=not args.disable_cuda_graph, speculative_algorithm=algorithm,
                         speculative_draft_model_path=args.speculative_draft_model_path,
                         speculative_num_draft_tokens=args.speculative_num_draft_tokens,
-                        speculative_ngram_assist=args.speculative_ngram_assist)
+                        speculative_ngram_assist=args.speculative_ngram_assist,
+                        speculative_eagle_topk=args.speculative_eagle_topk)
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:

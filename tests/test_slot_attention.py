@@ -29,12 +29,14 @@ class Case:
     dtype: str = "float32"
     num_kv_splits: int = 1
     seed: int = 0
+    tree: str | None = None  # "random" or "chain": pass a tree_mask (then causal is ignored)
 
 
 def make_inputs(case: Case) -> dict:
     """Random inputs with gaps between requests' query rows and slots in random order.
 
     Cache entries no request owns (positions >= kv_len, unused slots) are NaN, so any read of them shows up.
+    With ``case.tree``, ``tree_mask`` holds each request's draft-tree bits; rows no request owns hold noise.
     """
     g = torch.Generator().manual_seed(case.seed)
     dtype = getattr(torch, case.dtype)
@@ -59,7 +61,7 @@ def make_inputs(case: Case) -> dict:
     for slot, kv_len in zip(slot_ids.tolist(), case.kv_lens):
         k_cache[slot, :kv_len] = randn(kv_len, case.num_kv_heads, case.head_dim)
         v_cache[slot, :kv_len] = randn(kv_len, case.num_kv_heads, case.head_dim)
-    return dict(
+    inp = dict(
         q=randn(num_tokens, num_heads, case.head_dim),
         k_cache=k_cache,
         v_cache=v_cache,
@@ -70,6 +72,24 @@ def make_inputs(case: Case) -> dict:
         scale=1.0 / math.sqrt(case.head_dim),
         causal=case.causal,
     )
+    if case.tree is not None:
+        tree_mask = torch.randint(-(2**62), 2**62, (num_tokens,), generator=g)
+        for start, q_len in zip(starts, case.q_lens):
+            tree_mask[start : start + q_len] = tree_bits(q_len, case.tree, g)
+        inp["tree_mask"] = tree_mask
+    return inp
+
+
+def tree_bits(n: int, kind: str, g: torch.Generator) -> torch.Tensor:
+    """int64 [n] ancestors-or-self bits of a draft tree: node 0 is the root, parent[i] uniform in [0, i-1]
+    ("random") or i - 1 ("chain", i.e. causal)."""
+    bits: list[int] = []
+    for i in range(n):
+        parent = -1 if i == 0 else i - 1 if kind == "chain" else int(torch.randint(0, i, (1,), generator=g))
+        bits.append((bits[parent] if parent >= 0 else 0) | (1 << i))
+    # Two's complement int64: bit 63 is the sign bit; bits past 63 (only for n > 64) are dropped.
+    bits = [b & ((1 << 64) - 1) for b in bits]
+    return torch.tensor([b - (1 << 64) if b >= 1 << 63 else b for b in bits], dtype=torch.int64)
 
 
 def naive_attention(inp: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,12 +99,21 @@ def naive_attention(inp: dict) -> tuple[torch.Tensor, torch.Tensor]:
     covered = torch.zeros(q.shape[0], dtype=torch.bool)
     group = q.shape[1] // inp["k_cache"].shape[2]
     meta = zip(*(inp[k].tolist() for k in ("slot_ids", "q_starts", "q_lens", "kv_lens")))
+    tree_mask = inp.get("tree_mask")
     for slot, start, q_len, kv_len in meta:
         keys = inp["k_cache"][slot, :kv_len].double()
         values = inp["v_cache"][slot, :kv_len].double()
         qi = torch.arange(q_len)[:, None]
         kj = torch.arange(kv_len)[None, :]
-        allowed = kj <= kv_len - q_len + qi if inp["causal"] else torch.ones(q_len, kv_len, dtype=torch.bool)
+        if tree_mask is not None:  # context keys, plus block row j iff bit j of the row's mask
+            ctx = kv_len - q_len
+            allowed = torch.ones(q_len, kv_len, dtype=torch.bool)
+            for i, m in enumerate(tree_mask[start : start + q_len].tolist()):
+                allowed[i, ctx:] = torch.tensor([(m >> j) & 1 == 1 for j in range(q_len)])
+        elif inp["causal"]:
+            allowed = kj <= kv_len - q_len + qi
+        else:
+            allowed = torch.ones(q_len, kv_len, dtype=torch.bool)
         for h in range(q.shape[1]):
             scores = q[start : start + q_len, h] @ keys[:, h // group].T * inp["scale"]
             probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
@@ -120,6 +149,89 @@ def test_reference_matches_naive(case: Case) -> None:
     assert got.dtype == inp["q"].dtype and got.shape == inp["q"].shape
     tol = 1e-4 if case.dtype == "float32" else 2e-2
     torch.testing.assert_close(got[covered].double(), expected[covered], atol=tol, rtol=tol)
+
+
+# Random draft trees over ragged batches (incl. 0-context requests, q_len 1 and 16); causal is ignored.
+TREE_REFERENCE_CASES = [
+    Case("tree-mixed-mha", q_lens=(1, 16, 7, 12), kv_lens=(9, 16, 40, 12), tree="random", seed=11),
+    Case("tree-gqa3-noncausal-flag", q_lens=(16, 5, 9, 1, 16), kv_lens=(70, 5, 30, 1, 33), group=3, causal=False,
+         tree="random", seed=12),
+    Case("tree-many-gqa4", q_lens=(3, 16, 8, 16, 2, 11), kv_lens=(3, 50, 8, 16, 90, 20), group=4, tree="random",
+         seed=13),
+    Case("tree-bf16-gqa2", q_lens=(16, 6), kv_lens=(24, 6), group=2, dtype="bfloat16", tree="random", seed=14),
+    Case("tree-q64-sign-bit", q_lens=(64, 2), kv_lens=(70, 64), tree="random", seed=15),
+]
+
+
+@pytest.mark.parametrize("case", TREE_REFERENCE_CASES, ids=lambda c: c.name)
+def test_reference_tree_mask_matches_naive(case: Case) -> None:
+    inp = make_inputs(case)
+    expected, covered = naive_attention(inp)
+    got = call(slot_attention_reference, inp)
+    tol = 1e-4 if case.dtype == "float32" else 2e-2
+    torch.testing.assert_close(got[covered].double(), expected[covered], atol=tol, rtol=tol)
+    # through the dispatcher too
+    torch.testing.assert_close(call(slot_attention, inp, max_q_len=max(case.q_lens)), got)
+
+
+def test_reference_chain_tree_equals_causal() -> None:
+    inp = make_inputs(Case("chain", q_lens=(1, 16, 9, 5), kv_lens=(20, 16, 40, 9), group=2, tree="chain", seed=16))
+    tree_mask = inp.pop("tree_mask")
+    owned = torch.zeros(inp["q"].shape[0], dtype=torch.bool)
+    for start, q_len in zip(inp["q_starts"].tolist(), inp["q_lens"].tolist()):
+        owned[start : start + q_len] = True
+        assert tree_mask[start : start + q_len].tolist() == [(1 << (i + 1)) - 1 for i in range(q_len)]
+    causal = call(slot_attention_reference, inp)
+    tree = call(slot_attention_reference, inp, tree_mask=tree_mask)
+    assert torch.equal(tree[owned], causal[owned])
+
+
+def test_reference_tree_row_without_keys_is_zero() -> None:
+    inp = make_inputs(Case("empty-row", q_lens=(3,), kv_lens=(3,), tree="chain"))
+    start = inp["q_starts"][0]
+    inp["tree_mask"][start + 1] = 0  # no context and no visible block row
+    got = call(slot_attention_reference, inp)
+    assert torch.equal(got[start + 1], torch.zeros_like(got[start + 1]))
+    assert torch.isfinite(got[start : start + 3]).all()
+
+
+@pytest.mark.parametrize(
+    "mutate, error, match",
+    [
+        (lambda d: d.update(tree_mask=d["tree_mask"].int()), TypeError, "tree_mask must be int64"),
+        (lambda d: d.update(tree_mask=d["tree_mask"][:-1]), ValueError, "tree_mask must be 1-D"),
+        (lambda d: d.update(tree_mask=d["tree_mask"][:, None]), ValueError, "tree_mask must be 1-D"),
+        (lambda d: d.update(tree_mask=d["tree_mask"].tolist()), TypeError, "tree_mask must be a torch.Tensor"),
+    ],
+)
+def test_tree_mask_validation(mutate, error: type[Exception], match: str) -> None:
+    inp = make_inputs(Case("valid-tree", q_lens=(3, 2), kv_lens=(5, 2), tree="random"))
+    mutate(inp)
+    with pytest.raises(error, match=match):
+        call(slot_attention_reference, inp)
+    with pytest.raises(error, match=match):
+        call(slot_attention, inp)
+
+
+def test_tree_mask_q_len_limit() -> None:
+    inp = make_inputs(Case("long-tree", q_lens=(65,), kv_lens=(70,), head_dim=16, tree="chain"))
+    with pytest.raises(ValueError, match="q_len <= 64"):
+        call(slot_attention_reference, inp)
+    with pytest.raises(ValueError, match="q_len <= 64"):
+        call(slot_attention, inp, max_q_len=65)
+
+
+def test_triton_validates_tree_mask() -> None:
+    pytest.importorskip("triton")
+    from specpilot.kernels.slot_attention import slot_attention_triton
+
+    inp = make_inputs(Case("tree", q_lens=(3, 2), kv_lens=(5, 2), tree="random"))
+    with pytest.raises(ValueError, match="q_len <= 64"):  # from max_q_len alone: no sync, no launch
+        call(slot_attention_triton, inp, max_q_len=65)
+    with pytest.raises(TypeError, match="tree_mask must be int64"):
+        call(slot_attention_triton, {**inp, "tree_mask": inp["tree_mask"].int()})
+    with pytest.raises(ValueError, match="tree_mask must be 1-D"):
+        call(slot_attention_triton, {**inp, "tree_mask": inp["tree_mask"][1:]})
 
 
 def test_dispatch_on_cpu_uses_torch() -> None:
@@ -190,6 +302,20 @@ TRITON_CASES = [
     Case("prefill-gqa3-bf16-split3", q_lens=(50, 16), kv_lens=(50, 90), group=3, dtype="bfloat16", num_kv_splits=3),
     Case("head128-gqa2-split3", q_lens=(8, 1), kv_lens=(40, 17), group=2, head_dim=128, num_kv_splits=3, seed=5),
 ]
+# Tree verification: decode-config (q_len * group <= 64) and prompt-config (> 64 rows, several row blocks)
+# tiles; blocks straddling a 128-key tile (kv 140, q 16: ctx 124), 0-context requests, bit 63 (q_len 64).
+TREE_TRITON_CASES = [
+    Case(f"tree-{name}-split{splits}", q_lens=q_lens, kv_lens=kv_lens, group=group, dtype=dtype, tree=tree,
+         num_kv_splits=splits, seed=20 + seed)
+    for splits in (1, 2)
+    for seed, (name, q_lens, kv_lens, group, dtype, tree) in enumerate([
+        ("gqa4", (16, 1, 5, 9), (140, 1, 5, 300), 4, "float32", "random"),
+        ("gqa3-rows96", (32, 7), (150, 7), 3, "float32", "random"),
+        ("gqa2-bf16", (16, 12), (16, 200), 2, "bfloat16", "random"),
+        ("q64-chain", (64, 3), (64, 130), 1, "float32", "chain"),
+        ("q64-random", (64,), (100,), 2, "float32", "random"),
+    ])
+]
 TRITON_TOL = {"float32": 1e-4, "bfloat16": 3e-2}
 
 
@@ -200,7 +326,7 @@ def _triton_errors() -> dict[str, float]:
     patch_bf16_dot()
 
     errors = {}
-    for case in TRITON_CASES:
+    for case in TRITON_CASES + TREE_TRITON_CASES:
         inp = make_inputs(case)
         _, covered = naive_attention(inp)
         expected = call(slot_attention_reference, inp).float()
@@ -217,7 +343,7 @@ def triton_errors() -> dict[str, float]:
     return run_module(__file__)
 
 
-@pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", TRITON_CASES + TREE_TRITON_CASES, ids=lambda c: c.name)
 def test_triton_matches_reference(triton_errors: dict[str, float], case: Case) -> None:
     err = triton_errors[case.name]
     assert err <= TRITON_TOL[case.dtype], f"{case.name}: max abs error {err}"

@@ -40,18 +40,20 @@ def tiny(tmp_path_factory):
     return ckpt, {"dflash": dflash, "pard": pard}
 
 
-def engine_for(ckpt, algorithm=None, path=None, block=None, slots=8, assist=0) -> Engine:
+def engine_for(ckpt, algorithm=None, path=None, block=None, slots=8, assist=0, topk=1) -> Engine:
     return Engine(ckpt, EngineConfig(device="cpu", max_running_requests=slots, context_length=256,
                                      speculative_algorithm=algorithm, speculative_draft_model_path=path,
-                                     speculative_num_draft_tokens=block, speculative_ngram_assist=assist))
+                                     speculative_num_draft_tokens=block, speculative_ngram_assist=assist,
+                                     speculative_eagle_topk=topk))
 
 
-@pytest.mark.parametrize("algorithm,block,assist", [("ngram", 4, 0), ("dflash", None, 0), ("pard", 5, 0),
-                                                    ("dflash", None, 1), ("pard", 5, 2)])
-def test_forcing_passes_batched_mixed_lengths(tiny, algorithm, block, assist):
+@pytest.mark.parametrize("algorithm,block,assist,topk", [
+    ("ngram", 4, 0, 1), ("dflash", None, 0, 1), ("pard", 5, 0, 1), ("dflash", None, 1, 1), ("pard", 5, 2, 1),
+    ("dflash", None, 0, 3), ("dflash", 6, 1, 4)])
+def test_forcing_passes_batched_mixed_lengths(tiny, algorithm, block, assist, topk):
     ckpt, paths = tiny
     stock = engine_for(ckpt)
-    cand = engine_for(ckpt, algorithm, paths.get(algorithm), block, assist=assist)
+    cand = engine_for(ckpt, algorithm, paths.get(algorithm), block, assist=assist, topk=topk)
     prompts = mixed_prompts(ckpt.config.vocab_size, 8)
     verdict = run_forcing(stock, cand, prompts, GREEDY, algorithm)
     assert verdict.passed, verdict.as_dict()
@@ -92,8 +94,8 @@ def test_oracle_accept_length_is_exact(tiny, first_error):
 class AcceptEverything(Verifier):
     """A planted hack: commits every draft without checking it."""
 
-    def accept(self, req, rows, draft, argmax):
-        return list(draft) + [argmax[len(draft)]]
+    def accept(self, req, rows, draft, argmax, parents=None):
+        return list(draft) + [argmax[len(draft)]], list(range(1, len(draft) + 1))
 
 
 def test_planted_accept_everything_fails_forcing(tiny):
@@ -127,8 +129,8 @@ def test_sampling_verifier_is_exact_on_toy_distribution():
     for draft_token in (0, 4):  # a likely and an unlikely draft
         counts = torch.zeros(vocab)
         for _ in range(n):
-            out = Verifier().accept(req, logits, [draft_token], [0, 0])
-            counts[out[0]] += 1
+            tokens, _ = Verifier().accept(req, logits, [draft_token], [0, 0])
+            counts[tokens[0]] += 1
         expected = target_probs(logits[:1], params)[0] * n
         chi2 = float(((counts - expected) ** 2 / expected).sum())
         assert chi2 < 20.5, chi2  # 5 dof, p = 0.001

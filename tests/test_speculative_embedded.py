@@ -96,19 +96,19 @@ def test_embedded_model_defaults_to_the_shipped_drafter(smol, tmp_path, monkeypa
 
 
 def test_embedded_forcing_with_the_shipped_drafter(smol):
-    """The packaged drafter is what `--speculative-algorithm dflash` loads on the embedded model; alone
-    and with n-gram assistance it is lossless, and the assistance adds accepted tokens on these prompts
-    (several repeat themselves)."""
+    """The packaged drafter is what `--speculative-algorithm dflash` loads on the embedded model; alone,
+    with n-gram assistance and as a draft tree it is lossless, and the assistance and the tree (same
+    verify width) each add accepted tokens on these prompts (several repeat themselves)."""
     ckpt, prompts, stock_engine, stock = smol
     taus = {}
-    for assist in (0, 2):
+    for assist, topk in ((0, 1), (2, 1), (0, 4)):
         candidate = engine(ckpt, speculative_algorithm="dflash", speculative_num_draft_tokens=16,
-                           speculative_ngram_assist=assist)
+                           speculative_ngram_assist=assist, speculative_eagle_topk=topk)
         verdict = run_forcing(stock_engine, candidate, prompts, PARAMS, candidate.drafter.name, stock=stock)
         print(verdict.as_dict())
         assert verdict.passed, verdict.as_dict()
-        taus[assist] = verdict.tau
-    assert taus[0] > 1.5 and taus[2] > taus[0], taus  # a trained drafter: random ones stay near 1
+        taus[assist, topk] = verdict.tau
+    assert taus[0, 1] > 1.5 and taus[2, 1] > taus[0, 1] and taus[0, 4] > taus[0, 1], taus
 
 
 def test_stock_noise_keeps_the_fp32_tie_floor(smol):

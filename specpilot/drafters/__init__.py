@@ -48,6 +48,10 @@ def build_drafter(config: EngineConfig, engine: Engine) -> Drafter:
     if alg not in ALGORITHMS:
         raise ValueError(f"--speculative-algorithm must be one of {', '.join(ALGORITHMS)}, got {alg!r}")
     block = config.speculative_num_draft_tokens
+    if config.speculative_eagle_topk < 1:
+        raise ValueError(f"--speculative-eagle-topk must be >= 1, got {config.speculative_eagle_topk}")
+    if config.speculative_eagle_topk > 1 and alg != "dflash":
+        raise ValueError("--speculative-eagle-topk > 1 (draft trees) needs --speculative-algorithm dflash")
     if alg == "ngram":
         if config.speculative_ngram_assist:
             raise ValueError("--speculative-ngram-assist assists a model drafter (dflash or pard), not ngram")
@@ -70,7 +74,8 @@ def _model_drafter(config: EngineConfig, engine: Engine, alg: str, block: int | 
         if block is None and engine.device.type == "cpu":
             block = min(DFLASH_CPU_BLOCK, read_dflash_config(Path(path)).block_size)
         drafter = DFlashDrafter.from_pretrained(path, engine.model, config.max_running_requests,
-                                                engine.context_length, engine.device, engine.dtype, block_size=block)
+                                                engine.context_length, engine.device, engine.dtype, block_size=block,
+                                                topk=config.speculative_eagle_topk)
     else:
         from specpilot.drafters.pard import PardDrafter
 

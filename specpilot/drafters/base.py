@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specpilot.drafters.draft_tree import TreeLayout
 from specpilot.engine.request import Request
 
 
@@ -15,10 +16,12 @@ class Draft:
     """Per request a row of `tokens` ([requests, block_size - 1], int64, on any device): the proposed
     continuation after its newest committed token; and, where the drafter has them, its confidence in
     each proposed token (probability of its argmax), same shape. Both may stay on the device: the engine
-    brings them to the host in the step's single sync."""
+    brings them to the host in the step's single sync. A tree drafter's `tokens` are its tree's draft
+    nodes and `tree` says how they hang together (draft_tree.TreeLayout); without it they form a chain."""
 
     tokens: torch.Tensor
     confidences: torch.Tensor | None = None
+    tree: TreeLayout | None = None
 
 
 class Drafter(ABC):

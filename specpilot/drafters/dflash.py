@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from specpilot.drafters.base import Draft, Drafter
+from specpilot.drafters.draft_tree import TreeBuilder, TreeLayout
 from specpilot.engine.forward_batch import ForwardBatch
 from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.model_runner import _StaticInputs
@@ -159,7 +160,8 @@ class DFlashDrafter(Drafter):
     name = "dflash"
 
     def __init__(self, model: DFlashModel, cfg: DFlashConfig, target: Transformer, num_slots: int,
-                 context_length: int, device: torch.device, dtype: torch.dtype, block_size: int | None = None) -> None:
+                 context_length: int, device: torch.device, dtype: torch.dtype, block_size: int | None = None,
+                 topk: int = 1) -> None:
         super().__init__(block_size or cfg.block_size)
         tcfg = target.config
         if cfg.layers.hidden_size != tcfg.hidden_size:
@@ -177,14 +179,18 @@ class DFlashDrafter(Drafter):
                                 context_length + self.block_size, device)
         self.pending: dict[str, tuple[torch.Tensor, int]] = {}  # rid -> (verify-row taps, rows committed)
         self.graphs: dict[int, _DraftGraph] = {}
+        # topk > 1: the block's slots' top-k become a tree of block_size - 1 nodes (same verify width)
+        k = self.num_proposals
+        self.tree = TreeBuilder(topk, k, k, device) if topk > 1 else None
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target: Transformer, num_slots: int, context_length: int,
-                        device: torch.device, dtype: torch.dtype, block_size: int | None = None) -> DFlashDrafter:
+                        device: torch.device, dtype: torch.dtype, block_size: int | None = None,
+                        topk: int = 1) -> DFlashDrafter:
         path = Path(path)
         cfg = read_dflash_config(path)
         return cls(load_dflash_model(path, cfg, device, dtype), cfg, target, num_slots, context_length, device,
-                   dtype, block_size)
+                   dtype, block_size, topk)
 
     # ---- protocol ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -207,14 +213,17 @@ class DFlashDrafter(Drafter):
         ctx_positions, ctx_rows, feats = self._context_rows(reqs)
         bucket = next((b for b in sorted(self.graphs) if b >= len(reqs)), 0)
         if bucket:
-            tokens, conf = self.graphs[bucket].replay(self, reqs, feats, ctx_positions, ctx_rows)
+            out = self.graphs[bucket].replay(self, reqs, feats, ctx_positions, ctx_rows)
         else:
             block = self._block_batch(reqs)
             dev = self.device
-            tokens, conf = self._draft_pass(feats, torch.tensor(ctx_positions, device=dev),
-                                            torch.tensor(ctx_rows, device=dev), block)
+            out = self._draft_pass(feats, torch.tensor(ctx_positions, device=dev), torch.tensor(ctx_rows, device=dev),
+                                   block)
         n = len(reqs)
-        return Draft(tokens[:n], conf[:n])
+        if self.tree is None:
+            return Draft(out[0][:n], out[1][:n])
+        tree = TreeLayout(*(t[:n] for t in out))
+        return Draft(tree.tokens, tree=tree)
 
     # ---- the pass -----------------------------------------------------------------------------
     def _context_rows(self, reqs: list[Request]) -> tuple[list[int], list[int], torch.Tensor]:
@@ -247,15 +256,21 @@ class DFlashDrafter(Drafter):
             layer.write_context(ctx, positions, rows, self.cache, self.rope)
 
     def _draft_pass(self, feats: torch.Tensor, ctx_positions: torch.Tensor, ctx_rows: torch.Tensor,
-                    block: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append context K/V, then draft: returns argmax tokens and their probabilities, [b, B-1]."""
+                    block: ForwardBatch) -> tuple[torch.Tensor, ...]:
+        """Append context K/V, then draft: returns argmax tokens and their probabilities, [b, B-1], or
+        with a tree builder the tree's tokens, parents, depths and ancestor sets (TreeLayout's fields)."""
         self._write_context(feats, ctx_positions, ctx_rows)
         x, residual = self.target.embed(block.input_ids), None
         for layer in self.model.layers:
             x, residual = layer(x, residual, block, self.cache, self.rope)
         b, B = block.batch_size, self.block_size
         h = self.model.norm.fused(x, residual)[0].view(b, B, -1)[:, 1:].reshape(b * (B - 1), -1)
-        conf, tokens = torch.softmax(self.target.logits(h), dim=-1).max(dim=-1)
+        probs = torch.softmax(self.target.logits(h), dim=-1)
+        if self.tree is not None:
+            top, ids = probs.topk(self.tree.topk, dim=-1)
+            t = self.tree.build(top.view(b, B - 1, -1), ids.view(b, B - 1, -1))
+            return t.tokens, t.parents, t.depths, t.ancestors
+        conf, tokens = probs.max(dim=-1)
         return tokens.view(b, B - 1), conf.view(b, B - 1)
 
     # ---- CUDA graphs --------------------------------------------------------------------------
@@ -273,8 +288,8 @@ class DFlashDrafter(Drafter):
 
 class _DraftGraph:
     def __init__(self, graph: torch.cuda.CUDAGraph, inputs: _StaticInputs, feats: torch.Tensor, b: int,
-                 tokens: torch.Tensor, conf: torch.Tensor) -> None:
-        self.graph, self.inputs, self.feats, self.b, self.tokens, self.conf = graph, inputs, feats, b, tokens, conf
+                 outputs: tuple[torch.Tensor, ...]) -> None:
+        self.graph, self.inputs, self.feats, self.b, self.outputs = graph, inputs, feats, b, outputs
 
     @classmethod
     def capture(cls, drafter: DFlashDrafter, inputs: _StaticInputs, feats: torch.Tensor, b: int,
@@ -293,13 +308,13 @@ class _DraftGraph:
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            tokens, conf = drafter._draft_pass(*args)
-        g = cls(graph, inputs, feats, b, tokens, conf)
+            outputs = drafter._draft_pass(*args)
+        g = cls(graph, inputs, feats, b, outputs)
         g.ctx_meta = ctx_meta
         return g
 
     def replay(self, drafter: DFlashDrafter, reqs: list[Request], feats: torch.Tensor, positions: list[int],
-               rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+               rows: list[int]) -> tuple[torch.Tensor, ...]:
         B, n = drafter.block_size, len(reqs)
         block = [[r.output_ids[-1]] + [drafter.cfg.mask_token_id] * (B - 1) for r in reqs]
         self.inputs.fill([r.slot for r in reqs], [r.cached_len for r in reqs], block, self.b)
@@ -309,4 +324,4 @@ class _DraftGraph:
         meta = torch.tensor([positions + list(range(pad)), rows + [scratch + j % B for j in range(pad)]])
         self.ctx_meta.copy_(meta, non_blocking=True)
         self.graph.replay()
-        return self.tokens, self.conf
+        return self.outputs

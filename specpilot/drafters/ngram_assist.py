@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from specpilot.drafters.base import Draft, Drafter
+from specpilot.drafters.draft_tree import chain_layout, select_rows
 from specpilot.drafters.ngram import NgramDrafter
 from specpilot.engine.request import Request
 
@@ -45,6 +46,9 @@ class NgramAssistedDrafter(Drafter):
         device = draft.tokens.device
         lookup = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
         use = lookup[:, :1].bool()
+        if draft.tree is not None:  # the lookup's rows become chains in the model's tree batch
+            tree = select_rows(use[:, 0], chain_layout(lookup[:, 1:]), draft.tree)
+            return Draft(tree.tokens, tree=tree)
         tokens = torch.where(use, lookup[:, 1:], draft.tokens)
         confidences = None if draft.confidences is None else torch.where(use, 1.0, draft.confidences)
         return Draft(tokens, confidences)

@@ -23,6 +23,7 @@ from specpilot.models.checkpoint import Checkpoint, load_checkpoint
 from specpilot.models.transformer import Transformer
 
 if TYPE_CHECKING:
+    from specpilot.drafters.draft_tree import TreeLayout
     from specpilot.drafters.base import Drafter
 
 
@@ -42,6 +43,7 @@ class EngineConfig:
     speculative_draft_model_path: str | None = None
     speculative_num_draft_tokens: int | None = None  # tokens per verify pass (block size); default from the drafter
     speculative_ngram_assist: int = 0  # dflash/pard: prompt lookup's block where an n-gram this long repeats (0: off)
+    speculative_eagle_topk: int = 1  # dflash: > 1 drafts a tree from each slot's top-k (SGLang's flag name)
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -121,7 +123,8 @@ class Engine:
         self.reset_spec_stats()
         if config.cuda_graphs and self.device.type == "cuda":
             q_lens = (1,) if self.drafter is None else (1, self.drafter.block_size)
-            self.runner.capture(q_lens=q_lens)
+            tree_q = self.drafter.block_size if self.config.speculative_eagle_topk > 1 else None
+            self.runner.capture(q_lens=q_lens, tree_q=tree_q)
             if hasattr(self.drafter, "capture"):
                 self.drafter.capture(DEFAULT_GRAPH_BATCH_SIZES)
 
@@ -227,33 +230,44 @@ class Engine:
         return len(tokens), False
 
     def _speculative_step(self, reqs: list[Request]) -> list[Request]:
-        """Draft a block per request, verify all of them in one target pass, commit the accepted prefix
-        plus the bonus token. Draft tokens stay on the device until the one sync after verification,
-        so the host prepares the verify pass while the draft runs. The target cache needs no rollback:
-        each request's cached length is derived from its committed tokens."""
+        """Draft a block (a chain, or a tree of as many nodes) per request, verify all of them in one
+        target pass, commit the accepted path plus the bonus token. Drafts stay on the device until the
+        one sync after verification, so the host prepares the verify pass while the draft runs. The
+        target cache needs no rollback: each request's cached length is derived from its committed
+        tokens; a tree's accepted nodes are moved to the positions they now hold."""
         clock = StepClock(self.device)
         draft = self.drafter.propose(reqs)
         clock.mark()
-        drafts = draft.tokens
+        drafts, tree = draft.tokens, draft.tree
         n, q = len(reqs), drafts.shape[1] + 1
-        out = self.runner.verify([r.slot for r in reqs], [r.cached_len for r in reqs],
-                                 [r.output_ids[-1] for r in reqs], drafts)
-        banned = [row for r in reqs for row in self.stops.banned(r, q)]
-        logits = suppress(out.logits, banned)
-        host = torch.cat([logits.argmax(-1), drafts.to(logits.device).flatten()]).tolist()  # the one sync
+        starts = [r.cached_len for r in reqs]
+        out = self.runner.verify([r.slot for r in reqs], starts, [r.output_ids[-1] for r in reqs], drafts, tree)
+        logits = suppress(out.logits, self._banned_rows(reqs, q, tree))
+        shape = [logits.argmax(-1), drafts.to(logits.device).flatten()]
+        if tree is not None:
+            shape.append(tree.parents.to(logits.device).flatten())
+        host = torch.cat(shape).tolist()  # the one sync
         clock.mark()
-        argmax, flat = host[: n * q], host[n * q :]
-        finished, committed = [], []
+        argmax, flat = host[: n * q], host[n * q : n * q + n * (q - 1)]
+        parents = host[n * q + n * (q - 1) :] if tree is not None else None
+        finished, committed, paths = [], [], []
         for i, req in enumerate(reqs):
             rows = slice(i * q, (i + 1) * q)
-            tokens = self.verifier.accept(req, logits[rows], flat[i * (q - 1) : (i + 1) * (q - 1)], argmax[rows])
-            n_committed, done = self._commit(req, tokens, logits[rows])
+            drafted = slice(i * (q - 1), (i + 1) * (q - 1))
+            tokens, path = self.verifier.accept(req, logits[rows], flat[drafted], argmax[rows],
+                                                None if parents is None else parents[drafted])
+            decided = logits[rows] if self.forcing is None else logits[rows][[0, *path]]
+            n_committed, done = self._commit(req, tokens, decided)
             req.accept_lengths.append(n_committed)
             self.spec_stats.record(n_committed)
             committed.append(n_committed)
+            paths.append(path[: n_committed - 1])
             if done:
                 finished.append(req)
-        self.drafter.commit(reqs, committed, _split_rows(out.taps, [q] * n))
+        taps = out.taps
+        if tree is not None:
+            taps = self._compact_tree(reqs, starts, paths, q, taps)
+        self.drafter.commit(reqs, committed, _split_rows(taps, [q] * n))
         self._retire(finished)
         draft_s, verify_s, other_s = clock.intervals()
         stats = self.spec_stats
@@ -261,6 +275,37 @@ class Engine:
         stats.verify_s += verify_s
         stats.other_s += other_s
         return finished
+
+    def _banned_rows(self, reqs: list[Request], q: int, tree: TreeLayout | None) -> list[list[int]]:
+        """Ids banned per verify row: row j decides the token at depth (its node's depth) + 1."""
+        per_req = [self.stops.banned(r, q) for r in reqs]
+        if tree is None or not any(row for rows in per_req for row in rows):
+            return [row for rows in per_req for row in rows]
+        depths = tree.depths.tolist()  # rare (min_new_tokens not reached yet): worth a sync
+        return [rows[d] for rows, ds in zip(per_req, depths) for d in (0, *ds)]
+
+    def _compact_tree(self, reqs: list[Request], starts: list[int], paths: list[list[int]], q: int,
+                      taps: torch.Tensor | None) -> torch.Tensor | None:
+        """Accepted tree nodes' K/V move from their node rows to the positions they now hold (depth d at
+        committed length + d), in one gather/scatter for all layers; returns the verify taps with each
+        request's accepted nodes first, in order (what the drafter takes as committed rows)."""
+        src, dst, order = [], [], []
+        L = self.cache.max_len
+        for i, (req, start, path) in enumerate(zip(reqs, starts, paths)):
+            base = req.slot * L + start
+            for d, node in enumerate(path, start=1):
+                if node != d:
+                    src.append(base + node)
+                    dst.append(base + d)
+            accepted = set(path)
+            rest = [j for j in range(1, q) if j not in accepted]
+            order.extend(i * q + j for j in (0, *path, *rest))
+        if src:
+            idx = torch.tensor([src, dst]).to(self.device, non_blocking=True)
+            self.cache.move(idx[0], idx[1])
+        if taps is None:
+            return None
+        return taps[torch.tensor(order).to(self.device, non_blocking=True)]
 
     def _retire(self, reqs: list[Request]) -> None:
         for req in reqs:

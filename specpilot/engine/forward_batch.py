@@ -25,6 +25,9 @@ class ForwardBatch:
     max_q_len: int
     causal: bool = True  # False: every new token sees the whole new block (block drafters)
     num_kv_splits: int = 1
+    # Tree verification: [T] int64, per token the bit set of its request's new tokens it may see (its
+    # ancestors and itself, draft_tree.TreeLayout.ancestors); replaces `causal` within the new block.
+    tree_mask: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -33,6 +36,15 @@ class ForwardBatch:
     @property
     def batch_size(self) -> int:
         return self.slot_ids.shape[0]
+
+    def place_tree(self, depths: torch.Tensor, ancestors: torch.Tensor) -> None:
+        """Lay a draft tree over a verify batch of n requests x q tokens (node 0 = each request's newest
+        token, then its q - 1 draft nodes): nodes keep their own cache rows, but sit at position
+        committed length + depth, and see only their ancestors. Device-side, in place."""
+        n, q = ancestors.shape
+        pos = self.positions[: n * q].view(n, q)
+        pos[:, 1:] = pos[:, :1] + depths
+        self.tree_mask[: n * q].copy_(ancestors.reshape(-1))
 
     @classmethod
     def build(cls, slots: list[int], start_lens: list[int], token_lists: list[list[int]], max_len: int,

@@ -14,9 +14,11 @@ import torch
 class KVCache:
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:
-        shape = (num_slots + 1, max_len, num_kv_heads, head_dim)  # + a scratch slot for graph padding
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        shape = (num_layers, num_slots + 1, max_len, num_kv_heads, head_dim)  # + a scratch slot for graph padding
+        # one tensor per K and V, so moving rows (tree verification) is one gather and scatter for all layers
+        self.k_all = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_all = torch.zeros(shape, dtype=dtype, device=device)
+        self.k, self.v = list(self.k_all.unbind(0)), list(self.v_all.unbind(0))  # contiguous per-layer views
         self.num_slots = num_slots
         self.max_len = max_len
         self.scratch_slot = num_slots
@@ -40,6 +42,13 @@ class KVCache:
         """k, v: [T, kv_heads, head_dim] stored at flat rows (slot * max_len + position)."""
         self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, rows, k)
         self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, rows, v)
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy every layer's K/V from flat rows `src` to flat rows `dst` (slot * max_len + position);
+        all sources are read before any destination is written."""
+        for t in (self.k_all, self.v_all):
+            flat = t.view(t.shape[0], -1, *t.shape[3:])
+            flat[:, dst] = flat[:, src]
 
     def bytes_per_token(self) -> int:
         k = self.k[0]

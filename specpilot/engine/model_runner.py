@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specpilot.drafters.draft_tree import TreeLayout, chain_layout
 from specpilot.engine.forward_batch import ForwardBatch
 from specpilot.engine.kv_cache import KVCache
 from specpilot.models.transformer import Transformer
@@ -57,18 +58,29 @@ class ModelRunner:
         return RunOutput(logits, taps)
 
     @torch.inference_mode()
-    def verify(self, slots: list[int], start_lens: list[int], first_tokens: list[int], drafts: torch.Tensor) -> RunOutput:
-        """Every request verifies [its newest token, drafts[i]] (drafts: [B, K], on any device). On the
-        graph path the drafts go device-to-device into the graph's inputs, never through the host."""
+    def verify(self, slots: list[int], start_lens: list[int], first_tokens: list[int], drafts: torch.Tensor,
+               tree: TreeLayout | None = None) -> RunOutput:
+        """Every request verifies [its newest token, drafts[i]] (drafts: [B, K], on any device), as a
+        chain or, with `tree`, as that draft tree (ancestor mask, depth positions). On the graph path the
+        drafts go device-to-device into the graph's inputs, never through the host."""
         q = drafts.shape[1] + 1
         key = (q, self._bucket(len(slots), q))
         if key not in self.graphs:
             lists = [[t] + d for t, d in zip(first_tokens, drafts.tolist())]
-            return self.forward(slots, start_lens, lists)
+            if tree is None:
+                return self.forward(slots, start_lens, lists)
+            batch = ForwardBatch.build(slots, start_lens, lists, self.cache.max_len, self.device)
+            batch.tree_mask = torch.empty_like(batch.positions)
+            batch.place_tree(tree.depths.to(self.device), tree.ancestors.to(self.device))
+            return RunOutput(*self._run(batch))
         g, n = self.graphs[key], len(slots)
+        if tree is not None and g.batch.tree_mask is None:
+            raise RuntimeError(f"the verify graphs for {q} tokens were captured without tree masks")
         inputs = self.static_inputs[q]
         inputs.fill(slots, start_lens, [[t] * q for t in first_tokens], g.batch.batch_size)
         g.batch.input_ids[: n * q].view(n, q)[:, 1:].copy_(drafts, non_blocking=True)
+        if tree is not None:
+            g.batch.place_tree(tree.depths, tree.ancestors)
         g.graph.replay()
         return RunOutput(g.logits[: n * q], None if g.taps is None else g.taps[: n * q])
 
@@ -78,14 +90,16 @@ class ModelRunner:
         return next((b for b in sizes if b >= batch_size), 0)
 
     @torch.inference_mode()
-    def capture(self, q_lens: tuple[int, ...] = (1,), batch_sizes: tuple[int, ...] = DEFAULT_GRAPH_BATCH_SIZES) -> None:
-        """Capture one graph per (q, batch size); largest first so smaller ones reuse its memory pool."""
+    def capture(self, q_lens: tuple[int, ...] = (1,), batch_sizes: tuple[int, ...] = DEFAULT_GRAPH_BATCH_SIZES,
+                tree_q: int | None = None) -> None:
+        """Capture one graph per (q, batch size); largest first so smaller ones reuse its memory pool.
+        Graphs for `tree_q` tokens per request take tree masks (tree verification)."""
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device")
         max_b = min(max(batch_sizes), self.cache.num_slots)
         pool = torch.cuda.graph_pool_handle()
         for q in q_lens:
-            inputs = self.static_inputs[q] = _StaticInputs(max_b, q, self.cache, self.device)
+            inputs = self.static_inputs[q] = _StaticInputs(max_b, q, self.cache, self.device, tree=q == tree_q)
             for b in sorted({min(b, max_b) for b in batch_sizes}, reverse=True):
                 self.graphs[(q, b)] = self._capture_one(inputs.batch(b, self._kv_splits(b)), pool)
         torch.cuda.synchronize()
@@ -125,13 +139,17 @@ class _StaticInputs:
     one host-to-device copy per step from pinned memory. Rows past the real requests point at the
     scratch slot, so a smaller batch in a larger bucket never writes into live requests' K/V."""
 
-    def __init__(self, max_b: int, q: int, cache: KVCache, device: torch.device) -> None:
+    def __init__(self, max_b: int, q: int, cache: KVCache, device: torch.device, tree: bool = False) -> None:
         self.q, self.max_len, self.scratch = q, cache.max_len, cache.scratch_slot
         n = max_b * q
         self.host = torch.zeros(3 * n + 3 * max_b, dtype=torch.int64, pin_memory=device.type == "cuda")
         self.dev = torch.zeros_like(self.host, device=device)
         self.n, self.max_b = n, max_b
         self.q_starts = torch.arange(0, n, q, dtype=torch.int32, device=device)
+        # tree graphs: every fill restores chain (causal) masks; a verify step then lays its tree over them
+        chain = chain_layout(torch.zeros(max_b, q - 1, dtype=torch.long, device=device)).ancestors.reshape(-1)
+        self.chain_mask = chain if tree else None
+        self.tree_mask = chain.clone() if tree else None
         self.fill([], [], [], max_b)
 
     def batch(self, b: int, num_kv_splits: int) -> ForwardBatch:
@@ -140,7 +158,7 @@ class _StaticInputs:
             input_ids=d[0 : b * q], positions=d[n : n + b * q], write_index=d[2 * n : 2 * n + b * q],
             slot_ids=d[3 * n : 3 * n + b], q_lens=d[3 * n + m : 3 * n + m + b],
             kv_lens=d[3 * n + 2 * m : 3 * n + 2 * m + b], q_starts=self.q_starts[:b], max_q_len=q,
-            num_kv_splits=num_kv_splits,
+            num_kv_splits=num_kv_splits, tree_mask=None if self.tree_mask is None else self.tree_mask[: b * q],
         )
 
     def fill(self, slots: list[int], start_lens: list[int], token_lists: list[list[int]], b: int) -> None:
@@ -159,3 +177,5 @@ class _StaticInputs:
         h[3 * n + m : 3 * n + m + b] = q
         h[3 * n + 2 * m : 3 * n + 2 * m + b] = torch.tensor([s + q for s in starts])
         self.dev.copy_(h, non_blocking=self.dev.is_cuda)
+        if self.tree_mask is not None:
+            self.tree_mask.copy_(self.chain_mask)

@@ -1,8 +1,10 @@
-"""Lossless acceptance of a drafted chain against the target's logits.
+"""Lossless acceptance of a drafted chain or tree against the target's logits.
 
-Rows: the target's logits at the verify positions of one request, [K+1, V], row j predicting the token
-after (newest committed token, d_1 .. d_j). The verifier returns the tokens to commit: an accepted
-prefix of the draft plus one token of the target's own (the bonus), so 1..K+1 tokens.
+Rows: the target's logits at one request's verify positions, [K+1, V]: row 0 predicts the token after
+its newest committed token, row j (j >= 1) the token after draft node j and its ancestors. In a chain
+node j's parent is j - 1; a tree gives each node's parent. The verifier returns the tokens to commit
+(an accepted path of drafts plus one token of the target's own, the bonus: 1..depth+1 tokens) and the
+accepted draft nodes, in order.
 """
 
 from __future__ import annotations
@@ -14,27 +16,30 @@ from specpilot.engine.sampling import target_probs
 
 
 class Verifier:
-    """Greedy: accept while the draft equals the target's argmax. T>0 (point-mass drafts): sample the
-    target at each position and accept while the sample equals the draft, so every committed token is
-    a sample of the target's own distribution given the committed prefix - exactly AR sampling."""
+    """Walk from the newest committed token: at each node the target decides the next token (greedy:
+    its argmax; T>0: a sample of its distribution), and the walk moves to the child drafted with that
+    token if there is one. Every committed token is thus the target's own decision given the committed
+    prefix - exactly AR decoding, whatever was drafted (drafts are point masses; siblings are distinct)."""
 
     name = "exact"
 
-    def accept(self, req: Request, rows: torch.Tensor, draft: list[int], argmax: list[int]) -> list[int]:
-        if req.params.greedy:
-            return self._prefix(draft, argmax)
-        out: list[int] = []
-        for j in range(len(draft) + 1):
-            probs = target_probs(rows[j : j + 1], req.params)
-            token = int(torch.multinomial(probs, 1, generator=req.generator))
-            out.append(token)
-            if j == len(draft) or token != draft[j]:
-                break
-        return out
-
-    @staticmethod
-    def _prefix(draft: list[int], argmax: list[int]) -> list[int]:
-        a = 0
-        while a < len(draft) and draft[a] == argmax[a]:
-            a += 1
-        return argmax[: a + 1]
+    def accept(self, req: Request, rows: torch.Tensor, draft: list[int], argmax: list[int],
+               parents: list[int] | None = None) -> tuple[list[int], list[int]]:
+        children: dict[tuple[int, int], int] = {}  # (parent node, token) -> child node
+        for j, token in enumerate(draft, start=1):
+            children.setdefault((j - 1 if parents is None else parents[j - 1], token), j)
+        tokens: list[int] = []
+        path: list[int] = []
+        node = 0
+        while True:
+            if req.params.greedy:
+                token = argmax[node]
+            else:
+                probs = target_probs(rows[node : node + 1], req.params)
+                token = int(torch.multinomial(probs, 1, generator=req.generator))
+            tokens.append(token)
+            child = children.get((node, token))
+            if child is None:
+                return tokens, path
+            path.append(child)
+            node = child

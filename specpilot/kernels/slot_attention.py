@@ -4,6 +4,9 @@ Cache layout (one per layer): ``k_cache`` / ``v_cache`` are ``[num_slots, max_le
 Request ``b`` owns slot ``slot_ids[b]``; its ``kv_lens[b]`` tokens sit at positions ``0 .. kv_lens[b]-1``.
 Queries are flat and ragged: request ``b`` owns rows ``q_starts[b] : q_starts[b] + q_lens[b]`` of ``q``, and
 their K/V are already in the cache, so query ``i`` sits at absolute position ``kv_lens[b] - q_lens[b] + i``.
+An optional int64 ``tree_mask[T]`` replaces ``causal`` for tree verification (``q_lens <= 64``): row ``i`` of
+request ``b`` sees every context key (position ``< kv_lens[b] - q_lens[b]``) and block row ``j`` of the same
+request iff bit ``j`` of ``tree_mask[q_starts[b] + i]`` is set (its draft-tree ancestors and itself).
 
 Two implementations share one contract:
 
@@ -31,6 +34,7 @@ __all__ = ["HAS_TRITON", "slot_attention", "slot_attention_reference", "slot_att
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
+MAX_TREE_Q_LEN = 64  # one int64 of visibility bits per query row
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -75,6 +79,23 @@ def _check_inputs(
             raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q is on {q.device}")
+
+
+def _check_tree_mask(tree_mask: torch.Tensor, q: torch.Tensor) -> None:
+    """tree_mask must be int64 [T] on q's device (one bit set per visible block row)."""
+    if not isinstance(tree_mask, torch.Tensor):
+        raise TypeError(f"tree_mask must be a torch.Tensor or None, got {type(tree_mask).__name__}")
+    if tree_mask.dtype != torch.int64:
+        raise TypeError(f"tree_mask must be int64, got {tree_mask.dtype}")
+    if tree_mask.dim() != 1 or tree_mask.shape[0] != q.shape[0]:
+        raise ValueError(f"tree_mask must be 1-D with one entry per q row ({q.shape[0]}), got {tuple(tree_mask.shape)}")
+    if tree_mask.device != q.device:
+        raise ValueError(f"tree_mask is on {tree_mask.device}, q is on {q.device}")
+
+
+def _check_tree_q_len(max_q_len: int) -> None:
+    if max_q_len > MAX_TREE_Q_LEN:
+        raise ValueError(f"tree_mask needs q_len <= {MAX_TREE_Q_LEN}, got max q_len {max_q_len}")
 
 
 def _check_lengths(
@@ -127,6 +148,7 @@ def _attend_bucket(
     max_kv: int,
     scale: float,
     causal: bool,
+    tree_mask: torch.Tensor | None = None,
 ) -> None:
     """Padded batched attention for one bucket of requests; writes its rows of ``out``."""
     device = q.device
@@ -145,12 +167,24 @@ def _attend_bucket(
     v_b = v_cache[slots[:, None], keys].transpose(1, 2)
 
     mask = kj[None, None, :] < kv_lens[:, None, None]  # [nb, 1, max_kv]
-    if causal:
+    no_keys = None
+    if tree_mask is not None:
+        # Key j is block row (j - ctx); padding query slots reuse their request's last row's bits.
+        rel = kj[None, None, :] - (kv_lens - q_lens)[:, None, None]  # [nb, 1, max_kv]
+        bits = (tree_mask[rows][:, :, None] >> rel.clamp(0, MAX_TREE_Q_LEN - 1)) & 1  # [nb, max_q, max_kv]
+        mask = mask & ((rel < 0) | (bits != 0))
+        # A row that sees no key gets zeros (as the Triton kernel writes), not SDPA's NaN.
+        no_keys = ~mask.any(-1)  # [nb, max_q]
+        mask = mask | no_keys[:, :, None]
+    elif causal:
         # Padding query slots get a limit >= kv_len, so no row is fully masked (avoids NaN).
         last_key = (kv_lens - q_lens)[:, None, None] + qi[None, :, None]
         mask = mask & (kj[None, None, :] <= last_key)  # [nb, max_q, max_kv]
     o = F.scaled_dot_product_attention(q_b, k_b, v_b, attn_mask=mask.unsqueeze(1), scale=scale, enable_gqa=True)
-    out[rows[q_valid]] = o.transpose(1, 2)[q_valid]
+    o = o.transpose(1, 2)  # [nb, max_q, H, D]
+    if no_keys is not None:
+        o = o.masked_fill(no_keys[:, :, None, None], 0.0)
+    out[rows[q_valid]] = o[q_valid]
 
 
 def slot_attention_reference(
@@ -163,12 +197,20 @@ def slot_attention_reference(
     kv_lens: torch.Tensor,
     scale: float,
     causal: bool = True,
+    tree_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Plain-torch slot attention (one padded SDPA per q_len bucket). Rows of q owned by no request are zero."""
+    """Plain-torch slot attention (one padded SDPA per q_len bucket). Rows of q owned by no request are zero.
+
+    With ``tree_mask`` (int64 [T], see the module docstring) ``causal`` is ignored.
+    """
     _check_inputs(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens)
+    if tree_mask is not None:
+        _check_tree_mask(tree_mask, q)
     host = [t.tolist() for t in (slot_ids, q_starts, q_lens, kv_lens)]
     _check_lengths(q, k_cache, *host)
     q_lens_h, kv_lens_h = host[2], host[3]
+    if tree_mask is not None:
+        _check_tree_q_len(max(q_lens_h, default=0))
 
     out = torch.zeros_like(q)
     for bucket in _bucket_by_q_len(q_lens_h):
@@ -186,6 +228,7 @@ def slot_attention_reference(
             max_kv=max(kv_lens_h[b] for b in bucket),
             scale=scale,
             causal=causal,
+            tree_mask=tree_mask,
         )
     return out
 
@@ -208,9 +251,12 @@ if HAS_TRITON:
         stride_vn,
         qk_scale,
         key_limit,
+        tree_bits,
+        ctx,
         lo,
         hi,
         MASKED: tl.constexpr,
+        TREE: tl.constexpr,
         BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
@@ -218,7 +264,8 @@ if HAS_TRITON:
         """Online-softmax update over the key tiles in [lo, hi).
 
         MASKED tiles may run past hi (never read: hi <= kv_len) or past a row's exclusive ``key_limit``;
-        unmasked tiles are whole and visible to every row.
+        with TREE they also hide key ``col >= ctx`` unless bit ``col - ctx`` of the row's ``tree_bits`` is set.
+        Unmasked tiles are whole and visible to every row.
         """
         dims = tl.arange(0, HEAD_DIM)
         for start in range(lo, hi, BLOCK_N):
@@ -232,7 +279,13 @@ if HAS_TRITON:
                 k_tile = tl.load(k_ptrs)
             s = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION) * qk_scale
             if MASKED:
-                s = tl.where(col_ok[None, :] & (cols[None, :] < key_limit[:, None]), s, float("-inf"))
+                visible = col_ok[None, :] & (cols[None, :] < key_limit[:, None])
+                if TREE:
+                    # Clamp the shift into [0, 63]: context keys (col < ctx) are visible whatever the bits.
+                    rel = tl.minimum(tl.maximum(cols - ctx, 0), 63).to(tl.int64)
+                    in_tree = ((tree_bits[:, None] >> rel[None, :]) & 1) != 0
+                    visible = visible & ((cols[None, :] < ctx) | in_tree)
+                s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
@@ -257,6 +310,7 @@ if HAS_TRITON:
         q_start_ptr,
         q_len_ptr,
         kv_len_ptr,
+        tree_mask_ptr,
         qk_scale,  # softmax scale * log2(e): scores live in the exp2 domain
         num_rows,  # T * num_heads, the stride between kv splits in the partial buffers
         stride_qt,
@@ -276,6 +330,7 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         NUM_SPLITS: tl.constexpr,
         CAUSAL: tl.constexpr,
+        TREE: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
     ):
         # Program = (row block, request x kv head, kv split). A row is one (query token, head-in-group) pair,
@@ -307,15 +362,24 @@ if HAS_TRITON:
 
         # Causal rows have their own exclusive key limit. The block's key end is that of its last real row, and
         # keys below its first row's limit are visible to every row: whole tiles there skip the mask.
-        if CAUSAL:
+        # Tree rows see all context keys; the request's own block keys always take the masked tiles.
+        ctx = kv_len - q_len
+        if TREE:
+            tree_bits = tl.load(tree_mask_ptr + q_rows, mask=row_ok, other=0)
+            key_limit = tl.zeros([BLOCK_M], dtype=tl.int32) + kv_len
+            kv_end = kv_len
+            full_end = ctx
+        elif CAUSAL:
             key_limit = kv_len - q_len + tok + 1
             last_tok = (tl.minimum(row_lo + BLOCK_M, q_len * GROUP) - 1) // GROUP
             kv_end = kv_len - q_len + last_tok + 1
             full_end = kv_len - q_len + row_lo // GROUP + 1
+            tree_bits = key_limit  # unused without TREE
         else:
             key_limit = tl.zeros([BLOCK_M], dtype=tl.int32) + kv_len
             kv_end = kv_len
             full_end = kv_len
+            tree_bits = key_limit  # unused without TREE
         tiles_per_split = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), NUM_SPLITS)
         lo = split * tiles_per_split * BLOCK_N
         hi = tl.minimum(lo + tiles_per_split * BLOCK_N, kv_end)
@@ -328,12 +392,12 @@ if HAS_TRITON:
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         acc, l_i, m_i = _attend_key_tiles(
-            acc, l_i, m_i, q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, key_limit, lo, mid,
-            MASKED=False, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, DOT_PRECISION=DOT_PRECISION,
+            acc, l_i, m_i, q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, key_limit, tree_bits, ctx, lo,
+            mid, MASKED=False, TREE=TREE, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, DOT_PRECISION=DOT_PRECISION,
         )
         acc, l_i, m_i = _attend_key_tiles(
-            acc, l_i, m_i, q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, key_limit, mid, hi,
-            MASKED=True, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, DOT_PRECISION=DOT_PRECISION,
+            acc, l_i, m_i, q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, key_limit, tree_bits, ctx, mid,
+            hi, MASKED=True, TREE=TREE, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, DOT_PRECISION=DOT_PRECISION,
         )
 
         has_keys = l_i > 0.0
@@ -428,6 +492,7 @@ def slot_attention_triton(
     causal: bool = True,
     max_q_len: int | None = None,
     num_kv_splits: int = 1,
+    tree_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton slot attention. Rows of q owned by no request are left unwritten.
 
@@ -435,9 +500,12 @@ def slot_attention_triton(
     num_kv_splits), so the call is CUDA-graph capturable. ``num_kv_splits > 1`` splits each request's keys
     across programs (flash-decoding) and merges the partial results in a second kernel. Metadata values
     (slot ids, q_len <= kv_len <= max_len) are trusted, not checked, since checking them would sync.
+    With ``tree_mask`` (int64 [T], see the module docstring) ``causal`` is ignored and ``max_q_len`` must be <= 64.
     """
     require_triton("slot_attention_triton")
     _check_inputs(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens)
+    if tree_mask is not None:
+        _check_tree_mask(tree_mask, q)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     if head_dim < 16 or head_dim & (head_dim - 1):
@@ -454,6 +522,8 @@ def slot_attention_triton(
     batch = slot_ids.shape[0]
     if max_q_len is None:
         max_q_len = int(q_lens.max()) if batch else 0
+    if tree_mask is not None:
+        _check_tree_q_len(max_q_len)
     if batch == 0 or max_q_len == 0 or num_tokens == 0:
         return out
 
@@ -478,6 +548,7 @@ def slot_attention_triton(
         q_starts,
         q_lens,
         kv_lens,
+        q_lens if tree_mask is None else tree_mask,  # a placeholder pointer without TREE
         scale * math.log2(math.e),
         num_rows,
         q.stride(0),
@@ -496,7 +567,8 @@ def slot_attention_triton(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         NUM_SPLITS=num_kv_splits,
-        CAUSAL=causal,
+        CAUSAL=causal and tree_mask is None,
+        TREE=tree_mask is not None,
         # fp32 inputs would otherwise run the dots in tf32
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps,
@@ -534,10 +606,19 @@ def slot_attention(
     max_q_len: int | None = None,
     num_kv_splits: int = 1,
     backend: str = "auto",
+    tree_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Dispatch: ``"triton"``, ``"torch"``, or ``"auto"`` (triton for CUDA tensors when importable)."""
+    """Dispatch: ``"triton"``, ``"torch"``, or ``"auto"`` (triton for CUDA tensors when importable).
+
+    ``tree_mask`` (int64 [T], q_lens <= 64) replaces ``causal`` with per-row draft-tree visibility bits.
+    """
     if pick_backend(backend, q) == "triton":
         return slot_attention_triton(
-            q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, scale, causal, max_q_len, num_kv_splits
+            q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, scale, causal, max_q_len, num_kv_splits,
+            tree_mask=tree_mask,
         )
-    return slot_attention_reference(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, scale, causal)
+    if tree_mask is not None and max_q_len is not None:
+        _check_tree_q_len(max_q_len)
+    return slot_attention_reference(
+        q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, scale, causal, tree_mask=tree_mask
+    )

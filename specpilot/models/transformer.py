@@ -60,7 +60,7 @@ class Attention(nn.Module):
         o = slot_attention(
             q, cache.k[self.layer], cache.v[self.layer], batch.slot_ids, batch.q_starts, batch.q_lens,
             batch.kv_lens, scale=self.scale, causal=batch.causal, max_q_len=batch.max_q_len,
-            num_kv_splits=batch.num_kv_splits,
+            num_kv_splits=batch.num_kv_splits, tree_mask=batch.tree_mask,
         )
         return self.o_proj(o.reshape(T, self.q_size))
 
