@@ -8,6 +8,7 @@ from spec_fixtures import OracleDrafter, write_random_dflash, write_random_pard
 from specpilot.config import SamplingParams
 from specpilot.drafters import DFLASH_CPU_BLOCK
 from specpilot.engine.engine import Engine, EngineConfig
+from specpilot.engine.graphs import GraphBackend, eager_capture
 from specpilot.forcing import run_forcing, run_stock
 from specpilot.forcing.forcing import NEAR_TIE
 from specpilot.models.checkpoint import load_checkpoint
@@ -95,15 +96,19 @@ def test_embedded_model_defaults_to_the_shipped_drafter(smol, tmp_path, monkeypa
         engine(ckpt, speculative_algorithm="pard")
 
 
-def test_embedded_forcing_with_the_shipped_drafter(smol):
+def test_embedded_forcing_with_the_shipped_drafter(smol, monkeypatch):
     """The packaged drafter is what `--speculative-algorithm dflash` loads on the embedded model; alone,
     with n-gram assistance and as a draft tree it is lossless, and the assistance and the tree (same
-    verify width) each add accepted tokens on these prompts (several repeat themselves)."""
+    verify width) each add accepted tokens on these prompts (several repeat themselves). The last run
+    takes the CUDA-graph paths (eager stand-in) with a tree and assistance, as served on a GPU."""
     ckpt, prompts, stock_engine, stock = smol
     taus = {}
-    for assist, topk in ((0, 1), (2, 1), (0, 4)):
+    for assist, topk, graphs in ((0, 1, False), (2, 1, False), (0, 4, False), (2, 4, True)):
+        if graphs:
+            monkeypatch.setattr(GraphBackend, "capture", staticmethod(eager_capture))
         candidate = engine(ckpt, speculative_algorithm="dflash", speculative_num_draft_tokens=16,
                            speculative_ngram_assist=assist, speculative_eagle_topk=topk)
+        assert bool(candidate.runner.graphs) == graphs
         verdict = run_forcing(stock_engine, candidate, prompts, PARAMS, candidate.drafter.name, stock=stock)
         print(verdict.as_dict())
         assert verdict.passed, verdict.as_dict()

@@ -24,6 +24,7 @@ from torch import nn
 from specpilot.drafters.base import Draft, Drafter
 from specpilot.drafters.draft_tree import TreeBuilder, TreeLayout
 from specpilot.engine.forward_batch import ForwardBatch
+from specpilot.engine.graphs import CapturedPass, EagerReplay, GraphBackend
 from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.model_runner import _StaticInputs
 from specpilot.engine.request import Request
@@ -277,19 +278,19 @@ class DFlashDrafter(Drafter):
     @torch.inference_mode()
     def capture(self, batch_sizes: tuple[int, ...]) -> None:
         max_b = min(max(batch_sizes), self.cache.num_slots)
-        pool = torch.cuda.graph_pool_handle()
+        pool = GraphBackend.pool(self.device)
         inputs = _StaticInputs(max_b, self.block_size, self.cache, self.device)
         width = len(self.tap_layers) * self.cfg.layers.hidden_size
         feats = torch.zeros(max_b * self.block_size, width, dtype=self.cache.k[0].dtype, device=self.device)
         for b in sorted({min(b, max_b) for b in batch_sizes}, reverse=True):
             self.graphs[b] = _DraftGraph.capture(self, inputs, feats, b, pool)
-        torch.cuda.synchronize()
+        GraphBackend.synchronize(self.device)
 
 
 class _DraftGraph:
-    def __init__(self, graph: torch.cuda.CUDAGraph, inputs: _StaticInputs, feats: torch.Tensor, b: int,
-                 outputs: tuple[torch.Tensor, ...]) -> None:
-        self.graph, self.inputs, self.feats, self.b, self.outputs = graph, inputs, feats, b, outputs
+    def __init__(self, graph: CapturedPass | EagerReplay, inputs: _StaticInputs, feats: torch.Tensor, b: int) -> None:
+        self.graph, self.inputs, self.feats, self.b = graph, inputs, feats, b
+        self.outputs: tuple[torch.Tensor, ...] = graph.outputs
 
     @classmethod
     def capture(cls, drafter: DFlashDrafter, inputs: _StaticInputs, feats: torch.Tensor, b: int,
@@ -300,16 +301,7 @@ class _DraftGraph:
         ctx_meta = torch.zeros(2, b * B, dtype=torch.int64, device=drafter.device)
         ctx_meta[1] = drafter.cache.scratch_slot * drafter.cache.max_len
         args = (feats[: b * B], ctx_meta[0], ctx_meta[1], block)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                drafter._draft_pass(*args)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            outputs = drafter._draft_pass(*args)
-        g = cls(graph, inputs, feats, b, outputs)
+        g = cls(GraphBackend.capture(lambda: drafter._draft_pass(*args), pool), inputs, feats, b)
         g.ctx_meta = ctx_meta
         return g
 

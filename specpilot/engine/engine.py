@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from specpilot.config import SamplingParams
+from specpilot.engine.graphs import GraphBackend
 from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.model_runner import DEFAULT_GRAPH_BATCH_SIZES, ModelRunner
 from specpilot.engine.request import Request, StopChecker
@@ -121,7 +122,7 @@ class Engine:
         # Token forcing (specpilot.forcing) installs itself here: it sees every decided token first.
         self.forcing: TokenObserver | None = None
         self.reset_spec_stats()
-        if config.cuda_graphs and self.device.type == "cuda":
+        if config.cuda_graphs and GraphBackend.available(self.device):
             q_lens = (1,) if self.drafter is None else (1, self.drafter.block_size)
             tree_q = self.drafter.block_size if self.config.speculative_eagle_topk > 1 else None
             self.runner.capture(q_lens=q_lens, tree_q=tree_q)

@@ -9,6 +9,7 @@ import torch
 
 from specpilot.drafters.draft_tree import TreeLayout, chain_layout
 from specpilot.engine.forward_batch import ForwardBatch
+from specpilot.engine.graphs import CapturedPass, EagerReplay, GraphBackend
 from specpilot.engine.kv_cache import KVCache
 from specpilot.models.transformer import Transformer
 
@@ -24,9 +25,9 @@ class RunOutput:
 class _Graph:
     """One captured pass: static inputs are views of the runner's buffers, outputs are static too."""
 
-    def __init__(self, graph: torch.cuda.CUDAGraph, batch: ForwardBatch, logits: torch.Tensor,
-                 taps: torch.Tensor | None) -> None:
-        self.graph, self.batch, self.logits, self.taps = graph, batch, logits, taps
+    def __init__(self, graph: CapturedPass | EagerReplay, batch: ForwardBatch) -> None:
+        self.graph, self.batch = graph, batch
+        self.logits, self.taps = graph.outputs
 
 
 class ModelRunner:
@@ -94,33 +95,24 @@ class ModelRunner:
                 tree_q: int | None = None) -> None:
         """Capture one graph per (q, batch size); largest first so smaller ones reuse its memory pool.
         Graphs for `tree_q` tokens per request take tree masks (tree verification)."""
-        if self.device.type != "cuda":
+        if not GraphBackend.available(self.device):
             raise RuntimeError("CUDA graphs need a CUDA device")
         max_b = min(max(batch_sizes), self.cache.num_slots)
-        pool = torch.cuda.graph_pool_handle()
+        pool = GraphBackend.pool(self.device)
         for q in q_lens:
             inputs = self.static_inputs[q] = _StaticInputs(max_b, q, self.cache, self.device, tree=q == tree_q)
             for b in sorted({min(b, max_b) for b in batch_sizes}, reverse=True):
-                self.graphs[(q, b)] = self._capture_one(inputs.batch(b, self._kv_splits(b)), pool)
-        torch.cuda.synchronize()
+                batch = inputs.batch(b, self._kv_splits(b))
+                self.graphs[(q, b)] = _Graph(GraphBackend.capture(lambda batch=batch: self._run(batch), pool), batch)
+        GraphBackend.synchronize(self.device)
 
     def _kv_splits(self, batch_size: int) -> int:
         """Split each request's keys until (requests x kv heads x splits) roughly fills the GPU."""
+        if self.device.type != "cuda":
+            return 1
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         programs = batch_size * self.cache.k[0].shape[2]
         return max(1, min(8, sms // programs))
-
-    def _capture_one(self, batch: ForwardBatch, pool: tuple) -> _Graph:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: autotuning and lazy allocations happen outside the graph
-                self._run(batch)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            logits, taps = self._run(batch)
-        return _Graph(graph, batch, logits, taps)
 
     def _replay(self, g: _Graph, slots: list[int], start_lens: list[int], token_lists: list[list[int]],
                 last_only: bool) -> RunOutput:

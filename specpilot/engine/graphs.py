@@ -1,0 +1,81 @@
+"""Capturing a pass as a CUDA graph, shared by the target's runner and the drafters.
+
+`capture(fn, pool)` runs `fn` (whose tensors live in static buffers) twice on a side stream — autotuning
+and lazy allocations must happen outside the graph — then once under capture, and returns a
+`CapturedPass`: `outputs` are static tensors that every `replay()` overwrites.
+
+`EagerReplay` stands in for a CUDA graph where there is none (CPU tests of the graph paths): replay
+reruns `fn` and copies its results into the first run's outputs, so the static-buffer plumbing around a
+graph (input fills, bucket padding, in-place edits before replay) is exercised exactly as on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Outputs = Any  # a tensor, or a (nested) tuple of tensors and None
+
+
+class CapturedPass:
+    def __init__(self, graph: torch.cuda.CUDAGraph, outputs: Outputs) -> None:
+        self.graph, self.outputs = graph, outputs
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class EagerReplay:
+    def __init__(self, fn: Callable[[], Outputs]) -> None:
+        self.fn = fn
+        self.outputs = fn()
+
+    def replay(self) -> None:
+        _copy_into(self.outputs, self.fn())
+
+
+def _copy_into(dst: Outputs, src: Outputs) -> None:
+    if isinstance(dst, torch.Tensor):
+        dst.copy_(src)
+    elif isinstance(dst, tuple):
+        for d, s in zip(dst, src):
+            _copy_into(d, s)
+
+
+def cuda_capture(fn: Callable[[], Outputs], pool: Any) -> CapturedPass:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = fn()
+    return CapturedPass(graph, outputs)
+
+
+def eager_capture(fn: Callable[[], Outputs], pool: Any) -> EagerReplay:
+    return EagerReplay(fn)
+
+
+class GraphBackend:
+    """How passes are captured. Tests switch `GraphBackend.capture` to `eager_capture` to run the graph
+    paths on CPU; everything else uses CUDA graphs."""
+
+    capture: Callable[[Callable[[], Outputs], Any], CapturedPass | EagerReplay] = staticmethod(cuda_capture)
+
+    @staticmethod
+    def available(device: torch.device) -> bool:
+        return device.type == "cuda" or GraphBackend.capture is eager_capture
+
+    @staticmethod
+    def pool(device: torch.device) -> Any:
+        return torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+
+    @staticmethod
+    def synchronize(device: torch.device) -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()

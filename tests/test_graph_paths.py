@@ -1,0 +1,46 @@
+"""The CUDA-graph paths (static input buffers, bucket padding, in-place tree layout before replay) run
+on CPU with an eager stand-in for the graphs, and decode exactly what the eager paths decode."""
+
+from __future__ import annotations
+
+import pytest
+from test_speculative import GREEDY, mixed_prompts, tiny  # noqa: F401  (module fixture)
+
+from specpilot.engine.engine import Engine, EngineConfig
+from specpilot.engine.graphs import EagerReplay, GraphBackend, eager_capture
+from specpilot.forcing import run_forcing
+
+
+@pytest.fixture
+def replays(monkeypatch):
+    """Graphs captured as eager reruns; counts the replays."""
+    monkeypatch.setattr(GraphBackend, "capture", staticmethod(eager_capture))
+    count = {"n": 0}
+    original = EagerReplay.replay
+
+    def counted(self):
+        count["n"] += 1
+        original(self)
+
+    monkeypatch.setattr(EagerReplay, "replay", counted)
+    return count
+
+
+def _engine(ckpt, graphs: bool, **spec) -> Engine:
+    return Engine(ckpt, EngineConfig(device="cpu", max_running_requests=8, context_length=256, cuda_graphs=graphs,
+                                     **spec))
+
+
+@pytest.mark.parametrize("topk,assist", [(1, 0), (3, 0), (4, 2)])
+def test_graph_paths_decode_like_eager(tiny, replays, topk, assist):  # noqa: F811
+    ckpt, paths = tiny
+    spec = dict(speculative_algorithm="dflash", speculative_draft_model_path=str(paths["dflash"]),
+                speculative_num_draft_tokens=6, speculative_eagle_topk=topk, speculative_ngram_assist=assist)
+    graphed = _engine(ckpt, True, **spec)
+    assert (6, 8) in graphed.runner.graphs and graphed.drafter is not None
+    prompts = mixed_prompts(ckpt.config.vocab_size, 6, seed=2)  # 6 requests: the bucket of 8 pads two rows
+    verdict = run_forcing(_engine(ckpt, True), graphed, prompts, GREEDY, "dflash")
+    assert verdict.passed, verdict.as_dict()
+    assert replays["n"] > 0
+    eager = [r.output_ids for r in _engine(ckpt, False, **spec).generate(prompts, GREEDY)]
+    assert [r.output_ids for r in _engine(ckpt, True, **spec).generate(prompts, GREEDY)] == eager
