@@ -39,6 +39,7 @@ def test_generate_speculative_meta_info_and_same_tokens(capsys, tiny_dir):
     (["generate", "--device", "tpu"], "--device"),
     (["generate", "--speculative-algorithm", "medusa"], "--speculative-algorithm"),
     (["generate", "--speculative-num-draft-tokens", "1"], "--speculative-num-draft-tokens"),
+    (["generate", "--speculative-eagle-topk", "0"], "--speculative-eagle-topk"),
     (["generate", "--model-path", "/nonexistent/model"], "/nonexistent/model"),
     (["generate", "--top-p", "0"], "top_p"),
 ])

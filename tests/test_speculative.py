@@ -196,6 +196,10 @@ def test_bad_speculative_config(tiny):
         engine_for(ckpt, "ngram", assist=2)
     with pytest.raises(ValueError, match="--speculative-ngram-assist must be between 1 and 4"):
         engine_for(ckpt, "dflash", paths["dflash"], assist=5)
+    with pytest.raises(ValueError, match="--speculative-eagle-topk > 1 .* needs --speculative-algorithm dflash"):
+        engine_for(ckpt, "pard", paths["pard"], block=5, topk=2)
+    with pytest.raises(ValueError, match="--speculative-eagle-topk must be >= 1"):
+        engine_for(ckpt, "dflash", paths["dflash"], topk=0)
 
 
 def test_ngram_assist_replaces_only_repeating_rows(tiny):

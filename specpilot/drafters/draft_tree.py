@@ -46,11 +46,17 @@ def chain_layout(tokens: torch.Tensor) -> TreeLayout:
     return TreeLayout(tokens, nodes[:-1].expand(n, k), nodes[1:].expand(n, k), ancestors.expand(n, k + 1))
 
 
-def select_rows(use: torch.Tensor, a: TreeLayout, b: TreeLayout) -> TreeLayout:
-    """Row-wise choice: rows where `use` [n] is true come from `a`, the others from `b`."""
-    u = use[:, None]
-    return TreeLayout(*(torch.where(u, x, y) for x, y in
-                        zip((a.tokens, a.parents, a.depths, a.ancestors), (b.tokens, b.parents, b.depths, b.ancestors))))
+def merge_lookup(probs: torch.Tensor, token_ids: torch.Tensor, hint: torch.Tensor, prob: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-slot top-k ([n, D, k]) with prompt lookup's proposal merged in: `hint` [n, D + 1] holds a use
+    flag, then the lookup's token for each slot. In rows that use it, that token joins its slot's list
+    at probability `prob` (once: the drafter's own entry for it is dropped) and the list keeps its k
+    likeliest, so the lookup's continuation becomes one more path the tree can take."""
+    use, look = hint[:, :1, None].bool(), hint[:, 1:, None]
+    k = probs.shape[-1]
+    merged_p = torch.cat([torch.full_like(probs[..., :1], prob), probs.masked_fill(token_ids == look, 0.0)], -1)
+    merged_p, order = merged_p.topk(k, dim=-1)
+    merged_ids = torch.cat([look, token_ids], -1).gather(-1, order)
+    return torch.where(use, merged_p, probs), torch.where(use, merged_ids, token_ids)
 
 
 class TreeBuilder:

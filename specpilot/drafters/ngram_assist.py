@@ -3,8 +3,9 @@
 Greedy output of small targets falls into repeated stretches (loops, echoed identifiers, restated
 text) that a parallel drafter rarely continues past a few slots, while an n-gram lookup copies them
 whole. Per request and step: if the context's last n tokens (n >= `min_match`) occurred before, the
-tokens that followed them are the draft; otherwise the model drafter's block is. Verification is
-unchanged, so the output is the target's own either way. The model drafter still sees every step
+tokens that followed them are the draft; otherwise the model drafter's block is. A tree drafter (DFlash
+with --speculative-eagle-topk > 1) takes the lookup's continuation into its tree as one more path
+instead of giving its block up. Verification is unchanged, so the output is the target's own either way. The model drafter still sees every step
 (its context cache must follow the committed tokens), so the lookup only adds host work: O(max n)
 per request.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import torch
 
 from specpilot.drafters.base import Draft, Drafter
-from specpilot.drafters.draft_tree import chain_layout, select_rows
 from specpilot.drafters.ngram import NgramDrafter
 from specpilot.engine.request import Request
 
@@ -33,22 +33,22 @@ class NgramAssistedDrafter(Drafter):
         self.model.start(reqs, prompt_taps)
 
     def propose(self, reqs: list[Request]) -> Draft:
-        draft = self.model.propose(reqs)
+        merges = getattr(self.model, "merges_hints", False)
+        draft = None if merges else self.model.propose(reqs)  # launched first: the lookup overlaps it
         rows, found = [], []
         for req in reqs:
             tokens, n = self.lookup.synced(req).match(self.num_proposals)
             rows.append(tokens)
             found.append(n >= self.min_match)
         if not any(found):
-            return draft
+            return self.model.propose(reqs) if merges else draft
         # one asynchronous copy (pinned), so the host does not wait for the model drafter's pass
-        host = torch.tensor([[int(f), *row] for f, row in zip(found, rows)], dtype=draft.tokens.dtype)
-        device = draft.tokens.device
+        host = torch.tensor([[int(f), *row] for f, row in zip(found, rows)], dtype=torch.int64)
+        device = self.model.device if merges else draft.tokens.device
         lookup = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+        if merges:  # a tree drafter takes the lookup's continuation as one more path
+            return self.model.propose(reqs, hint=lookup)
         use = lookup[:, :1].bool()
-        if draft.tree is not None:  # the lookup's rows become chains in the model's tree batch
-            tree = select_rows(use[:, 0], chain_layout(lookup[:, 1:]), draft.tree)
-            return Draft(tree.tokens, tree=tree)
         tokens = torch.where(use, lookup[:, 1:], draft.tokens)
         confidences = None if draft.confidences is None else torch.where(use, 1.0, draft.confidences)
         return Draft(tokens, confidences)

@@ -1,0 +1,72 @@
+"""Draft trees from per-slot top-k: the chosen paths are the likeliest, closed under prefixes, laid out
+consistently; prompt lookup's proposal merges into the slots' lists."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from specpilot.drafters.draft_tree import MAX_DEVIATIONS, TreeBuilder, chain_layout, merge_lookup
+
+
+def _paths(layout, ids, r):
+    """Rank tuples of request r's nodes, rebuilt from parents, depths and tokens."""
+    paths = {0: ()}
+    for j in range(layout.tokens.shape[1]):
+        d = int(layout.depths[r, j])
+        rank = int((ids[r, d - 1] == layout.tokens[r, j]).nonzero()[0])
+        paths[j + 1] = paths[int(layout.parents[r, j])] + (rank,)
+        assert len(paths[j + 1]) == d and int(layout.parents[r, j]) < j + 1
+    return paths
+
+
+@pytest.mark.parametrize("depth,k,nodes", [(4, 2, 5), (6, 3, 9), (5, 4, 15)])
+def test_tree_is_the_likeliest_paths(depth, k, nodes):
+    g = torch.Generator().manual_seed(depth * k)
+    n = 4
+    probs = torch.rand(n, depth, k, generator=g).sort(-1, descending=True).values
+    probs = probs / probs.sum(-1, keepdim=True)
+    ids = torch.stack([torch.randperm(50, generator=g)[:k] for _ in range(n * depth)]).view(n, depth, k)
+    layout = TreeBuilder(k, nodes, depth, torch.device("cpu")).build(probs, ids)
+    for r in range(n):
+        scored = []
+        for d in range(1, depth + 1):
+            for ranks in itertools.product(range(k), repeat=d):
+                if sum(x > 0 for x in ranks) <= MAX_DEVIATIONS:
+                    scored.append((float(torch.tensor([probs[r, i, x] for i, x in enumerate(ranks)]).prod()), ranks))
+        best = {p for _, p in sorted(scored, reverse=True)[:nodes]}
+        paths = _paths(layout, ids, r)
+        assert set(list(paths.values())[1:]) == best
+        for j in range(nodes + 1):  # ancestor bits: exactly the nodes on the path to j
+            want, node = 1 << j, j
+            while node:
+                node = int(layout.parents[r, node - 1])
+                want |= 1 << node
+            assert int(layout.ancestors[r, j]) == want
+
+
+def test_chain_layout():
+    layout = chain_layout(torch.tensor([[5, 6, 7]]))
+    assert layout.parents.tolist() == [[0, 1, 2]] and layout.depths.tolist() == [[1, 2, 3]]
+    assert layout.ancestors.tolist() == [[1, 3, 7, 15]]
+
+
+def test_merge_lookup_adds_the_lookup_token_once():
+    probs = torch.tensor([[[0.5, 0.3, 0.1], [0.95, 0.03, 0.01]], [[0.6, 0.2, 0.1], [0.7, 0.2, 0.05]]])
+    ids = torch.tensor([[[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 5, 6]]])
+    hint = torch.tensor([[1, 3, 9], [0, 3, 9]])  # row 0 uses lookup tokens 3, 9; row 1 does not
+    p, t = merge_lookup(probs, ids, hint, 0.9)
+    assert t[0].tolist() == [[3, 1, 2], [4, 9, 5]]  # 3 moves up (no duplicate); 9 enters below 0.95
+    assert torch.allclose(p[0], torch.tensor([[0.9, 0.5, 0.3], [0.95, 0.9, 0.03]]))
+    assert torch.equal(p[1], probs[1]) and torch.equal(t[1], ids[1])
+
+
+def test_bad_tree_settings():
+    with pytest.raises(ValueError, match="top-k >= 2"):
+        TreeBuilder(1, 4, 4, torch.device("cpu"))
+    with pytest.raises(ValueError, match="1..63"):
+        TreeBuilder(2, 64, 15, torch.device("cpu"))
+    with pytest.raises(ValueError, match="fewer than"):
+        TreeBuilder(2, 10, 2, torch.device("cpu"))  # 6 paths over 2 slots
