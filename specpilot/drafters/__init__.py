@@ -13,8 +13,8 @@ if TYPE_CHECKING:
 ALGORITHMS = ("dflash", "pard", "ngram")
 DEFAULT_BLOCK = {"pard": 9, "ngram": 8}
 # DFlash's default block is the checkpoint's, except on CPU where a verify pass of many tokens costs
-# about two decode steps: the shipped drafter is fastest at 4 there (1.25x over AR; 0.98x at 8, 0.84x
-# at 16; docs/RESULTS.md).
+# about two decode steps: the shipped drafter's chain is fastest at 4 there (HumanEval 1.06x over AR;
+# 0.94x at 8, 0.86x at 16; docs/RESULTS.md, fourth session).
 DFLASH_CPU_BLOCK = 4
 # The DFlash drafter trained for the embedded SmolLM2-135M-Instruct (`specpilot train-drafter`, README),
 # shipped with the package: --speculative-algorithm dflash on the embedded model needs no draft path.
