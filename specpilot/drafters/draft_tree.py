@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from itertools import combinations, product
 
 import torch
+import torch.nn.functional as F
 
 MAX_DEVIATIONS = 2
 MAX_TREE_NODES = 63  # ancestor sets are int64 bit masks over node 0 .. num_nodes
+TIE_MARGIN = 1e-3  # per depth, in log probability (TreeBuilder)
 
 
 @dataclass
@@ -61,7 +63,10 @@ def merge_lookup(probs: torch.Tensor, token_ids: torch.Tensor, hint: torch.Tenso
 
 class TreeBuilder:
     """Turns per-slot top-k ([n, D, k] probabilities and token ids, probabilities descending along k)
-    into the `num_nodes` likeliest draft paths. Candidate tables are built once per (D, k)."""
+    into the `num_nodes` likeliest draft paths. Candidate tables are built once per (D, k), so a build
+    is ~16 small kernels: one matmul scores every candidate path, top-k picks the nodes, sorting the
+    picked ids gives parents-first node order, and one searchsorted maps each node's parent and
+    ancestors from candidate ids to node indices."""
 
     def __init__(self, topk: int, num_nodes: int, depth: int, device: torch.device) -> None:
         if topk < 2:
@@ -74,42 +79,40 @@ class TreeBuilder:
             raise ValueError(f"top-{topk} over {depth} slots offers {len(paths) - 1} paths, fewer than {num_nodes} nodes")
         index = {p: i for i, p in enumerate(paths)}
         c = len(paths)
-        depths = torch.tensor([len(p) for p in paths])
-        # score = chain prefix (log q of rank 0 up to the path's depth) + each detour's (log q_r - log q_0)
-        detour_cols = torch.full((c, MAX_DEVIATIONS), depth * topk, dtype=torch.long)  # pad -> a zero column
-        ancestors = torch.zeros((c, depth), dtype=torch.long)  # candidate ids of the path's prefixes (0 = root)
+        # score(path) = sum of log q over its (depth, rank) entries: one matmul with this 0/1 matrix
+        entries = torch.zeros(depth * topk, c)
+        # lineage: the parent's candidate id, then the ids of the path's prefixes (itself last; 0 = root)
+        lineage = torch.zeros(c, depth + 1, dtype=torch.long)
         for i, p in enumerate(paths):
-            for j, (d, r) in enumerate((d, r) for d, r in enumerate(p) if r):
-                detour_cols[i, j] = d * topk + r
-            for d in range(len(p)):
-                ancestors[i, d] = index[p[: d + 1]]
+            for d, r in enumerate(p):
+                entries[d * topk + r, i] = 1.0
+                lineage[i, d + 1] = index[p[: d + 1]]
+            lineage[i, 0] = index[p[:-1]] if p else 0
+        depths = torch.tensor([len(p) for p in paths])
+        # A child scores its parent's score plus a log probability (<= 0), minus this per-depth margin:
+        # strictly below its parent even for a probability of 1 and float32 rounding at scores near -70,
+        # so the top-N set is closed under prefixes (a tree). It reorders only near-equal paths.
+        bias = -TIE_MARGIN * depths.float()
+        bias[0] = float("-inf")  # the root is not a draft node
+        pow2 = torch.ones(num_nodes + 1, dtype=torch.long) << torch.arange(num_nodes + 1)  # bit 63 wraps to the sign
+        pow2[0] = 0  # node 0 (padding of short lineages too): its bit is added apart
         last = torch.tensor([(len(p) - 1) * topk + p[-1] if p else 0 for p in paths])
         self.tables = {name: t.to(device) for name, t in dict(
-            depths=depths, detour_cols=detour_cols, ancestors=ancestors, last=last,
-            parent=torch.tensor([index[p[:-1]] if p else 0 for p in paths])).items()}
+            entries=entries, lineage=lineage, depths=depths, bias=bias, pow2=pow2, last=last).items()}
 
     def build(self, probs: torch.Tensor, token_ids: torch.Tensor) -> TreeLayout:
         n, depth, k = probs.shape
         if (depth, k) != (self.depth, self.topk):
             raise ValueError(f"expected top-{self.topk} over {self.depth} slots, got {tuple(probs.shape[1:])}")
         t = self.tables
-        logq = probs.float().clamp_min(1e-30).log()
-        chain = torch.cat([logq.new_zeros(n, 1), logq[:, :, 0].cumsum(1)], 1)  # [n, D+1] by depth
-        detours = torch.cat([(logq - logq[:, :, :1]).reshape(n, -1), logq.new_zeros(n, 1)], 1)
-        score = chain[:, t["depths"]] + detours[:, t["detour_cols"]].sum(-1)
-        # ties (a probability of exactly 1) must not rank a child above its parent: deeper loses
-        score = score - 1e-6 * t["depths"]
-        score[:, 0] = float("-inf")  # the root is not a draft node
+        logq = probs.float().clamp_min(1e-30).log().view(n, -1)
+        score = torch.addmm(t["bias"], logq, t["entries"])
         chosen = score.topk(self.num_nodes, dim=1).indices.sort(dim=1).values  # candidate ids: parents first
-        node_of = torch.zeros(n, score.shape[1], dtype=torch.long, device=probs.device)
-        node_of.scatter_(1, chosen, torch.arange(1, self.num_nodes + 1, device=probs.device).expand(n, -1))
-        tokens = token_ids.reshape(n, -1).gather(1, t["last"][chosen])
-        parents = node_of.gather(1, t["parent"][chosen])
-        depths = t["depths"][chosen]
-        anc_nodes = node_of.gather(1, t["ancestors"][chosen].view(n, -1)).view(n, self.num_nodes, depth)
-        bits = (torch.ones_like(anc_nodes) << anc_nodes).masked_fill(anc_nodes == 0, 0).sum(-1) | 1
-        ancestors = torch.cat([bits.new_ones(n, 1), bits], 1)
-        return TreeLayout(tokens, parents, depths, ancestors)
+        with_root = F.pad(chosen, (1, 0))  # node j's candidate id at j; the root (id 0) at node 0
+        lineage = torch.searchsorted(with_root, t["lineage"][chosen].view(n, -1)).view(n, self.num_nodes, -1)
+        ancestors = F.pad(t["pow2"][lineage[:, :, 1:]].sum(-1), (1, 0)) + 1
+        return TreeLayout(token_ids.reshape(n, -1).gather(1, t["last"][chosen]), lineage[:, :, 0],
+                          t["depths"][chosen], ancestors)
 
 
 def _candidate_paths(depth: int, topk: int) -> list[tuple[int, ...]]:
