@@ -70,3 +70,23 @@ def test_bad_tree_settings():
         TreeBuilder(2, 64, 15, torch.device("cpu"))
     with pytest.raises(ValueError, match="fewer than"):
         TreeBuilder(2, 10, 2, torch.device("cpu"))  # 6 paths over 2 slots
+
+
+def test_trees_stay_closed_under_prefixes_at_ties_and_extremes():
+    """A chosen node's parent is always chosen (else the node would hang off the wrong ancestor and the
+    target would score it out of context): probabilities of exactly 1, equal ones, and log scores far
+    from 0 where float32 rounding is coarse."""
+    g = torch.Generator().manual_seed(7)
+    n, depth, k, nodes = 64, 15, 4, 15
+    certain_after_unlikely = torch.full((n, depth, k), 1e-30)
+    certain_after_unlikely[:, :, 0] = 1.0
+    certain_after_unlikely[:, 0] = torch.rand(n, k, generator=g) * 1e-25  # children tie their parent but for the margin
+    kinds = [torch.ones(n, depth, k), torch.rand(n, depth, k, generator=g) ** 8,
+             torch.full((n, depth, k), 1e-25) + (torch.rand(n, depth, k, generator=g) < 0.3) * 1.0,
+             certain_after_unlikely]
+    builder = TreeBuilder(k, nodes, depth, torch.device("cpu"))
+    for probs in kinds:
+        probs = probs.sort(-1, descending=True).values
+        layout = builder.build(probs, torch.arange(n * depth * k).view(n, depth, k))
+        parent_depth = torch.cat([torch.zeros(n, 1, dtype=torch.long), layout.depths], 1).gather(1, layout.parents)
+        assert torch.equal(parent_depth, layout.depths - 1)
