@@ -299,14 +299,13 @@ class Engine:
                     src.append(base + node)
                     dst.append(base + d)
             accepted = set(path)
-            rest = [j for j in range(1, q) if j not in accepted]
-            order.extend(i * q + j for j in (0, *path, *rest))
+            order.extend(i * q + j for j in (0, *path, *(j for j in range(1, q) if j not in accepted)))
+        # one host-to-device copy for the moves and the taps' order
+        host = torch.tensor(src + dst + order)
+        idx = host.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else host
         if src:
-            idx = torch.tensor([src, dst]).to(self.device, non_blocking=True)
-            self.cache.move(idx[0], idx[1])
-        if taps is None:
-            return None
-        return taps[torch.tensor(order).to(self.device, non_blocking=True)]
+            self.cache.move(idx[: len(src)], idx[len(src) : 2 * len(src)])
+        return None if taps is None else taps.index_select(0, idx[2 * len(src) :])
 
     def _retire(self, reqs: list[Request]) -> None:
         for req in reqs:

@@ -14,11 +14,10 @@ import torch
 class KVCache:
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:
-        shape = (num_layers, num_slots + 1, max_len, num_kv_heads, head_dim)  # + a scratch slot for graph padding
-        # one tensor per K and V, so moving rows (tree verification) is one gather and scatter for all layers
-        self.k_all = torch.zeros(shape, dtype=dtype, device=device)
-        self.v_all = torch.zeros(shape, dtype=dtype, device=device)
-        self.k, self.v = list(self.k_all.unbind(0)), list(self.v_all.unbind(0))  # contiguous per-layer views
+        shape = (2, num_layers, num_slots + 1, max_len, num_kv_heads, head_dim)  # + a scratch slot for graph padding
+        # one tensor for all K and V, so moving rows (tree verification) is one gather and one scatter
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        self.k, self.v = list(self.kv[0].unbind(0)), list(self.kv[1].unbind(0))  # contiguous per-layer views
         self.num_slots = num_slots
         self.max_len = max_len
         self.scratch_slot = num_slots
@@ -46,9 +45,8 @@ class KVCache:
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy every layer's K/V from flat rows `src` to flat rows `dst` (slot * max_len + position);
         all sources are read before any destination is written."""
-        for t in (self.k_all, self.v_all):
-            flat = t.view(t.shape[0], -1, *t.shape[3:])
-            flat[:, dst] = flat[:, src]
+        flat = self.kv.view(-1, self.kv.shape[2] * self.kv.shape[3], *self.kv.shape[4:])
+        flat.index_copy_(1, dst, flat.index_select(1, src))
 
     def bytes_per_token(self) -> int:
         k = self.k[0]
