@@ -240,3 +240,32 @@ def test_warm_up_leaves_no_trace(tiny):
     assert not eng.has_work and eng.cache.num_free == 8 and eng.spec_stats.steps == 0
     [req] = eng.generate([[5, 6, 7, 5, 6, 7]], SamplingParams(max_new_tokens=12))
     assert eng.spec_stats.committed == len(req.output_ids) - 1 == 11  # the first token comes from prefill
+
+
+def test_sampling_verifier_is_exact_on_a_toy_tree():
+    """Root with two drafted children (tokens 0 and 4): the first committed token follows the target's
+    root distribution, and after each child the second follows that child's row, as AR sampling would."""
+    from specpilot.engine.request import Request
+    from specpilot.engine.sampling import make_generator, target_probs
+
+    vocab = 6
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, 1.5, 0.3], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
+                           [1.0, -1.0, 0.0, 2.0, 0.0, 0.5]])
+    params = SamplingParams(temperature=1.0, max_new_tokens=4)
+    req = Request([1], params, generator=make_generator(1, torch.device("cpu")))
+    n = 20000
+    first = torch.zeros(vocab)
+    second = {1: torch.zeros(vocab), 2: torch.zeros(vocab)}
+    for _ in range(n):
+        tokens, path = Verifier().accept(req, logits, [0, 4], [0, 0, 0], parents=[0, 0])
+        first[tokens[0]] += 1
+        if path:
+            assert tokens[0] == (0, 4)[path[0] - 1] and len(tokens) == 2
+            second[path[0]][tokens[1]] += 1
+
+    def chi2(counts, row):
+        expected = target_probs(logits[row : row + 1], params)[0] * counts.sum()
+        return float(((counts - expected) ** 2 / expected).sum())
+
+    assert chi2(first, 0) < 20.5  # 5 dof, p = 0.001
+    assert chi2(second[1], 1) < 20.5 and chi2(second[2], 2) < 20.5
