@@ -243,7 +243,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = f"bench_{config.speculative_algorithm or 'ar'}_{engine.device.type}"
-    report = {"config": vars(config), "device": engine.device.type, "dtype": str(engine.dtype),
+    report = {"config": vars(engine.config), "device": engine.device.type, "dtype": str(engine.dtype),
               "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "results": results}
     (out / f"{name}.json").write_text(json.dumps(report, indent=2))
     table = Table(title=f"specpilot bench ({config.speculative_algorithm or 'AR only'}, {engine.device.type})")

@@ -48,3 +48,13 @@ def test_bad_flags_name_the_problem(capsys, argv, flag):
         main(argv)
     assert exc.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+def test_bench_writes_json_with_the_settings_in_effect(tiny_dir, tmp_path):
+    assert main(["bench", "--model-path", str(tiny_dir), "--dataset", "math", "--num-prompts", "2",
+                 "--max-new-tokens", "8", "--speculative-algorithm", "ngram", "--output-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench_ngram_cpu.json").read_text())
+    assert report["config"]["speculative_num_draft_tokens"] == 8  # the n-gram default, resolved
+    [result] = report["results"]
+    assert result["dataset"] == "math" and result["tau"] >= 1 and result["verify_passes"] > 0
+    assert (tmp_path / "bench_ngram_cpu.png").is_file()
