@@ -142,6 +142,7 @@ class _StaticInputs:
         chain = chain_layout(torch.zeros(max_b, q - 1, dtype=torch.long, device=device)).ancestors.reshape(-1)
         self.chain_mask = chain if tree else None
         self.tree_mask = chain.clone() if tree else None
+        self._layout: dict[int, torch.Tensor] = {}
         self.fill([], [], [], max_b)
 
     def batch(self, b: int, num_kv_splits: int) -> ForwardBatch:
@@ -154,20 +155,27 @@ class _StaticInputs:
         )
 
     def fill(self, slots: list[int], start_lens: list[int], token_lists: list[list[int]], b: int) -> None:
-        q, n, m, L = self.q, self.n, self.max_b, self.max_len
+        q, L = self.q, self.max_len
         pad = b - len(slots)
+        starts = [*start_lens, *[0] * pad]
+        slots_all = [*slots, *[self.scratch] * pad]
         ids = [t for toks in token_lists for t in toks] + [0] * (pad * q)
-        starts = list(start_lens) + [0] * pad
-        slots_all = list(slots) + [self.scratch] * pad
         pos = [s + i for s in starts for i in range(q)]
-        writes = [slot * L + p for slot, p in zip((x for x in slots_all for _ in range(q)), pos)]
-        h = self.host
-        h[0 : b * q] = torch.tensor(ids)
-        h[n : n + b * q] = torch.tensor(pos)
-        h[2 * n : 2 * n + b * q] = torch.tensor(writes)
-        h[3 * n : 3 * n + b] = torch.tensor(slots_all)
-        h[3 * n + m : 3 * n + m + b] = q
-        h[3 * n + 2 * m : 3 * n + 2 * m + b] = torch.tensor([s + q for s in starts])
-        self.dev.copy_(h, non_blocking=self.dev.is_cuda)
+        writes = [slot * L + p for slot, s in zip(slots_all, starts) for p in range(s, s + q)]
+        # one host tensor and one indexed write into the pinned buffer (small tensors cost more to make
+        # than to fill: this was the largest host cost of a speculative step)
+        values = torch.tensor(ids + pos + writes + slots_all + [q] * b + [s + q for s in starts])
+        self.host.index_copy_(0, self._rows(b), values)
+        self.dev.copy_(self.host, non_blocking=self.dev.is_cuda)
         if self.tree_mask is not None:
             self.tree_mask.copy_(self.chain_mask)
+
+    def _rows(self, b: int) -> torch.Tensor:
+        """Where a bucket of b requests' values go in the buffer: ids, positions, writes (b*q each), then
+        slots, q_lens, kv_lens (b each)."""
+        rows = self._layout.get(b)
+        if rows is None:
+            n, m, q = self.n, self.max_b, self.q
+            spans = ((0, b * q), (n, b * q), (2 * n, b * q), (3 * n, b), (3 * n + m, b), (3 * n + 2 * m, b))
+            rows = self._layout[b] = torch.cat([torch.arange(start, start + size) for start, size in spans])
+        return rows
