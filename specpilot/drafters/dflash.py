@@ -317,7 +317,7 @@ class _DraftGraph:
         hint = torch.zeros(b, B, dtype=torch.int64, device=drafter.device) if drafter.merges_hints else None
         args = (feats[: b * B], ctx_meta[0], ctx_meta[1], block, hint)
         g = cls(GraphBackend.capture(lambda: drafter._draft_pass(*args), pool), inputs, feats, b)
-        g.ctx_meta, g.hint = ctx_meta, hint
+        g.ctx_meta, g.hint, g.hinted = ctx_meta, hint, False
         return g
 
     def replay(self, drafter: DFlashDrafter, reqs: list[Request], feats: torch.Tensor, positions: list[int],
@@ -330,9 +330,11 @@ class _DraftGraph:
         self.feats[: n * B].copy_(feats)
         meta = torch.tensor([positions + list(range(pad)), rows + [scratch + j % B for j in range(pad)]])
         self.ctx_meta.copy_(meta, non_blocking=True)
-        if self.hint is not None:
+        if hint is not None:  # rows past n are padding: their drafts are dropped, whatever they hold
+            self.hint[:n].copy_(hint)
+            self.hinted = True
+        elif self.hinted:  # clear the last hint's use flags once, not every step
             self.hint.zero_()
-            if hint is not None:
-                self.hint[:n].copy_(hint)
+            self.hinted = False
         self.graph.replay()
         return self.outputs

@@ -5,9 +5,9 @@ text) that a parallel drafter rarely continues past a few slots, while an n-gram
 whole. Per request and step: if the context's last n tokens (n >= `min_match`) occurred before, the
 tokens that followed them are the draft; otherwise the model drafter's block is. A tree drafter (DFlash
 with --speculative-eagle-topk > 1) takes the lookup's continuation into its tree as one more path
-instead of giving its block up. Verification is unchanged, so the output is the target's own either way. The model drafter still sees every step
-(its context cache must follow the committed tokens), so the lookup only adds host work: O(max n)
-per request.
+instead of giving its block up. Verification is unchanged, so the output is the target's own either
+way. The model drafter still sees every step (its context cache must follow the committed tokens), so
+the lookup only adds host work: O(max n) per request.
 """
 
 from __future__ import annotations

@@ -244,10 +244,10 @@ class Engine:
         starts = [r.cached_len for r in reqs]
         out = self.runner.verify([r.slot for r in reqs], starts, [r.output_ids[-1] for r in reqs], drafts, tree)
         logits = suppress(out.logits, self._banned_rows(reqs, q, tree))
-        shape = [logits.argmax(-1), drafts.to(logits.device).flatten()]
+        to_host = [logits.argmax(-1), drafts.to(logits.device).flatten()]
         if tree is not None:
-            shape.append(tree.parents.to(logits.device).flatten())
-        host = torch.cat(shape).tolist()  # the one sync
+            to_host.append(tree.parents.to(logits.device).flatten())
+        host = torch.cat(to_host).tolist()  # the one sync
         clock.mark()
         argmax, flat = host[: n * q], host[n * q : n * q + n * (q - 1)]
         parents = host[n * q + n * (q - 1) :] if tree is not None else None

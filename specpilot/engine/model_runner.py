@@ -139,9 +139,10 @@ class _StaticInputs:
         self.n, self.max_b = n, max_b
         self.q_starts = torch.arange(0, n, q, dtype=torch.int32, device=device)
         # tree graphs: every fill restores chain (causal) masks; a verify step then lays its tree over them
-        chain = chain_layout(torch.zeros(max_b, q - 1, dtype=torch.long, device=device)).ancestors.reshape(-1)
-        self.chain_mask = chain if tree else None
-        self.tree_mask = chain.clone() if tree else None
+        self.chain_mask = self.tree_mask = None
+        if tree:
+            chain = chain_layout(torch.zeros(max_b, q - 1, dtype=torch.long, device=device)).ancestors
+            self.chain_mask, self.tree_mask = chain.reshape(-1), chain.reshape(-1).clone()
         self._layout: dict[int, torch.Tensor] = {}
         self.fill([], [], [], max_b)
 
