@@ -124,7 +124,7 @@ class Engine:
         self.reset_spec_stats()
         if config.cuda_graphs and GraphBackend.available(self.device):
             q_lens = (1,) if self.drafter is None else (1, self.drafter.block_size)
-            tree_q = self.drafter.block_size if self.config.speculative_eagle_topk > 1 else None
+            tree_q = self.drafter.block_size if self.drafter and self.config.speculative_eagle_topk > 1 else None
             self.runner.capture(q_lens=q_lens, tree_q=tree_q)
             if hasattr(self.drafter, "capture"):
                 self.drafter.capture(DEFAULT_GRAPH_BATCH_SIZES)

@@ -1,0 +1,98 @@
+"""H200: where a speculative step's time goes, embedded target + shipped DFlash drafter, B=1.
+
+For each configuration, HumanEval prompts are generated greedily (AR, then speculative), and the step
+is compared with the device time of its CUDA graphs replayed back to back (no host work between
+them): what the step spends beyond those replays is host work the GPU waits for.
+
+    python benchmarks/gpu_step_profile.py [--out DIR] [--num-prompts 8] [--topk 1 4] [--assist 0 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import out_dir, time_cuda, write_json  # noqa: E402
+
+from specpilot.bench.datasets import apply_chat_template, load_prompts  # noqa: E402
+from specpilot.config import SamplingParams  # noqa: E402
+from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
+
+BLOCK = 16
+
+
+def replay_ms(graph, reps: int = 20) -> float:
+    """Device milliseconds of one replay: `reps` replays back to back, so launches overlap execution."""
+    def run() -> None:
+        for _ in range(reps):
+            graph.replay()
+    return time_cuda(run, iters=20) / reps
+
+
+def token_ms(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int]:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    reqs = engine.generate(prompts, params) if len(prompts) == 1 else [r for p in prompts for r in engine.generate([p], params)]
+    wall = time.perf_counter() - start
+    tokens = sum(len(r.output_ids) for r in reqs)
+    return 1e3 * wall / tokens, tokens
+
+
+def profile(topk: int, assist: int, prompts: list[list[int]], params: SamplingParams) -> dict:
+    engine = Engine.from_config(EngineConfig(
+        device="cuda", speculative_algorithm="dflash", speculative_num_draft_tokens=BLOCK,
+        speculative_eagle_topk=topk, speculative_ngram_assist=assist, max_running_requests=8))
+    engine.warm_up()
+    with engine.autoregressive():
+        ar_ms, _ = token_ms(engine, prompts, params)
+    engine.reset_spec_stats()
+    spec_ms, tokens = token_ms(engine, prompts, params)
+    stats = engine.spec_stats
+    steps = stats.steps
+    drafter = engine.drafter.model if assist else engine.drafter  # under the lookup wrapper
+    bare = {
+        "ar_graph": replay_ms(engine.runner.graphs[(1, 1)].graph),
+        "verify_graph": replay_ms(engine.runner.graphs[(BLOCK, 1)].graph),
+        "draft_graph": replay_ms(drafter.graphs[1].graph),
+    }
+    step_ms = 1e3 * (stats.draft_s + stats.verify_s + stats.other_s) / steps
+    return {
+        "topk": topk, "assist": assist, "tau": stats.tau, "steps": steps, "tokens": tokens,
+        "ar_ms_per_token": ar_ms, "spec_ms_per_token": spec_ms, "speedup": ar_ms / spec_ms,
+        "step_ms": step_ms,
+        "step_split_ms": {k: 1e3 * getattr(stats, f"{k}_s") / steps for k in ("draft", "verify", "other")},
+        "bare_replay_ms": bare,
+        "host_exposed_ms": step_ms - bare["draft_graph"] - bare["verify_graph"],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out")
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--topk", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--assist", type=int, nargs="+", default=[0, 2])
+    args = p.parse_args()
+    out = out_dir(args.out)
+    probe = Engine.from_config(EngineConfig(device="cuda", cuda_graphs=False, max_running_requests=1))
+    prompts = [apply_chat_template(probe.tokenizer, q) for q in load_prompts("humaneval", args.num_prompts)]
+    del probe
+    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    rows = [profile(k, a, prompts, params) for k in args.topk for a in args.assist]
+    write_json(out / "step_profile.json", rows)
+    print("topk assist   tau  AR ms/tok  spec ms/tok  speedup  step ms (draft/verify/other)   bare AR/verify/draft  host exposed")
+    for r in rows:
+        s, b = r["step_split_ms"], r["bare_replay_ms"]
+        print(f"{r['topk']:4d} {r['assist']:6d} {r['tau']:5.2f} {r['ar_ms_per_token']:10.3f} {r['spec_ms_per_token']:12.3f} "
+              f"{r['speedup']:8.2f}  {r['step_ms']:.3f} ({s['draft']:.3f}/{s['verify']:.3f}/{s['other']:.3f})   "
+              f"{b['ar_graph']:.3f}/{b['verify_graph']:.3f}/{b['draft_graph']:.3f}  {r['host_exposed_ms']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
