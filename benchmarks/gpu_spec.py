@@ -94,8 +94,8 @@ def main() -> None:
         spec_step, stats = per_step(engine, prompts, args.new_tokens)
         passes = stats.steps / b  # verify passes per request = engine steps
         row = {"batch": b, "ar_step_ms": 1e3 * ar_step, "spec_step_ms": 1e3 * spec_step,
-               "draft_ms": 1e3 * stats.draft_s / passes, "verify_ms": 1e3 * stats.verify_s / passes,
-               "other_ms": 1e3 * stats.other_s / passes, "tau_random_weights": stats.tau,
+               **{f"{k}_ms": 1e3 * seconds / passes for k, seconds in stats.time_split().items()},
+               "tau_random_weights": stats.tau,
                "spec_step_over_ar_step": spec_step / ar_step}
         if device.type == "cuda":
             row["graph_verify_ms"] = time_cuda(engine.runner.graphs[(16, engine.runner._bucket(b, 16))].graph.replay)

@@ -1,8 +1,8 @@
 """H200: where a speculative step's time goes, embedded target + shipped DFlash drafter, B=1.
 
-For each configuration, HumanEval prompts are generated greedily (AR, then speculative), and the step
-is compared with the device time of its CUDA graphs replayed back to back (no host work between
-them): what the step spends beyond those replays is host work the GPU waits for.
+For each configuration, HumanEval prompts are generated greedily one at a time (AR, then speculative),
+and the step's wall time is compared with the device time of its CUDA graphs replayed back to back (no
+host work between them): what the step spends beyond those replays is host work the GPU waits for.
 
     python benchmarks/gpu_step_profile.py [--out DIR] [--num-prompts 8] [--topk 1 4] [--assist 0 2]
 """
@@ -34,13 +34,12 @@ def replay_ms(graph, reps: int = 20) -> float:
     return time_cuda(run, iters=20) / reps
 
 
-def token_ms(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int]:
+def generate_ms(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int]:
+    """Wall milliseconds for the prompts one at a time (B=1), and the tokens generated."""
     torch.cuda.synchronize()
     start = time.perf_counter()
-    reqs = engine.generate(prompts, params) if len(prompts) == 1 else [r for p in prompts for r in engine.generate([p], params)]
-    wall = time.perf_counter() - start
-    tokens = sum(len(r.output_ids) for r in reqs)
-    return 1e3 * wall / tokens, tokens
+    reqs = [r for p in prompts for r in engine.generate([p], params)]
+    return 1e3 * (time.perf_counter() - start), sum(len(r.output_ids) for r in reqs)
 
 
 def profile(topk: int, assist: int, prompts: list[list[int]], params: SamplingParams) -> dict:
@@ -49,25 +48,27 @@ def profile(topk: int, assist: int, prompts: list[list[int]], params: SamplingPa
         speculative_eagle_topk=topk, speculative_ngram_assist=assist, max_running_requests=8))
     engine.warm_up()
     with engine.autoregressive():
-        ar_ms, _ = token_ms(engine, prompts, params)
+        ar_ms, ar_tokens = generate_ms(engine, prompts, params)
     engine.reset_spec_stats()
-    spec_ms, tokens = token_ms(engine, prompts, params)
+    spec_ms, tokens = generate_ms(engine, prompts, params)
     stats = engine.spec_stats
     steps = stats.steps
     drafter = engine.drafter.model if assist else engine.drafter  # under the lookup wrapper
+    draft = drafter.graphs[1]
     bare = {
         "ar_graph": replay_ms(engine.runner.graphs[(1, 1)].graph),
         "verify_graph": replay_ms(engine.runner.graphs[(BLOCK, 1)].graph),
-        "draft_graph": replay_ms(drafter.graphs[1].graph),
+        "draft_body_graph": replay_ms(draft.graph),
+        "draft_tree_graph": replay_ms(draft.tree_graph) if draft.tree_graph is not None else 0.0,
     }
-    step_ms = 1e3 * (stats.draft_s + stats.verify_s + stats.other_s) / steps
+    step_ms = spec_ms / steps  # B=1: one request per step (its prefill included)
+    device_ms = bare["verify_graph"] + bare["draft_body_graph"] + bare["draft_tree_graph"]
     return {
         "topk": topk, "assist": assist, "tau": stats.tau, "steps": steps, "tokens": tokens,
-        "ar_ms_per_token": ar_ms, "spec_ms_per_token": spec_ms, "speedup": ar_ms / spec_ms,
-        "step_ms": step_ms,
-        "step_split_ms": {k: 1e3 * getattr(stats, f"{k}_s") / steps for k in ("draft", "verify", "other")},
-        "bare_replay_ms": bare,
-        "host_exposed_ms": step_ms - bare["draft_graph"] - bare["verify_graph"],
+        "ar_ms_per_token": ar_ms / ar_tokens, "spec_ms_per_token": spec_ms / tokens,
+        "speedup": (ar_ms / ar_tokens) / (spec_ms / tokens), "step_ms": step_ms,
+        "step_split_ms": {k: 1e3 * v / steps for k, v in stats.time_split().items()},
+        "bare_replay_ms": bare, "host_exposed_ms": step_ms - device_ms,
     }
 
 
@@ -86,13 +87,13 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     rows = [profile(k, a, prompts, params) for k in args.topk for a in args.assist]
     write_json(out / "step_profile.json", rows)
-    print("topk assist   tau  AR ms/tok  spec ms/tok  speedup  step ms (draft/verify/other)   bare AR/verify/draft  host exposed")
+    print("topk assist   tau  AR ms/tok  spec ms/tok  speedup  step ms (draft/verify/other)   bare AR/verify/body/tree  host exposed")
     for r in rows:
         s, b = r["step_split_ms"], r["bare_replay_ms"]
         print(f"{r['topk']:4d} {r['assist']:6d} {r['tau']:5.2f} {r['ar_ms_per_token']:10.3f} {r['spec_ms_per_token']:12.3f} "
               f"{r['speedup']:8.2f}  {r['step_ms']:.3f} ({s['draft']:.3f}/{s['verify']:.3f}/{s['other']:.3f})   "
-              f"{b['ar_graph']:.3f}/{b['verify_graph']:.3f}/{b['draft_graph']:.3f}  {r['host_exposed_ms']:.3f}")
-
+              f"{b['ar_graph']:.3f}/{b['verify_graph']:.3f}/{b['draft_body_graph']:.3f}/{b['draft_tree_graph']:.3f}  "
+              f"{r['host_exposed_ms']:.3f}")
 
 if __name__ == "__main__":
     main()

@@ -90,3 +90,39 @@ def test_trees_stay_closed_under_prefixes_at_ties_and_extremes():
         layout = builder.build(probs, torch.arange(n * depth * k).view(n, depth, k))
         parent_depth = torch.cat([torch.zeros(n, 1, dtype=torch.long), layout.depths], 1).gather(1, layout.parents)
         assert torch.equal(parent_depth, layout.depths - 1)
+
+
+@pytest.mark.parametrize("topk", [1, 3])
+def test_device_greedy_acceptance_equals_the_walk(topk):
+    """Verifier.greedy (tensor work, no host) accepts what the host walk accepts, on chains and trees
+    whose argmax rows are steered into drafted children so that walks go deep."""
+    from specpilot.config import SamplingParams
+    from specpilot.engine.request import Request
+    from specpilot.engine.verify import Verifier
+
+    g = torch.Generator().manual_seed(topk)
+    n, depth, vocab = 64, 7, 12
+    if topk == 1:
+        tree, drafts = None, torch.randint(0, vocab, (n, depth), generator=g)
+        parents = [list(range(depth))] * n
+    else:
+        probs = torch.rand(n, depth, topk, generator=g).sort(-1, descending=True).values
+        ids = torch.stack([torch.randperm(vocab, generator=g)[:topk] for _ in range(n * depth)]).view(n, depth, topk)
+        tree = TreeBuilder(topk, depth, depth, torch.device("cpu")).build(probs, ids)
+        drafts, parents = tree.tokens, tree.parents.tolist()
+    argmax = torch.randint(0, vocab, (n, depth + 1), generator=g)
+    for r in range(n):  # each row's argmax is one of its children's tokens with probability 0.8
+        for j in range(depth):
+            if torch.rand(1, generator=g) < 0.8:
+                argmax[r, parents[r][j]] = drafts[r, j]
+    acc = Verifier().greedy(argmax, drafts, tree)
+    req = Request([1], SamplingParams(max_new_tokens=8))
+    deep = 0
+    for r in range(n):
+        tokens, path = Verifier().accept(req, None, drafts[r].tolist(), argmax[r].tolist(),
+                                         None if tree is None else parents[r])
+        count = int(acc.counts[r])
+        assert count == len(tokens) and acc.tokens[r, :count].tolist() == tokens
+        assert acc.nodes[r, :count].tolist() == [0, *path]
+        deep += count > 2
+    assert deep > n // 4

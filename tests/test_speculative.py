@@ -12,7 +12,7 @@ from tiny_models import tiny_hf_model
 from specpilot.config import SamplingParams
 from specpilot.drafters.ngram import NgramIndex
 from specpilot.engine.engine import Engine, EngineConfig
-from specpilot.engine.verify import Verifier
+from specpilot.engine.verify import Accepted, Verifier
 from specpilot.forcing import run_forcing
 from specpilot.models.checkpoint import load_checkpoint
 
@@ -97,14 +97,22 @@ class AcceptEverything(Verifier):
     def accept(self, req, rows, draft, argmax, parents=None):
         return list(draft) + [argmax[len(draft)]], list(range(1, len(draft) + 1))
 
+    def greedy(self, argmax, drafts, tree=None):
+        n, q = argmax.shape
+        return Accepted(torch.full((n,), q), torch.arange(q).expand(n, q), torch.cat([drafts, argmax[:, -1:]], 1))
 
-def test_planted_accept_everything_fails_forcing(tiny):
+
+def test_planted_accept_everything_fails_forcing(tiny, monkeypatch):
     ckpt, paths = tiny
     cand = engine_for(ckpt, "dflash", paths["dflash"])
     cand.verifier = AcceptEverything()
+    cancelled = []  # forcing substitutes stock's tokens: each time, the draft launched early is dropped
+    cancel = cand.drafter.cancel_launch
+    monkeypatch.setattr(cand.drafter, "cancel_launch", lambda: (cancelled.append(cand.drafter._launched), cancel()))
     verdict = run_forcing(engine_for(ckpt), cand, mixed_prompts(ckpt.config.vocab_size, 4), GREEDY, "hack")
     assert not verdict.passed
     assert verdict.non_tie_mismatches > 0 and verdict.first_divergence is not None
+    assert cancelled and all(launched is not None for launched in cancelled)
 
 
 def test_sampling_forcing_matches_distributions(tiny):

@@ -28,6 +28,8 @@ from specpilot.engine.graphs import CapturedPass, EagerReplay, GraphBackend
 from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.model_runner import _StaticInputs
 from specpilot.engine.request import Request
+from specpilot.engine.transfer import to_device
+from specpilot.engine.verify import Accepted
 from specpilot.kernels.fused import rope_and_cache_write
 from specpilot.kernels.slot_attention import slot_attention
 from specpilot.models.config import ModelConfig
@@ -166,6 +168,7 @@ class DFlashDrafter(Drafter):
     are the verify rows of the previous step; rows that were not committed write to the scratch slot."""
 
     name = "dflash"
+    launches_early = True
 
     def __init__(self, model: DFlashModel, cfg: DFlashConfig, target: Transformer, num_slots: int,
                  context_length: int, device: torch.device, dtype: torch.dtype, block_size: int | None = None,
@@ -187,6 +190,7 @@ class DFlashDrafter(Drafter):
                                 context_length + self.block_size, device)
         self.pending: dict[str, tuple[torch.Tensor, int]] = {}  # rid -> (verify-row taps, rows committed)
         self.graphs: dict[int, _DraftGraph] = {}
+        self._launched: tuple[list[str], tuple[torch.Tensor, ...]] | None = None  # (rids, outputs): launch_next
         # topk > 1: the block's slots' top-k become a tree of block_size - 1 nodes (same verify width)
         k = self.num_proposals
         self.tree = TreeBuilder(topk, k, k, device) if topk > 1 else None
@@ -219,58 +223,109 @@ class DFlashDrafter(Drafter):
         self.pending.pop(req.rid, None)
 
     @torch.inference_mode()
+    def launch_next(self, reqs: list[Request], starts: list[int], accepted: Accepted,
+                    verify_taps: torch.Tensor | None) -> None:
+        """Instead of `commit` after a greedy verify: start the next block's draft on the device before
+        the host has seen this step's tokens. Request i committed accepted.counts[i] tokens at starts[i];
+        `verify_taps` [n * B, W] are its verify rows' taps, accepted rows first. The next `propose` for
+        these requests (or the ones still running) finishes this draft instead of drafting anew."""
+        bonus = accepted.tokens.gather(1, (accepted.counts - 1)[:, None]).squeeze(1)
+        self._launched = ([r.rid for r in reqs], *self._launch(reqs, starts, accepted.counts, verify_taps, bonus))
+
+    def cancel_launch(self) -> None:
+        """The host committed other tokens than the launched draft assumed (token forcing substitutes
+        stock's): the next `propose` drafts anew. The context rows it wrote stay valid or are rewritten."""
+        self._launched = None
+
+    @torch.inference_mode()
     def propose(self, reqs: list[Request], hint: torch.Tensor | None = None) -> Draft:
         """`hint` (tree drafts only): prompt lookup's proposal, [n, K + 1] on the device (a use flag, then
         K tokens per request), merged into each slot's top-k (draft_tree.merge_lookup)."""
-        ctx_positions, ctx_rows, feats = self._context_rows(reqs)
-        bucket = next((b for b in sorted(self.graphs) if b >= len(reqs)), 0)
-        if bucket:
-            out = self.graphs[bucket].replay(self, reqs, feats, ctx_positions, ctx_rows, hint)
-        else:
-            block = self._block_batch(reqs)
-            dev = self.device
-            out = self._draft_pass(feats, torch.tensor(ctx_positions, device=dev), torch.tensor(ctx_rows, device=dev),
-                                   block, hint)
+        graph, outputs = self._take_launched(reqs) or self._launch_pending(reqs)
         n = len(reqs)
         if self.tree is None:
-            return Draft(out[0][:n], out[1][:n])
-        tree = TreeLayout(*(t[:n] for t in out))
+            return Draft(outputs[0][:n], outputs[1][:n])
+        tree = self._tree_pass(*(t[:n] for t in outputs), hint) if graph is None else TreeLayout(*graph.replay_tree(hint, n))
+        tree = TreeLayout(*(t[:n] for t in vars(tree).values()))
         return Draft(tree.tokens, tree=tree)
 
     # ---- the pass -----------------------------------------------------------------------------
-    def _context_rows(self, reqs: list[Request]) -> tuple[list[int], list[int], torch.Tensor]:
-        """B context rows per request: the committed verify rows at their positions, the rest (and
-        requests with nothing pending) aimed at the scratch slot."""
-        B, L, scratch = self.block_size, self.cache.max_len, self.cache.scratch_slot
-        positions, rows, feats = [], [], []
-        width = len(self.tap_layers) * self.cfg.layers.hidden_size
+    def _take_launched(self, reqs: list[Request]) -> tuple[_DraftGraph | None, tuple[torch.Tensor, ...]] | None:
+        """The launched draft's outputs with rows for `reqs`, if it covered every one of them (requests
+        that finished since are dropped: their rows are gathered out, in place)."""
+        launched, self._launched = self._launched, None
+        if launched is None:
+            return None
+        rids, graph, outputs = launched
+        where = {rid: i for i, rid in enumerate(rids)}
+        rows = [where.get(r.rid) for r in reqs]
+        if None in rows:
+            return None  # a new request joined: draft everyone anew (the launched pass wrote their context)
+        if rows != list(range(len(rows))):
+            index = torch.tensor(rows, device=self.device)
+            for t in outputs:
+                t[: len(rows)] = t.index_select(0, index)
+        return graph, outputs
+
+    def _launch_pending(self, reqs: list[Request]) -> tuple[_DraftGraph | None, tuple[torch.Tensor, ...]]:
+        """Draft from the committed rows `commit` left (per request: its verify rows' taps and how many of
+        them were committed; nothing for requests whose context is already written)."""
+        B, width = self.block_size, len(self.tap_layers) * self.cfg.layers.hidden_size
+        counts, feats = [], []
         for req in reqs:
             taps, n = self.pending.pop(req.rid, (None, 0))
-            start = req.cached_len - n
-            for j in range(B):
-                positions.append(start + j if j < n else j)
-                rows.append(req.slot * L + start + j if j < n else scratch * L + j)
+            counts.append(n)
             if taps is None:
                 taps = self.target.embed_tokens.weight.new_zeros(B, width)
             elif taps.shape[0] < B:  # a verify pass shorter than the block (e.g. requests near their end)
                 taps = torch.cat([taps, taps.new_zeros(B - taps.shape[0], width)])
             feats.append(taps[:B])
-        return positions, rows, torch.cat(feats)
+        starts = [r.cached_len - n for r, n in zip(reqs, counts)]
+        first = to_device([r.output_ids[-1] for r in reqs], self.device)
+        return self._launch(reqs, starts, to_device(counts, self.device), torch.cat(feats), first)
 
-    def _block_batch(self, reqs: list[Request]) -> ForwardBatch:
-        block = [[r.output_ids[-1]] + [self.cfg.mask_token_id] * (self.block_size - 1) for r in reqs]
-        return ForwardBatch.build([r.slot for r in reqs], [r.cached_len for r in reqs], block,
-                                  self.cache.max_len, self.device, causal=False)
+    def _launch(self, reqs: list[Request], starts: list[int], counts: torch.Tensor, feats: torch.Tensor,
+                first: torch.Tensor) -> tuple[_DraftGraph | None, tuple[torch.Tensor, ...]]:
+        """One pass for n requests: context rows (the first counts[i] of request i's B feature rows, at
+        starts[i] + j; the rest go to the scratch slot), then the block [first token, masks] at
+        starts[i] + counts[i]. `counts` and `first` may still be on their way from the device's last
+        pass: positions are laid out from `starts` and moved by `counts` on the device. Returns the graph
+        that ran (None: eager) and the pass's outputs."""
+        n, B = len(reqs), self.block_size
+        bucket = next((b for b in sorted(self.graphs) if b >= n), 0)
+        if bucket:
+            graph = self.graphs[bucket]
+            return graph, graph.replay_body(self, reqs, starts, counts, feats, first)
+        block = ForwardBatch.build([r.slot for r in reqs], starts, self._block_rows(n), self.cache.max_len, self.device,
+                                   causal=False)
+        block.advance(counts, first)
+        meta = self._context_meta([r.slot for r in reqs], starts, counts)
+        return None, self._body_pass(feats, meta[0], meta[1], block)
+
+    def _block_rows(self, n: int) -> list[list[int]]:
+        """n blocks of [first token, mask x (B - 1)]; the first tokens are set on the device (advance)."""
+        return [[0] + [self.cfg.mask_token_id] * (self.block_size - 1)] * n
+
+    def _context_meta(self, slots: list[int], starts: list[int], counts: torch.Tensor) -> torch.Tensor:
+        """[2, len(slots) * B] positions and cache rows of the context rows: start + j for j < count, else
+        the scratch slot's row j (where padding requests, count 0, write too)."""
+        B, L = self.block_size, self.cache.max_len
+        base = to_device([starts, [slot * L + start for slot, start in zip(slots, starts)]], self.device)
+        j = torch.arange(B, device=self.device)
+        use = j < counts[:, None]
+        positions = torch.where(use, base[0][:, None] + j, j)
+        rows = torch.where(use, base[1][:, None] + j, self.cache.scratch_slot * L + j)
+        return torch.stack([positions, rows]).view(2, -1)
 
     def _write_context(self, feats: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> None:
         ctx = self.model.hidden_norm(self.model.fc(feats))
         for layer in self.model.layers:
             layer.write_context(ctx, positions, rows, self.cache, self.rope)
 
-    def _draft_pass(self, feats: torch.Tensor, ctx_positions: torch.Tensor, ctx_rows: torch.Tensor,
-                    block: ForwardBatch, hint: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        """Append context K/V, then draft: returns argmax tokens and their probabilities, [b, B-1], or
-        with a tree builder the tree's tokens, parents, depths and ancestor sets (TreeLayout's fields)."""
+    def _body_pass(self, feats: torch.Tensor, ctx_positions: torch.Tensor, ctx_rows: torch.Tensor,
+                   block: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append context K/V, then draft the block: per draft slot [b, B-1] the argmax token and its
+        probability, or with a tree builder the top-k probabilities and tokens, [b, B-1, k]."""
         self._write_context(feats, ctx_positions, ctx_rows)
         x, residual = self.target.embed(block.input_ids), None
         for layer in self.model.layers:
@@ -279,13 +334,15 @@ class DFlashDrafter(Drafter):
         h = self.model.norm.fused(x, residual)[0].view(b, B, -1)[:, 1:].reshape(b * (B - 1), -1)
         probs = torch.softmax(self.target.logits(h), dim=-1)
         if self.tree is not None:
-            top, ids = (x.view(b, B - 1, -1) for x in probs.topk(self.tree.topk, dim=-1))
-            if hint is not None:
-                top, ids = merge_lookup(top, ids, hint, LOOKUP_PROB)
-            t = self.tree.build(top, ids)
-            return t.tokens, t.parents, t.depths, t.ancestors
+            top, ids = probs.topk(self.tree.topk, dim=-1)
+            return top.view(b, B - 1, -1), ids.view(b, B - 1, -1)
         conf, tokens = probs.max(dim=-1)
         return tokens.view(b, B - 1), conf.view(b, B - 1)
+
+    def _tree_pass(self, top: torch.Tensor, ids: torch.Tensor, hint: torch.Tensor | None) -> TreeLayout:
+        if hint is not None:
+            top, ids = merge_lookup(top, ids, hint, LOOKUP_PROB)
+        return self.tree.build(top, ids)
 
     # ---- CUDA graphs --------------------------------------------------------------------------
     @torch.inference_mode()
@@ -301,40 +358,55 @@ class DFlashDrafter(Drafter):
 
 
 class _DraftGraph:
-    def __init__(self, graph: CapturedPass | EagerReplay, inputs: _StaticInputs, feats: torch.Tensor, b: int) -> None:
-        self.graph, self.inputs, self.feats, self.b = graph, inputs, feats, b
-        self.outputs: tuple[torch.Tensor, ...] = graph.outputs
+    """The drafter's graphs for a bucket of b requests: the body (context rows + the block's layers),
+    and for tree drafts the tree build, a separate graph so a body launched early can take prompt
+    lookup's hint when it is finished."""
+
+    def __init__(self, body: CapturedPass | EagerReplay, inputs: _StaticInputs, block: ForwardBatch,
+                 feats: torch.Tensor, ctx_meta: torch.Tensor, b: int) -> None:
+        self.graph, self.inputs, self.block, self.feats, self.ctx_meta, self.b = body, inputs, block, feats, ctx_meta, b
+        self.outputs: tuple[torch.Tensor, ...] = body.outputs
+        self.tree_graph: CapturedPass | EagerReplay | None = None
+        self.hint: torch.Tensor | None = None
+        self.hinted = False
 
     @classmethod
     def capture(cls, drafter: DFlashDrafter, inputs: _StaticInputs, feats: torch.Tensor, b: int,
                 pool: tuple) -> _DraftGraph:
         B = drafter.block_size
         block = inputs.batch(b, num_kv_splits=1)
-        # context rows' positions and cache rows: one [2, b*B] buffer, one host-to-device copy per step
+        # context rows' positions and cache rows: one [2, b*B] buffer
         ctx_meta = torch.zeros(2, b * B, dtype=torch.int64, device=drafter.device)
         ctx_meta[1] = drafter.cache.scratch_slot * drafter.cache.max_len
-        # tree drafts: prompt lookup's hint rows (use flag + tokens), all unused unless a step fills them
-        hint = torch.zeros(b, B, dtype=torch.int64, device=drafter.device) if drafter.merges_hints else None
-        args = (feats[: b * B], ctx_meta[0], ctx_meta[1], block, hint)
-        g = cls(GraphBackend.capture(lambda: drafter._draft_pass(*args), pool), inputs, feats, b)
-        g.ctx_meta, g.hint, g.hinted = ctx_meta, hint, False
+        body = GraphBackend.capture(lambda: drafter._body_pass(feats[: b * B], ctx_meta[0], ctx_meta[1], block), pool)
+        g = cls(body, inputs, block, feats, ctx_meta, b)
+        if drafter.tree is not None:
+            # prompt lookup's hint rows (use flag + tokens), all unused unless a step fills them
+            g.hint = torch.zeros(b, B, dtype=torch.int64, device=drafter.device) if drafter.merges_hints else None
+            g.tree_graph = GraphBackend.capture(
+                lambda: tuple(vars(drafter._tree_pass(*g.outputs, g.hint)).values()), pool)  # TreeLayout's fields
         return g
 
-    def replay(self, drafter: DFlashDrafter, reqs: list[Request], feats: torch.Tensor, positions: list[int],
-               rows: list[int], hint: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        B, n = drafter.block_size, len(reqs)
-        block = [[r.output_ids[-1]] + [drafter.cfg.mask_token_id] * (B - 1) for r in reqs]
-        self.inputs.fill([r.slot for r in reqs], [r.cached_len for r in reqs], block, self.b)
-        scratch = drafter.cache.scratch_slot * drafter.cache.max_len
-        pad = (self.b - n) * B
+    def replay_body(self, drafter: DFlashDrafter, reqs: list[Request], starts: list[int], counts: torch.Tensor,
+                    feats: torch.Tensor, first: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n, B = len(reqs), drafter.block_size
+        slots = [r.slot for r in reqs]
+        self.inputs.fill(slots, starts, drafter._block_rows(n), self.b)
+        self.block.advance(counts, first)
+        padded = torch.zeros(self.b, dtype=counts.dtype, device=drafter.device)
+        padded[:n] = counts
+        scratch = drafter.cache.scratch_slot
+        self.ctx_meta.copy_(drafter._context_meta(slots + [scratch] * (self.b - n), starts + [0] * (self.b - n), padded))
         self.feats[: n * B].copy_(feats)
-        meta = torch.tensor([positions + list(range(pad)), rows + [scratch + j % B for j in range(pad)]])
-        self.ctx_meta.copy_(meta, non_blocking=True)
+        self.graph.replay()
+        return self.outputs
+
+    def replay_tree(self, hint: torch.Tensor | None, n: int) -> tuple[torch.Tensor, ...]:
         if hint is not None:  # rows past n are padding: their drafts are dropped, whatever they hold
             self.hint[:n].copy_(hint)
             self.hinted = True
         elif self.hinted:  # clear the last hint's use flags once, not every step
             self.hint.zero_()
             self.hinted = False
-        self.graph.replay()
-        return self.outputs
+        self.tree_graph.replay()
+        return self.tree_graph.outputs

@@ -17,6 +17,8 @@ import torch
 from specpilot.drafters.base import Draft, Drafter
 from specpilot.drafters.ngram import NgramDrafter
 from specpilot.engine.request import Request
+from specpilot.engine.transfer import to_device
+from specpilot.engine.verify import Accepted
 
 
 class NgramAssistedDrafter(Drafter):
@@ -28,6 +30,7 @@ class NgramAssistedDrafter(Drafter):
         self.lookup = NgramDrafter(model.block_size, max_ngram=max_ngram, min_ngram=min_match)
         self.name = f"{model.name}+ngram"
         self.tap_layers, self.source = model.tap_layers, model.source
+        self.launches_early = model.launches_early
 
     def start(self, reqs: list[Request], prompt_taps: list[torch.Tensor | None]) -> None:
         self.model.start(reqs, prompt_taps)
@@ -43,9 +46,8 @@ class NgramAssistedDrafter(Drafter):
         if not any(found):
             return self.model.propose(reqs) if merges else draft
         # one asynchronous copy (pinned), so the host does not wait for the model drafter's pass
-        host = torch.tensor([[int(f), *row] for f, row in zip(found, rows)], dtype=torch.int64)
-        device = self.model.device if merges else draft.tokens.device
-        lookup = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+        lookup = to_device([[int(f), *row] for f, row in zip(found, rows)],
+                           self.model.device if merges else draft.tokens.device)
         if merges:  # a tree drafter takes the lookup's continuation as one more path
             return self.model.propose(reqs, hint=lookup)
         use = lookup[:, :1].bool()
@@ -55,6 +57,13 @@ class NgramAssistedDrafter(Drafter):
 
     def commit(self, reqs: list[Request], committed: list[int], verify_taps: list[torch.Tensor | None]) -> None:
         self.model.commit(reqs, committed, verify_taps)
+
+    def launch_next(self, reqs: list[Request], starts: list[int], accepted: Accepted,
+                    verify_taps: torch.Tensor | None) -> None:
+        self.model.launch_next(reqs, starts, accepted, verify_taps)  # the lookup joins when it is finished
+
+    def cancel_launch(self) -> None:
+        self.model.cancel_launch()
 
     def release(self, req: Request) -> None:
         self.model.release(req)

@@ -18,6 +18,7 @@ from specpilot.engine.model_runner import DEFAULT_GRAPH_BATCH_SIZES, ModelRunner
 from specpilot.engine.request import Request, StopChecker
 from specpilot.engine.sampling import choose_tokens, make_generator, suppress
 from specpilot.engine.spec_stats import SpecStats, StepClock
+from specpilot.engine.transfer import HostCopy, to_device
 from specpilot.engine.verify import Verifier
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import Checkpoint, load_checkpoint
@@ -235,47 +236,78 @@ class Engine:
         target pass, commit the accepted path plus the bonus token. Drafts stay on the device until the
         one sync after verification, so the host prepares the verify pass while the draft runs. The
         target cache needs no rollback: each request's cached length is derived from its committed
-        tokens; a tree's accepted nodes are moved to the positions they now hold."""
+        tokens; a tree's accepted nodes are moved to the positions they now hold.
+
+        When every request is greedy, acceptance runs on the device too, and a drafter that can
+        (`launches_early`) starts the next draft before the sync: the host's work on this step's tokens
+        then runs beside that draft instead of before it."""
         clock = StepClock(self.device)
         draft = self.drafter.propose(reqs)
         clock.mark()
-        drafts, tree = draft.tokens, draft.tree
-        n, q = len(reqs), drafts.shape[1] + 1
+        tree = draft.tree
+        n, q = len(reqs), draft.tokens.shape[1] + 1
         starts = [r.cached_len for r in reqs]
-        out = self.runner.verify([r.slot for r in reqs], starts, [r.output_ids[-1] for r in reqs], drafts, tree)
+        out = self.runner.verify([r.slot for r in reqs], starts, [r.output_ids[-1] for r in reqs], draft.tokens, tree)
         logits = suppress(out.logits, self._banned_rows(reqs, q, tree))
-        to_host = [logits.argmax(-1), drafts.to(logits.device).flatten()]
-        if tree is not None:
-            to_host.append(tree.parents.to(logits.device).flatten())
-        host = torch.cat(to_host).tolist()  # the one sync
-        clock.mark()
-        argmax, flat = host[: n * q], host[n * q : n * q + n * (q - 1)]
-        parents = host[n * q + n * (q - 1) :] if tree is not None else None
-        finished, committed, paths = [], [], []
-        for i, req in enumerate(reqs):
-            rows = slice(i * q, (i + 1) * q)
-            drafted = slice(i * (q - 1), (i + 1) * (q - 1))
-            tokens, path = self.verifier.accept(req, logits[rows], flat[drafted], argmax[rows],
-                                                None if parents is None else parents[drafted])
-            decided = logits[rows] if self.forcing is None else logits[rows][[0, *path]]
+        argmax, drafts = logits.argmax(-1).view(n, q), draft.tokens.to(logits.device)
+        early = False
+        if all(r.params.greedy for r in reqs):
+            accepted = self.verifier.greedy(argmax, drafts, tree)
+            host = HostCopy(torch.cat([accepted.counts, accepted.tokens.flatten(), accepted.nodes.flatten()]))
+            taps = self._arrange_accepted(reqs, starts, accepted.counts, accepted.nodes, out.taps, tree is not None)
+            clock.mark()
+            if self.drafter.launches_early:
+                self.drafter.launch_next(reqs, starts, accepted, taps)
+                clock.mark()
+                early = True
+            values = host.tolist()  # the one sync
+            counts, tokens, nodes = values[:n], values[n : n + n * q], values[n + n * q :]
+            decisions = [(tokens[i * q : i * q + c], nodes[i * q : i * q + c]) for i, c in enumerate(counts)]
+        else:
+            decisions = self._walk(reqs, logits, argmax, drafts, tree)  # syncs
+            clock.mark()
+            counts = [len(tokens) for tokens, _ in decisions]
+            nodes = [rows + [0] * (q - len(rows)) for _, rows in decisions]
+            taps = self._arrange_accepted(reqs, starts, to_device(counts, self.device), to_device(nodes, self.device),
+                                          out.taps, tree is not None)
+        clock.synced()
+        finished, committed, redraft = [], [], False
+        for i, (req, (tokens, rows)) in enumerate(zip(reqs, decisions)):
+            decided = logits[i * q : (i + 1) * q]
+            if self.forcing is not None:
+                decided = decided[rows]
             n_committed, done = self._commit(req, tokens, decided)
+            # token forcing may commit stock's tokens instead: a draft launched for ours no longer fits
+            redraft |= not done and req.output_ids[-n_committed:] != tokens
             req.accept_lengths.append(n_committed)
             self.spec_stats.record(n_committed)
             committed.append(n_committed)
-            paths.append(path[: n_committed - 1])
             if done:
                 finished.append(req)
-        taps = out.taps
-        if tree is not None:
-            taps = self._compact_tree(reqs, starts, paths, q, taps)
-        self.drafter.commit(reqs, committed, _split_rows(taps, [q] * n))
+        if not early:
+            self.drafter.commit(reqs, committed, _split_rows(taps, [q] * n))
+        elif redraft:
+            self.drafter.cancel_launch()
         self._retire(finished)
-        draft_s, verify_s, other_s = clock.intervals()
-        stats = self.spec_stats
-        stats.draft_s += draft_s
-        stats.verify_s += verify_s
-        stats.other_s += other_s
+        clock.done()
+        self.spec_stats.add_clock(clock)
         return finished
+
+    def _walk(self, reqs: list[Request], logits: torch.Tensor, argmax: torch.Tensor, drafts: torch.Tensor,
+              tree: TreeLayout | None) -> list[tuple[list[int], list[int]]]:
+        """The verifier's walk on the host (any sampling): per request the tokens to commit and the
+        verify rows that decided them (0, then the accepted draft nodes)."""
+        n, q = argmax.shape
+        to_host = [argmax.flatten(), drafts.flatten()] + ([] if tree is None else [tree.parents.to(argmax.device).flatten()])
+        host = torch.cat(to_host).tolist()
+        flat, parents = host[n * q : n * q + n * (q - 1)], host[n * q + n * (q - 1) :]
+        decisions = []
+        for i, req in enumerate(reqs):
+            drafted = slice(i * (q - 1), (i + 1) * (q - 1))
+            tokens, path = self.verifier.accept(req, logits[i * q : (i + 1) * q], flat[drafted],
+                                                host[i * q : (i + 1) * q], parents[drafted] if tree is not None else None)
+            decisions.append((tokens, [0, *path]))
+        return decisions
 
     def _banned_rows(self, reqs: list[Request], q: int, tree: TreeLayout | None) -> list[list[int]]:
         """Ids banned per verify row: row j decides the token at depth (its node's depth) + 1."""
@@ -285,27 +317,23 @@ class Engine:
         depths = tree.depths.tolist()  # rare (min_new_tokens not reached yet): worth a sync
         return [rows[d] for rows, ds in zip(per_req, depths) for d in (0, *ds)]
 
-    def _compact_tree(self, reqs: list[Request], starts: list[int], paths: list[list[int]], q: int,
-                      taps: torch.Tensor | None) -> torch.Tensor | None:
-        """Accepted tree nodes' K/V move from their node rows to the positions they now hold (depth d at
-        committed length + d), in one gather/scatter for all layers; returns the verify taps with each
-        request's accepted nodes first, in order (what the drafter takes as committed rows)."""
-        src, dst, order = [], [], []
+    def _arrange_accepted(self, reqs: list[Request], starts: list[int], counts: torch.Tensor, nodes: torch.Tensor,
+                          taps: torch.Tensor | None, tree: bool) -> torch.Tensor | None:
+        """Device-side: a tree's accepted nodes' K/V move from their node rows to the positions they now
+        hold (depth d at committed length + d), in one gather/scatter for all layers (rows past a
+        request's count move onto themselves); returns the verify taps with each request's accepted
+        rows first, in order (what the drafter takes as committed rows). Chains are already in order."""
+        if not tree:
+            return taps
+        n, q = nodes.shape
         L = self.cache.max_len
-        for i, (req, start, path) in enumerate(zip(reqs, starts, paths)):
-            base = req.slot * L + start
-            for d, node in enumerate(path, start=1):
-                if node != d:
-                    src.append(base + node)
-                    dst.append(base + d)
-            accepted = set(path)
-            order.extend(i * q + j for j in (0, *path, *(j for j in range(1, q) if j not in accepted)))
-        # one host-to-device copy for the moves and the taps' order
-        host = torch.tensor(src + dst + order)
-        idx = host.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else host
-        if src:
-            self.cache.move(idx[: len(src)], idx[len(src) : 2 * len(src)])
-        return None if taps is None else taps.index_select(0, idx[2 * len(src) :])
+        base = to_device([r.slot * L + s for r, s in zip(reqs, starts)], self.device)[:, None]
+        depth = torch.arange(1, q, device=self.device)
+        dst = base + depth
+        src = torch.where(depth < counts[:, None], base + nodes[:, 1:], dst)
+        self.cache.move(src.flatten(), dst.flatten())
+        order = torch.arange(0, n * q, q, device=self.device)[:, None] + nodes
+        return None if taps is None else taps.index_select(0, order.flatten())
 
     def _retire(self, reqs: list[Request]) -> None:
         for req in reqs:

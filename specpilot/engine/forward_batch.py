@@ -46,6 +46,18 @@ class ForwardBatch:
         pos[:, 1:] = pos[:, :1] + depths
         self.tree_mask[: n * q].copy_(ancestors.reshape(-1))
 
+    def advance(self, counts: torch.Tensor, first_tokens: torch.Tensor | None = None) -> None:
+        """Move the first n requests' q-token blocks (n = len(counts), q = max_q_len) `counts` positions
+        further, and make `first_tokens` their first tokens: a block laid out before the host knew how
+        many tokens the last verify committed. Device-side, in place."""
+        n, q = counts.shape[0], self.max_q_len
+        shift = counts.to(self.positions.dtype).repeat_interleave(q)
+        self.positions[: n * q] += shift
+        self.write_index[: n * q] += shift
+        self.kv_lens[:n] += counts.to(self.kv_lens.dtype)
+        if first_tokens is not None:
+            self.input_ids[: n * q : q] = first_tokens
+
     @classmethod
     def build(cls, slots: list[int], start_lens: list[int], token_lists: list[list[int]], max_len: int,
               device: torch.device, causal: bool = True) -> ForwardBatch:

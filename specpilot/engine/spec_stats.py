@@ -15,9 +15,24 @@ class SpecStats:
     committed: int = 0  # tokens committed by those passes
     histogram: list[int] = field(default_factory=list)  # [n] = passes that committed n tokens
     position_accepted: list[int] = field(default_factory=list)  # [j] = passes that accepted draft j+1
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    other_s: float = 0.0
+    # steps' clocks, read when the time split is asked for: reading a clock waits for its last event,
+    # which a step that launched the next draft early must not do itself
+    clocks: list[StepClock] = field(default_factory=list, repr=False)
+    times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("draft", "verify", "other"), 0.0))
+
+    def add_clock(self, clock: StepClock) -> None:
+        if len(self.clocks) >= 64:  # earlier steps' clocks: long finished, reading them costs no wait
+            self.time_split()
+        self.clocks.append(clock)
+
+    def time_split(self) -> dict[str, float]:
+        """Seconds summed over steps: draft (on the device, the early-launched part included), verify
+        (verify pass and acceptance), other (host work after the step's sync)."""
+        for clock in self.clocks:
+            for key, seconds in zip(("draft", "verify", "other"), clock.split()):
+                self.times[key] += seconds
+        self.clocks.clear()
+        return dict(self.times)
 
     def record(self, committed: int) -> None:
         if not self.histogram:
@@ -40,19 +55,20 @@ class SpecStats:
             "tau": self.tau, "verify_passes": self.steps, "committed_tokens": self.committed,
             "accept_histogram": self.histogram,
             "per_position_acceptance": [a / steps for a in self.position_accepted],
-            "time_s": {"draft": self.draft_s, "verify": self.verify_s, "other": self.other_s},
+            "time_s": self.time_split(),
         }
 
 
 class StepClock:
-    """Splits one step into intervals. On CUDA the marks are events on the device's own timeline, so
-    work launched asynchronously is charged to the interval where it runs; the last interval (host work
-    after the step's final sync) is wall time."""
+    """Marks one step: its start, the draft's end, the verify's end, and where a drafter launches the
+    next draft early, that draft's end. On CUDA the marks are events on the device's own timeline, so
+    work launched asynchronously is charged to the interval where it runs; `synced()` and `done()`
+    bound the host work after the step's sync (wall time)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self.start_wall = time.perf_counter()
         self.marks: list = []
+        self.sync_wall = self.other = 0.0
         self.mark()
 
     def mark(self) -> None:
@@ -62,13 +78,18 @@ class StepClock:
             self.marks.append(event)
         else:
             self.marks.append(time.perf_counter())
-        self.last_wall = time.perf_counter()
 
-    def intervals(self) -> list[float]:
-        """Seconds between consecutive marks, then the wall time since the last mark."""
+    def synced(self) -> None:
+        self.sync_wall = time.perf_counter()
+
+    def done(self) -> None:
+        self.other = time.perf_counter() - self.sync_wall
+
+    def split(self) -> tuple[float, float, float]:
+        """(draft, verify, other) seconds; waits for the last mark on the device."""
         if self.cuda:
             self.marks[-1].synchronize()
             spans = [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
         else:
             spans = [b - a for a, b in zip(self.marks, self.marks[1:])]
-        return spans + [time.perf_counter() - self.last_wall]
+        return spans[0] + sum(spans[2:]), spans[1], self.other

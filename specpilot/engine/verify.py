@@ -5,12 +5,18 @@ its newest committed token, row j (j >= 1) the token after draft node j and its 
 node j's parent is j - 1; a tree gives each node's parent. The verifier returns the tokens to commit
 (an accepted path of drafts plus one token of the target's own, the bonus: 1..depth+1 tokens) and the
 accepted draft nodes, in order.
+
+Greedy requests can be accepted on the device (`Verifier.greedy`): the same walk as tensor work of
+fixed shape, so the host need not see the argmax before the next draft is launched.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from specpilot.drafters.draft_tree import TreeLayout
 from specpilot.engine.request import Request
 from specpilot.engine.sampling import target_probs
 
@@ -43,3 +49,35 @@ class Verifier:
                 return tokens, path
             path.append(child)
             node = child
+
+    def greedy(self, argmax: torch.Tensor, drafts: torch.Tensor, tree: TreeLayout | None = None) -> Accepted:
+        """The greedy walk for all requests at once, on the device: `argmax` [n, q] of the verify rows,
+        `drafts` [n, q - 1]. A draft node is accepted when it and every ancestor equal their parents'
+        argmax; siblings are distinct, so the accepted nodes form one path (the deepest one's lineage)."""
+        n, q = argmax.shape
+        if tree is None:
+            accepted = (drafts == argmax[:, :-1]).long().cumprod(1).sum(1)
+            nodes = torch.arange(q, device=argmax.device).expand(n, q)
+            return Accepted(accepted + 1, nodes, argmax)
+        steps = torch.arange(1, q, device=argmax.device)
+        matched = drafts == argmax.gather(1, tree.parents)
+        bits = (matched.long() << steps).sum(1, keepdim=True) + 1  # node j's bit (the root's: 1)
+        whole = (tree.ancestors[:, 1:] & ~bits) == 0  # every node on its lineage matched
+        depth, best = torch.where(whole, tree.depths, 0).max(1)
+        lineage = tree.ancestors.gather(1, torch.where(depth > 0, best + 1, 0)[:, None])
+        on_path = ((lineage >> steps) & 1).bool()
+        # the lineage's nodes in index order are in depth order (parents come first): sort them first
+        ordered = torch.where(on_path, steps, q + steps).sort(1).values
+        nodes = torch.cat([torch.zeros_like(ordered[:, :1]), torch.where(ordered < q, ordered, 0)], 1)
+        return Accepted(depth + 1, nodes, argmax.gather(1, nodes))
+
+
+@dataclass
+class Accepted:
+    """Device-side acceptance of n requests: `counts` [n] tokens committed (accepted drafts + the bonus),
+    `nodes` [n, q] the verify rows that decided them (0, then the accepted draft nodes; padded with 0),
+    `tokens` [n, q] the committed tokens (the first counts[i] of row i)."""
+
+    counts: torch.Tensor
+    nodes: torch.Tensor
+    tokens: torch.Tensor
