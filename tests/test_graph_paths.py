@@ -43,4 +43,19 @@ def test_graph_paths_decode_like_eager(tiny, replays, topk, assist):  # noqa: F8
     assert verdict.passed, verdict.as_dict()
     assert replays["n"] > 0
     eager = [r.output_ids for r in _engine(ckpt, False, **spec).generate(prompts, GREEDY)]
-    assert [r.output_ids for r in _engine(ckpt, True, **spec).generate(prompts, GREEDY)] == eager
+    graphed = _engine(ckpt, True, **spec)
+    drafter = graphed.drafter if assist == 0 else graphed.drafter.model
+    launches = {"pending": 0, "early": 0}
+    pending, launch_next = drafter._launch_pending, drafter.launch_next
+    drafter._launch_pending = lambda reqs: (launches.__setitem__("pending", launches["pending"] + 1), pending(reqs))[1]
+
+    def early(reqs, verify, accepted, taps):  # must take the graphs: verify batch and acceptance are theirs
+        launches["early"] += 1
+        assert graphed.acceptance_graphs[verify.batch_size].batch is verify
+        launch_next(reqs, verify, accepted, taps)
+        assert drafter._launched[1] is drafter.graphs[verify.batch_size]
+
+    drafter.launch_next = early
+    assert [r.output_ids for r in graphed.generate(prompts, GREEDY)] == eager
+    # drafts launched early are used; a draft is made afresh only when requests join the batch
+    assert launches["early"] > 3 * launches["pending"] > 0

@@ -26,7 +26,6 @@ from specpilot.drafters.draft_tree import TreeBuilder, TreeLayout, merge_lookup
 from specpilot.engine.forward_batch import ForwardBatch
 from specpilot.engine.graphs import CapturedPass, EagerReplay, GraphBackend
 from specpilot.engine.kv_cache import KVCache
-from specpilot.engine.model_runner import _StaticInputs
 from specpilot.engine.request import Request
 from specpilot.engine.transfer import to_device
 from specpilot.engine.verify import Accepted
@@ -223,14 +222,25 @@ class DFlashDrafter(Drafter):
         self.pending.pop(req.rid, None)
 
     @torch.inference_mode()
-    def launch_next(self, reqs: list[Request], starts: list[int], accepted: Accepted,
+    def launch_next(self, reqs: list[Request], verify: ForwardBatch, accepted: Accepted,
                     verify_taps: torch.Tensor | None) -> None:
         """Instead of `commit` after a greedy verify: start the next block's draft on the device before
-        the host has seen this step's tokens. Request i committed accepted.counts[i] tokens at starts[i];
-        `verify_taps` [n * B, W] are its verify rows' taps, accepted rows first. The next `propose` for
-        these requests (or the ones still running) finishes this draft instead of drafting anew."""
-        bonus = accepted.tokens.gather(1, (accepted.counts - 1)[:, None]).squeeze(1)
-        self._launched = ([r.rid for r in reqs], *self._launch(reqs, starts, accepted.counts, verify_taps, bonus))
+        the host has seen this step's tokens. `verify` is the verify pass's batch (its first
+        len(reqs) requests are `reqs`), `accepted` its device-side acceptance, `verify_taps` its taps
+        with accepted rows first. The next `propose` for these requests (or the ones still running)
+        finishes this draft instead of drafting anew. After a verify graph, two graph replays."""
+        b = verify.batch_size
+        graph = self.graphs.get(b)
+        if graph is not None and graph.source is not None and all(
+                mine is given for mine, given in zip(graph.source, (verify, accepted, verify_taps))):
+            graph.prep.replay()
+            graph.graph.replay()
+            outputs = graph.outputs
+        else:
+            graph, inputs = None, _DraftInputs(self, b)
+            self._lay_out_after(inputs, b, verify, accepted, verify_taps)
+            outputs = self._body_pass(inputs, b)
+        self._launched = ([r.rid for r in reqs], graph, outputs)
 
     def cancel_launch(self) -> None:
         """The host committed other tokens than the launched draft assumed (token forcing substitutes
@@ -270,67 +280,72 @@ class DFlashDrafter(Drafter):
     def _launch_pending(self, reqs: list[Request]) -> tuple[_DraftGraph | None, tuple[torch.Tensor, ...]]:
         """Draft from the committed rows `commit` left (per request: its verify rows' taps and how many of
         them were committed; nothing for requests whose context is already written)."""
-        B, width = self.block_size, len(self.tap_layers) * self.cfg.layers.hidden_size
+        n, B = len(reqs), self.block_size
+        width = len(self.tap_layers) * self.cfg.layers.hidden_size
         counts, feats = [], []
         for req in reqs:
-            taps, n = self.pending.pop(req.rid, (None, 0))
-            counts.append(n)
+            taps, c = self.pending.pop(req.rid, (None, 0))
+            counts.append(c)
             if taps is None:
                 taps = self.target.embed_tokens.weight.new_zeros(B, width)
             elif taps.shape[0] < B:  # a verify pass shorter than the block (e.g. requests near their end)
                 taps = torch.cat([taps, taps.new_zeros(B - taps.shape[0], width)])
             feats.append(taps[:B])
-        starts = [r.cached_len - n for r, n in zip(reqs, counts)]
-        first = to_device([r.output_ids[-1] for r in reqs], self.device)
-        return self._launch(reqs, starts, to_device(counts, self.device), torch.cat(feats), first)
-
-    def _launch(self, reqs: list[Request], starts: list[int], counts: torch.Tensor, feats: torch.Tensor,
-                first: torch.Tensor) -> tuple[_DraftGraph | None, tuple[torch.Tensor, ...]]:
-        """One pass for n requests: context rows (the first counts[i] of request i's B feature rows, at
-        starts[i] + j; the rest go to the scratch slot), then the block [first token, masks] at
-        starts[i] + counts[i]. `counts` and `first` may still be on their way from the device's last
-        pass: positions are laid out from `starts` and moved by `counts` on the device. Returns the graph
-        that ran (None: eager) and the pass's outputs."""
-        n, B = len(reqs), self.block_size
         bucket = next((b for b in sorted(self.graphs) if b >= n), 0)
-        if bucket:
-            graph = self.graphs[bucket]
-            return graph, graph.replay_body(self, reqs, starts, counts, feats, first)
-        block = ForwardBatch.build([r.slot for r in reqs], starts, self._block_rows(n), self.cache.max_len, self.device,
-                                   causal=False)
-        block.advance(counts, first)
-        meta = self._context_meta([r.slot for r in reqs], starts, counts)
-        return None, self._body_pass(feats, meta[0], meta[1], block)
+        graph = self.graphs.get(bucket)
+        inputs = graph.inputs if graph is not None else _DraftInputs(self, n)
+        pad = (bucket or n) - n  # padding requests: the scratch slot, nothing committed
+        meta = to_device([[r.cached_len - c for r, c in zip(reqs, counts)] + [0] * pad,
+                          [r.slot for r in reqs] + [self.cache.scratch_slot] * pad, counts + [0] * pad,
+                          [r.output_ids[-1] for r in reqs] + [0] * pad], self.device)
+        self._lay_out(inputs, n + pad, *meta)
+        inputs.feats[: n * B].copy_(torch.cat(feats))
+        if graph is None:
+            return None, self._body_pass(inputs, n)
+        graph.graph.replay()
+        return graph, graph.outputs
 
-    def _block_rows(self, n: int) -> list[list[int]]:
-        """n blocks of [first token, mask x (B - 1)]; the first tokens are set on the device (advance)."""
-        return [[0] + [self.cfg.mask_token_id] * (self.block_size - 1)] * n
-
-    def _context_meta(self, slots: list[int], starts: list[int], counts: torch.Tensor) -> torch.Tensor:
-        """[2, len(slots) * B] positions and cache rows of the context rows: start + j for j < count, else
-        the scratch slot's row j (where padding requests, count 0, write too)."""
+    def _lay_out(self, inputs: _DraftInputs, b: int, starts: torch.Tensor, slots: torch.Tensor, counts: torch.Tensor,
+                 first: torch.Tensor) -> None:
+        """Device-side (graph-capturable) inputs of a pass for b requests: request i wrote counts[i]
+        context rows at starts[i] + j (its first counts[i] feature rows; the rest go to the scratch
+        slot), and drafts the block [first[i], masks] at starts[i] + counts[i]."""
         B, L = self.block_size, self.cache.max_len
-        base = to_device([starts, [slot * L + start for slot, start in zip(slots, starts)]], self.device)
         j = torch.arange(B, device=self.device)
         use = j < counts[:, None]
-        positions = torch.where(use, base[0][:, None] + j, j)
-        rows = torch.where(use, base[1][:, None] + j, self.cache.scratch_slot * L + j)
-        return torch.stack([positions, rows]).view(2, -1)
+        base = slots.long() * L + starts
+        inputs.ctx_positions[: b * B].view(b, B).copy_(torch.where(use, starts[:, None] + j, j))
+        inputs.ctx_rows[: b * B].view(b, B).copy_(torch.where(use, base[:, None] + j, self.cache.scratch_slot * L + j))
+        nxt = starts + counts
+        inputs.positions[: b * B].view(b, B).copy_(nxt[:, None] + j)
+        inputs.write_index[: b * B].view(b, B).copy_((base + counts)[:, None] + j)
+        inputs.kv_lens[:b].copy_(nxt + B)
+        inputs.slot_ids[:b].copy_(slots)
+        inputs.input_ids[: b * B].view(b, B)[:, 0].copy_(first)
+
+    def _lay_out_after(self, inputs: _DraftInputs, b: int, verify: ForwardBatch, accepted: Accepted,
+                       verify_taps: torch.Tensor | None) -> None:
+        """The next pass's inputs from a verify batch of b requests and its acceptance, on the device."""
+        bonus = accepted.tokens.gather(1, (accepted.counts - 1)[:, None]).squeeze(1)
+        starts = verify.positions.view(b, verify.max_q_len)[:, 0]
+        self._lay_out(inputs, b, starts, verify.slot_ids, accepted.counts, bonus)
+        if verify_taps is not None:
+            inputs.feats[: b * self.block_size].copy_(verify_taps)
 
     def _write_context(self, feats: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> None:
         ctx = self.model.hidden_norm(self.model.fc(feats))
         for layer in self.model.layers:
             layer.write_context(ctx, positions, rows, self.cache, self.rope)
 
-    def _body_pass(self, feats: torch.Tensor, ctx_positions: torch.Tensor, ctx_rows: torch.Tensor,
-                   block: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _body_pass(self, inputs: _DraftInputs, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Append context K/V, then draft the block: per draft slot [b, B-1] the argmax token and its
         probability, or with a tree builder the top-k probabilities and tokens, [b, B-1, k]."""
-        self._write_context(feats, ctx_positions, ctx_rows)
+        B = self.block_size
+        self._write_context(inputs.feats[: b * B], inputs.ctx_positions[: b * B], inputs.ctx_rows[: b * B])
+        block = inputs.batch(b)
         x, residual = self.target.embed(block.input_ids), None
         for layer in self.model.layers:
             x, residual = layer(x, residual, block, self.cache, self.rope)
-        b, B = block.batch_size, self.block_size
         h = self.model.norm.fused(x, residual)[0].view(b, B, -1)[:, 1:].reshape(b * (B - 1), -1)
         probs = torch.softmax(self.target.logits(h), dim=-1)
         if self.tree is not None:
@@ -346,60 +361,74 @@ class DFlashDrafter(Drafter):
 
     # ---- CUDA graphs --------------------------------------------------------------------------
     @torch.inference_mode()
-    def capture(self, batch_sizes: tuple[int, ...]) -> None:
+    def capture(self, batch_sizes: tuple[int, ...],
+                sources: dict[int, tuple[ForwardBatch, Accepted, torch.Tensor | None]] | None = None) -> None:
+        """Graphs per bucket; `sources` (verify bucket -> the static batch, acceptance and ordered taps
+        of the engine's verify and acceptance graphs) adds the graphs that lay out an early launch."""
         max_b = min(max(batch_sizes), self.cache.num_slots)
         pool = GraphBackend.pool(self.device)
-        inputs = _StaticInputs(max_b, self.block_size, self.cache, self.device)
-        width = len(self.tap_layers) * self.cfg.layers.hidden_size
-        feats = torch.zeros(max_b * self.block_size, width, dtype=self.cache.k[0].dtype, device=self.device)
+        inputs = _DraftInputs(self, max_b)
         for b in sorted({min(b, max_b) for b in batch_sizes}, reverse=True):
-            self.graphs[b] = _DraftGraph.capture(self, inputs, feats, b, pool)
+            self.graphs[b] = _DraftGraph.capture(self, inputs, b, pool, (sources or {}).get(b))
         GraphBackend.synchronize(self.device)
 
 
-class _DraftGraph:
-    """The drafter's graphs for a bucket of b requests: the body (context rows + the block's layers),
-    and for tree drafts the tree build, a separate graph so a body launched early can take prompt
-    lookup's hint when it is finished."""
+class _DraftInputs:
+    """Static inputs of the drafter's passes for up to max_b requests (a bucket of b uses the first b):
+    the block batch, the context rows' positions, cache rows and features. Laid out by `_lay_out`;
+    until then every row points at the scratch slot."""
 
-    def __init__(self, body: CapturedPass | EagerReplay, inputs: _StaticInputs, block: ForwardBatch,
-                 feats: torch.Tensor, ctx_meta: torch.Tensor, b: int) -> None:
-        self.graph, self.inputs, self.block, self.feats, self.ctx_meta, self.b = body, inputs, block, feats, ctx_meta, b
+    def __init__(self, drafter: DFlashDrafter, max_b: int) -> None:
+        B, dev = drafter.block_size, drafter.device
+        n = max_b * B
+        ids = torch.full((max_b, B), drafter.cfg.mask_token_id, dtype=torch.int64, device=dev)
+        self.input_ids = ids.view(-1)
+        self.positions, self.write_index, self.ctx_positions, self.ctx_rows = torch.zeros(4, n, dtype=torch.int64, device=dev)
+        self.slot_ids = torch.zeros(max_b, dtype=torch.int32, device=dev)
+        self.kv_lens = torch.zeros(max_b, dtype=torch.int32, device=dev)
+        self.q_starts = torch.arange(0, n, B, dtype=torch.int32, device=dev)
+        self.q_lens = torch.full((max_b,), B, dtype=torch.int32, device=dev)
+        width = len(drafter.tap_layers) * drafter.cfg.layers.hidden_size
+        self.feats = torch.zeros(n, width, dtype=drafter.cache.k[0].dtype, device=dev)
+        zeros = torch.zeros(max_b, dtype=torch.int64, device=dev)
+        drafter._lay_out(self, max_b, zeros, zeros + drafter.cache.scratch_slot, zeros, zeros)
+
+    def batch(self, b: int) -> ForwardBatch:
+        B = self.input_ids.shape[0] // self.slot_ids.shape[0]
+        return ForwardBatch(
+            input_ids=self.input_ids[: b * B], positions=self.positions[: b * B], write_index=self.write_index[: b * B],
+            slot_ids=self.slot_ids[:b], q_starts=self.q_starts[:b], q_lens=self.q_lens[:b], kv_lens=self.kv_lens[:b],
+            max_q_len=B, causal=False)
+
+
+class _DraftGraph:
+    """The drafter's graphs for a bucket of b requests: the body (context rows + the block's layers);
+    for tree drafts the tree build, a separate graph so that a body launched early takes prompt
+    lookup's hint when it is finished; and with a source (the engine's verify and acceptance graphs of
+    the bucket), `prep`, which lays out the next body's inputs from them on the device."""
+
+    def __init__(self, body: CapturedPass | EagerReplay, inputs: _DraftInputs, b: int) -> None:
+        self.graph, self.inputs, self.b = body, inputs, b
         self.outputs: tuple[torch.Tensor, ...] = body.outputs
         self.tree_graph: CapturedPass | EagerReplay | None = None
         self.hint: torch.Tensor | None = None
         self.hinted = False
+        self.prep: CapturedPass | EagerReplay | None = None
+        self.source: tuple[ForwardBatch, Accepted, torch.Tensor | None] | None = None
 
     @classmethod
-    def capture(cls, drafter: DFlashDrafter, inputs: _StaticInputs, feats: torch.Tensor, b: int,
-                pool: tuple) -> _DraftGraph:
-        B = drafter.block_size
-        block = inputs.batch(b, num_kv_splits=1)
-        # context rows' positions and cache rows: one [2, b*B] buffer
-        ctx_meta = torch.zeros(2, b * B, dtype=torch.int64, device=drafter.device)
-        ctx_meta[1] = drafter.cache.scratch_slot * drafter.cache.max_len
-        body = GraphBackend.capture(lambda: drafter._body_pass(feats[: b * B], ctx_meta[0], ctx_meta[1], block), pool)
-        g = cls(body, inputs, block, feats, ctx_meta, b)
+    def capture(cls, drafter: DFlashDrafter, inputs: _DraftInputs, b: int, pool: tuple,
+                source: tuple[ForwardBatch, Accepted, torch.Tensor | None] | None) -> _DraftGraph:
+        g = cls(GraphBackend.capture(lambda: drafter._body_pass(inputs, b), pool), inputs, b)
         if drafter.tree is not None:
             # prompt lookup's hint rows (use flag + tokens), all unused unless a step fills them
-            g.hint = torch.zeros(b, B, dtype=torch.int64, device=drafter.device) if drafter.merges_hints else None
+            g.hint = torch.zeros(b, drafter.block_size, dtype=torch.int64, device=drafter.device) if drafter.merges_hints else None
             g.tree_graph = GraphBackend.capture(
                 lambda: tuple(vars(drafter._tree_pass(*g.outputs, g.hint)).values()), pool)  # TreeLayout's fields
+        if source is not None:
+            g.source = source
+            g.prep = GraphBackend.capture(lambda: drafter._lay_out_after(inputs, b, *source), pool)
         return g
-
-    def replay_body(self, drafter: DFlashDrafter, reqs: list[Request], starts: list[int], counts: torch.Tensor,
-                    feats: torch.Tensor, first: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        n, B = len(reqs), drafter.block_size
-        slots = [r.slot for r in reqs]
-        self.inputs.fill(slots, starts, drafter._block_rows(n), self.b)
-        self.block.advance(counts, first)
-        padded = torch.zeros(self.b, dtype=counts.dtype, device=drafter.device)
-        padded[:n] = counts
-        scratch = drafter.cache.scratch_slot
-        self.ctx_meta.copy_(drafter._context_meta(slots + [scratch] * (self.b - n), starts + [0] * (self.b - n), padded))
-        self.feats[: n * B].copy_(feats)
-        self.graph.replay()
-        return self.outputs
 
     def replay_tree(self, hint: torch.Tensor | None, n: int) -> tuple[torch.Tensor, ...]:
         if hint is not None:  # rows past n are padding: their drafts are dropped, whatever they hold

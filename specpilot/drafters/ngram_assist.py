@@ -16,6 +16,7 @@ import torch
 
 from specpilot.drafters.base import Draft, Drafter
 from specpilot.drafters.ngram import NgramDrafter
+from specpilot.engine.forward_batch import ForwardBatch
 from specpilot.engine.request import Request
 from specpilot.engine.transfer import to_device
 from specpilot.engine.verify import Accepted
@@ -58,9 +59,9 @@ class NgramAssistedDrafter(Drafter):
     def commit(self, reqs: list[Request], committed: list[int], verify_taps: list[torch.Tensor | None]) -> None:
         self.model.commit(reqs, committed, verify_taps)
 
-    def launch_next(self, reqs: list[Request], starts: list[int], accepted: Accepted,
+    def launch_next(self, reqs: list[Request], verify: ForwardBatch, accepted: Accepted,
                     verify_taps: torch.Tensor | None) -> None:
-        self.model.launch_next(reqs, starts, accepted, verify_taps)  # the lookup joins when it is finished
+        self.model.launch_next(reqs, verify, accepted, verify_taps)  # the lookup joins when it is finished
 
     def cancel_launch(self) -> None:
         self.model.cancel_launch()
@@ -69,6 +70,6 @@ class NgramAssistedDrafter(Drafter):
         self.model.release(req)
         self.lookup.release(req)
 
-    def capture(self, batch_sizes: tuple[int, ...]) -> None:
+    def capture(self, batch_sizes: tuple[int, ...], sources: dict | None = None) -> None:
         if hasattr(self.model, "capture"):
-            self.model.capture(batch_sizes)
+            self.model.capture(batch_sizes, sources)

@@ -12,20 +12,22 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from specpilot.config import SamplingParams
-from specpilot.engine.graphs import GraphBackend
+from specpilot.drafters.base import Draft
+from specpilot.drafters.draft_tree import TreeLayout
+from specpilot.engine.forward_batch import ForwardBatch
+from specpilot.engine.graphs import CapturedPass, EagerReplay, GraphBackend
 from specpilot.engine.kv_cache import KVCache
-from specpilot.engine.model_runner import DEFAULT_GRAPH_BATCH_SIZES, ModelRunner
+from specpilot.engine.model_runner import DEFAULT_GRAPH_BATCH_SIZES, ModelRunner, RunOutput
 from specpilot.engine.request import Request, StopChecker
 from specpilot.engine.sampling import choose_tokens, make_generator, suppress
 from specpilot.engine.spec_stats import SpecStats, StepClock
 from specpilot.engine.transfer import HostCopy, to_device
-from specpilot.engine.verify import Verifier
+from specpilot.engine.verify import Accepted, Verifier
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import Checkpoint, load_checkpoint
 from specpilot.models.transformer import Transformer
 
 if TYPE_CHECKING:
-    from specpilot.drafters.draft_tree import TreeLayout
     from specpilot.drafters.base import Drafter
 
 
@@ -67,6 +69,13 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"--dtype must be auto or one of {', '.join(DTYPES)}, got {name!r}")
     return DTYPES[name]
+
+
+@dataclass
+class _AcceptanceGraph:
+    graph: CapturedPass | EagerReplay  # outputs: (Accepted, taps in accepted order, values)
+    batch: ForwardBatch  # the static batch of the verify graph it follows
+    host: torch.Tensor  # pinned: where the graph copies the values the host reads
 
 
 class TokenObserver(Protocol):
@@ -123,12 +132,28 @@ class Engine:
         # Token forcing (specpilot.forcing) installs itself here: it sees every decided token first.
         self.forcing: TokenObserver | None = None
         self.reset_spec_stats()
+        self.acceptance_graphs: dict[int, _AcceptanceGraph] = {}  # verify bucket -> its acceptance graph
         if config.cuda_graphs and GraphBackend.available(self.device):
             q_lens = (1,) if self.drafter is None else (1, self.drafter.block_size)
             tree_q = self.drafter.block_size if self.drafter and self.config.speculative_eagle_topk > 1 else None
             self.runner.capture(q_lens=q_lens, tree_q=tree_q)
+            if self.drafter is not None:
+                self._capture_acceptance()
             if hasattr(self.drafter, "capture"):
-                self.drafter.capture(DEFAULT_GRAPH_BATCH_SIZES)
+                self.drafter.capture(DEFAULT_GRAPH_BATCH_SIZES, {b: (g.batch, *g.graph.outputs[:2])
+                                                                 for b, g in self.acceptance_graphs.items()})
+
+    def _capture_acceptance(self) -> None:
+        """One acceptance graph per verify graph, reading that graph's static batch, logits and taps."""
+        pool = GraphBackend.pool(self.device)
+        q = self.drafter.block_size
+        for (gq, b), g in self.runner.graphs.items():
+            if gq == q:
+                host = torch.zeros(b * (2 * q + 1), dtype=torch.int64, pin_memory=self.device.type == "cuda")
+                graph = GraphBackend.capture(
+                    lambda g=g, host=host: self._acceptance(g.batch, g.logits, g.taps, host), pool)
+                self.acceptance_graphs[b] = _AcceptanceGraph(graph, g.batch, host)
+        GraphBackend.synchronize(self.device)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:
@@ -238,42 +263,40 @@ class Engine:
         target cache needs no rollback: each request's cached length is derived from its committed
         tokens; a tree's accepted nodes are moved to the positions they now hold.
 
-        When every request is greedy, acceptance runs on the device too, and a drafter that can
-        (`launches_early`) starts the next draft before the sync: the host's work on this step's tokens
-        then runs beside that draft instead of before it."""
+        When every request is greedy, acceptance runs on the device (a CUDA graph of its own), and a
+        drafter that can (`launches_early`) starts the next draft before the sync: the host's work on
+        this step's tokens then runs beside that draft instead of before it."""
         clock = StepClock(self.device)
         draft = self.drafter.propose(reqs)
         clock.mark()
         tree = draft.tree
         n, q = len(reqs), draft.tokens.shape[1] + 1
-        starts = [r.cached_len for r in reqs]
-        out = self.runner.verify([r.slot for r in reqs], starts, [r.output_ids[-1] for r in reqs], draft.tokens, tree)
-        logits = suppress(out.logits, self._banned_rows(reqs, q, tree))
-        argmax, drafts = logits.argmax(-1).view(n, q), draft.tokens.to(logits.device)
+        out = self.runner.verify([r.slot for r in reqs], [r.cached_len for r in reqs],
+                                 [r.output_ids[-1] for r in reqs], draft.tokens, tree)
+        banned = self._banned_rows(reqs, q, tree)
         early = False
-        if all(r.params.greedy for r in reqs):
-            accepted = self.verifier.greedy(argmax, drafts, tree)
-            host = HostCopy(torch.cat([accepted.counts, accepted.tokens.flatten(), accepted.nodes.flatten()]))
-            taps = self._arrange_accepted(reqs, starts, accepted.counts, accepted.nodes, out.taps, tree is not None)
+        if all(r.params.greedy for r in reqs) and not any(banned):
+            accepted, taps, host = self._accept_on_device(out)
             clock.mark()
             if self.drafter.launches_early:
-                self.drafter.launch_next(reqs, starts, accepted, taps)
+                self.drafter.launch_next(reqs, out.batch, accepted, taps)
                 clock.mark()
                 early = True
-            values = host.tolist()  # the one sync
-            counts, tokens, nodes = values[:n], values[n : n + n * q], values[n + n * q :]
+            values, b = host.tolist(), out.batch.batch_size  # the one sync; rows of the bucket's b requests
+            counts, tokens, nodes = values[:n], values[b : b + b * q], values[b + b * q :]
             decisions = [(tokens[i * q : i * q + c], nodes[i * q : i * q + c]) for i, c in enumerate(counts)]
         else:
-            decisions = self._walk(reqs, logits, argmax, drafts, tree)  # syncs
+            logits = suppress(out.logits, banned)
+            decisions = self._walk(reqs, logits, draft)  # syncs
             clock.mark()
-            counts = [len(tokens) for tokens, _ in decisions]
-            nodes = [rows + [0] * (q - len(rows)) for _, rows in decisions]
-            taps = self._arrange_accepted(reqs, starts, to_device(counts, self.device), to_device(nodes, self.device),
-                                          out.taps, tree is not None)
+            counts = to_device([len(tokens) for tokens, _ in decisions], self.device)
+            nodes = to_device([rows + [0] * (q - len(rows)) for _, rows in decisions], self.device)
+            base = out.batch.write_index.view(-1, q)[:n, 0]
+            taps = self._arrange_accepted(base, counts, nodes, out.taps, tree is not None)
         clock.synced()
         finished, committed, redraft = [], [], False
         for i, (req, (tokens, rows)) in enumerate(zip(reqs, decisions)):
-            decided = logits[i * q : (i + 1) * q]
+            decided = out.logits[i * q : (i + 1) * q]
             if self.forcing is not None:
                 decided = decided[rows]
             n_committed, done = self._commit(req, tokens, decided)
@@ -293,19 +316,51 @@ class Engine:
         self.spec_stats.add_clock(clock)
         return finished
 
-    def _walk(self, reqs: list[Request], logits: torch.Tensor, argmax: torch.Tensor, drafts: torch.Tensor,
-              tree: TreeLayout | None) -> list[tuple[list[int], list[int]]]:
+    def _accept_on_device(self, out: RunOutput) -> tuple[Accepted, torch.Tensor | None, HostCopy]:
+        """Greedy acceptance of a verify pass on the device: replays the acceptance graph of the verify
+        graph that ran, or runs `_acceptance` eagerly. Returns the acceptance, the verify taps with
+        accepted rows first, and the values the host reads (see `_acceptance`) on their way to it."""
+        graph = self.acceptance_graphs.get(out.batch.batch_size)
+        if graph is not None and graph.batch is out.batch:
+            graph.graph.replay()
+            accepted, taps, _ = graph.graph.outputs
+            return accepted, taps, HostCopy.queued(graph.host)
+        accepted, taps, values = self._acceptance(out.batch, out.logits, out.taps)
+        return accepted, taps, HostCopy(values)
+
+    def _acceptance(self, batch: ForwardBatch, logits: torch.Tensor, verify_taps: torch.Tensor | None,
+                    host: torch.Tensor | None = None) -> tuple[Accepted, torch.Tensor | None, torch.Tensor]:
+        """Fixed-shape device work over a verify batch (graph-capturable): greedy acceptance, a tree's
+        K/V compaction, the taps in accepted order, and the values the host reads: counts [b], then
+        tokens and nodes [b, q] each, flat (copied into the pinned `host` where given)."""
+        b, q = batch.batch_size, batch.max_q_len
+        ids, positions = batch.input_ids.view(b, q), batch.positions.view(b, q)
+        tree = None
+        if batch.tree_mask is not None:
+            tree = TreeLayout(ids[:, 1:], batch.tree_parents.view(b, q)[:, 1:], positions[:, 1:] - positions[:, :1],
+                              batch.tree_mask.view(b, q))
+        accepted = self.verifier.greedy(logits.argmax(-1).view(b, q), ids[:, 1:], tree)
+        taps = self._arrange_accepted(batch.write_index.view(b, q)[:, 0], accepted.counts, accepted.nodes,
+                                      verify_taps, tree is not None)
+        values = torch.cat([accepted.counts, accepted.tokens.flatten(), accepted.nodes.flatten()])
+        if host is not None:
+            host.copy_(values, non_blocking=True)
+        return accepted, taps, values
+
+    def _walk(self, reqs: list[Request], logits: torch.Tensor, draft: Draft) -> list[tuple[list[int], list[int]]]:
         """The verifier's walk on the host (any sampling): per request the tokens to commit and the
         verify rows that decided them (0, then the accepted draft nodes)."""
-        n, q = argmax.shape
-        to_host = [argmax.flatten(), drafts.flatten()] + ([] if tree is None else [tree.parents.to(argmax.device).flatten()])
-        host = torch.cat(to_host).tolist()
+        n, q = len(reqs), draft.tokens.shape[1] + 1
+        parts = [logits.argmax(-1), draft.tokens.to(logits.device).flatten()]
+        if draft.tree is not None:
+            parts.append(draft.tree.parents.to(logits.device).flatten())
+        host = torch.cat(parts).tolist()
         flat, parents = host[n * q : n * q + n * (q - 1)], host[n * q + n * (q - 1) :]
         decisions = []
         for i, req in enumerate(reqs):
             drafted = slice(i * (q - 1), (i + 1) * (q - 1))
             tokens, path = self.verifier.accept(req, logits[i * q : (i + 1) * q], flat[drafted],
-                                                host[i * q : (i + 1) * q], parents[drafted] if tree is not None else None)
+                                                host[i * q : (i + 1) * q], parents[drafted] if draft.tree else None)
             decisions.append((tokens, [0, *path]))
         return decisions
 
@@ -317,22 +372,21 @@ class Engine:
         depths = tree.depths.tolist()  # rare (min_new_tokens not reached yet): worth a sync
         return [rows[d] for rows, ds in zip(per_req, depths) for d in (0, *ds)]
 
-    def _arrange_accepted(self, reqs: list[Request], starts: list[int], counts: torch.Tensor, nodes: torch.Tensor,
+    def _arrange_accepted(self, base: torch.Tensor, counts: torch.Tensor, nodes: torch.Tensor,
                           taps: torch.Tensor | None, tree: bool) -> torch.Tensor | None:
-        """Device-side: a tree's accepted nodes' K/V move from their node rows to the positions they now
-        hold (depth d at committed length + d), in one gather/scatter for all layers (rows past a
-        request's count move onto themselves); returns the verify taps with each request's accepted
-        rows first, in order (what the drafter takes as committed rows). Chains are already in order."""
+        """Device-side, per request (cache row `base` of its newest token): a tree's accepted nodes' K/V
+        move from their node rows to the positions they now hold (depth d at base + d), in one
+        gather/scatter for all layers (rows past a request's count move onto themselves); returns the
+        verify taps with each request's accepted rows first, in order (what the drafter takes as
+        committed rows). Chains are already in order."""
         if not tree:
             return taps
         n, q = nodes.shape
-        L = self.cache.max_len
-        base = to_device([r.slot * L + s for r, s in zip(reqs, starts)], self.device)[:, None]
-        depth = torch.arange(1, q, device=self.device)
-        dst = base + depth
-        src = torch.where(depth < counts[:, None], base + nodes[:, 1:], dst)
+        depth = torch.arange(1, q, device=nodes.device)
+        dst = base[:, None] + depth
+        src = torch.where(depth < counts[:, None], base[:, None] + nodes[:, 1:], dst)
         self.cache.move(src.flatten(), dst.flatten())
-        order = torch.arange(0, n * q, q, device=self.device)[:, None] + nodes
+        order = torch.arange(0, n * q, q, device=nodes.device)[:, None] + nodes
         return None if taps is None else taps.index_select(0, order.flatten())
 
     def _retire(self, reqs: list[Request]) -> None:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from specpilot.drafters.draft_tree import TreeLayout
 
 
 @dataclass
@@ -28,6 +32,7 @@ class ForwardBatch:
     # Tree verification: [T] int64, per token the bit set of its request's new tokens it may see (its
     # ancestors and itself, draft_tree.TreeLayout.ancestors); replaces `causal` within the new block.
     tree_mask: torch.Tensor | None = None
+    tree_parents: torch.Tensor | None = None  # [T] int64: each draft node's parent node (row 0's: 0)
 
     @property
     def num_tokens(self) -> int:
@@ -37,26 +42,15 @@ class ForwardBatch:
     def batch_size(self) -> int:
         return self.slot_ids.shape[0]
 
-    def place_tree(self, depths: torch.Tensor, ancestors: torch.Tensor) -> None:
+    def place_tree(self, tree: TreeLayout) -> None:
         """Lay a draft tree over a verify batch of n requests x q tokens (node 0 = each request's newest
         token, then its q - 1 draft nodes): nodes keep their own cache rows, but sit at position
         committed length + depth, and see only their ancestors. Device-side, in place."""
-        n, q = ancestors.shape
+        n, q = tree.ancestors.shape
         pos = self.positions[: n * q].view(n, q)
-        pos[:, 1:] = pos[:, :1] + depths
-        self.tree_mask[: n * q].copy_(ancestors.reshape(-1))
-
-    def advance(self, counts: torch.Tensor, first_tokens: torch.Tensor | None = None) -> None:
-        """Move the first n requests' q-token blocks (n = len(counts), q = max_q_len) `counts` positions
-        further, and make `first_tokens` their first tokens: a block laid out before the host knew how
-        many tokens the last verify committed. Device-side, in place."""
-        n, q = counts.shape[0], self.max_q_len
-        shift = counts.to(self.positions.dtype).repeat_interleave(q)
-        self.positions[: n * q] += shift
-        self.write_index[: n * q] += shift
-        self.kv_lens[:n] += counts.to(self.kv_lens.dtype)
-        if first_tokens is not None:
-            self.input_ids[: n * q : q] = first_tokens
+        pos[:, 1:] = pos[:, :1] + tree.depths
+        self.tree_mask[: n * q].copy_(tree.ancestors.reshape(-1))
+        self.tree_parents[: n * q].view(n, q)[:, 1:] = tree.parents
 
     @classmethod
     def build(cls, slots: list[int], start_lens: list[int], token_lists: list[list[int]], max_len: int,

@@ -12,11 +12,12 @@ graph (input fills, bucket padding, in-place edits before replay) is exercised e
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 import torch
 
-Outputs = Any  # a tensor, or a (nested) tuple of tensors and None
+Outputs = Any  # a tensor, or (nested) tuples and dataclasses of tensors and None
 
 
 class CapturedPass:
@@ -42,6 +43,9 @@ def _copy_into(dst: Outputs, src: Outputs) -> None:
     elif isinstance(dst, tuple):
         for d, s in zip(dst, src):
             _copy_into(d, s)
+    elif is_dataclass(dst):
+        for f in fields(dst):
+            _copy_into(getattr(dst, f.name), getattr(src, f.name))
 
 
 def cuda_capture(fn: Callable[[], Outputs], pool: Any) -> CapturedPass:

@@ -20,6 +20,8 @@ DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 class RunOutput:
     logits: torch.Tensor  # [rows, V] float32: every token's, or each request's last (see `last_only`)
     taps: torch.Tensor | None  # [T, n_taps * H] for every token
+    # verify passes: the batch that ran (a graph's static batch: its bucket's rows, padding included)
+    batch: ForwardBatch | None = None
 
 
 class _Graph:
@@ -68,12 +70,11 @@ class ModelRunner:
         key = (q, self._bucket(len(slots), q))
         if key not in self.graphs:
             lists = [[t] + d for t, d in zip(first_tokens, drafts.tolist())]
-            if tree is None:
-                return self.forward(slots, start_lens, lists)
             batch = ForwardBatch.build(slots, start_lens, lists, self.cache.max_len, self.device)
-            batch.tree_mask = torch.empty_like(batch.positions)
-            batch.place_tree(tree.depths.to(self.device), tree.ancestors.to(self.device))
-            return RunOutput(*self._run(batch))
+            if tree is not None:
+                batch.tree_mask, batch.tree_parents = torch.empty_like(batch.positions), torch.zeros_like(batch.positions)
+                batch.place_tree(TreeLayout(*(t.to(self.device) for t in vars(tree).values())))
+            return RunOutput(*self._run(batch), batch)
         g, n = self.graphs[key], len(slots)
         if tree is not None and g.batch.tree_mask is None:
             raise RuntimeError(f"the verify graphs for {q} tokens were captured without tree masks")
@@ -81,9 +82,9 @@ class ModelRunner:
         inputs.fill(slots, start_lens, [[t] * q for t in first_tokens], g.batch.batch_size)
         g.batch.input_ids[: n * q].view(n, q)[:, 1:].copy_(drafts, non_blocking=True)
         if tree is not None:
-            g.batch.place_tree(tree.depths, tree.ancestors)
+            g.batch.place_tree(tree)
         g.graph.replay()
-        return RunOutput(g.logits[: n * q], None if g.taps is None else g.taps[: n * q])
+        return RunOutput(g.logits[: n * q], None if g.taps is None else g.taps[: n * q], g.batch)
 
     # ---- CUDA graphs ------------------------------------------------------------------------
     def _bucket(self, batch_size: int, q: int) -> int:
@@ -138,11 +139,13 @@ class _StaticInputs:
         self.dev = torch.zeros_like(self.host, device=device)
         self.n, self.max_b = n, max_b
         self.q_starts = torch.arange(0, n, q, dtype=torch.int32, device=device)
-        # tree graphs: every fill restores chain (causal) masks; a verify step then lays its tree over them
-        self.chain_mask = self.tree_mask = None
+        # tree graphs: every fill restores chain masks and parents; a verify step then lays its tree over them
+        self.chain = self.tree_mask = self.tree_parents = None
         if tree:
-            chain = chain_layout(torch.zeros(max_b, q - 1, dtype=torch.long, device=device)).ancestors
-            self.chain_mask, self.tree_mask = chain.reshape(-1), chain.reshape(-1).clone()
+            chain = chain_layout(torch.zeros(max_b, q - 1, dtype=torch.long, device=device))
+            parents = torch.nn.functional.pad(chain.parents, (1, 0))
+            self.chain = torch.stack([chain.ancestors.reshape(-1), parents.reshape(-1)])
+            self.tree_mask, self.tree_parents = self.chain.clone().unbind(0)
         self._layout: dict[int, torch.Tensor] = {}
         self.fill([], [], [], max_b)
 
@@ -153,6 +156,7 @@ class _StaticInputs:
             slot_ids=d[3 * n : 3 * n + b], q_lens=d[3 * n + m : 3 * n + m + b],
             kv_lens=d[3 * n + 2 * m : 3 * n + 2 * m + b], q_starts=self.q_starts[:b], max_q_len=q,
             num_kv_splits=num_kv_splits, tree_mask=None if self.tree_mask is None else self.tree_mask[: b * q],
+            tree_parents=None if self.tree_parents is None else self.tree_parents[: b * q],
         )
 
     def fill(self, slots: list[int], start_lens: list[int], token_lists: list[list[int]], b: int) -> None:
@@ -169,7 +173,8 @@ class _StaticInputs:
         self.host.index_copy_(0, self._rows(b), values)
         self.dev.copy_(self.host, non_blocking=self.dev.is_cuda)
         if self.tree_mask is not None:
-            self.tree_mask.copy_(self.chain_mask)
+            self.tree_mask.copy_(self.chain[0])
+            self.tree_parents.copy_(self.chain[1])
 
     def _rows(self, b: int) -> torch.Tensor:
         """Where a bucket of b requests' values go in the buffer: ids, positions, writes (b*q each), then

@@ -13,19 +13,30 @@ def to_device(values: list[int] | list[list[int]], device: torch.device) -> torc
 
 
 class HostCopy:
-    """A device tensor's values on their way to the host. The copy is queued now, right behind the
+    """A device tensor's values on their way to the host. The copy is queued at once, right behind the
     work that produces them, so work launched afterwards does not delay it; `tolist()` waits for the
     copy alone."""
 
     def __init__(self, tensor: torch.Tensor) -> None:
-        self.event = None
         if tensor.is_cuda:
-            self.host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            self.host.copy_(tensor, non_blocking=True)
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor, non_blocking=True)
+            tensor = host
+        self._set(tensor)
+
+    @classmethod
+    def queued(cls, host: torch.Tensor) -> HostCopy:
+        """For a copy into `host` already queued on the device (a CUDA graph's copy node)."""
+        copy = cls.__new__(cls)
+        copy._set(host)
+        return copy
+
+    def _set(self, host: torch.Tensor) -> None:
+        self.host = host
+        self.event = None
+        if host.is_pinned():
             self.event = torch.cuda.Event()
             self.event.record()
-        else:
-            self.host = tensor
 
     def tolist(self) -> list:
         if self.event is not None:

@@ -57,7 +57,7 @@ class Verifier:
         n, q = argmax.shape
         if tree is None:
             accepted = (drafts == argmax[:, :-1]).long().cumprod(1).sum(1)
-            nodes = torch.arange(q, device=argmax.device).expand(n, q)
+            nodes = torch.arange(q, device=argmax.device).repeat(n, 1)
             return Accepted(accepted + 1, nodes, argmax)
         steps = torch.arange(1, q, device=argmax.device)
         matched = drafts == argmax.gather(1, tree.parents)
