@@ -143,6 +143,7 @@ class Engine:
                 self.drafter.capture(DEFAULT_GRAPH_BATCH_SIZES, {b: (g.batch, *g.graph.outputs[:2])
                                                                  for b, g in self.acceptance_graphs.items()})
 
+    @torch.inference_mode()
     def _capture_acceptance(self) -> None:
         """One acceptance graph per verify graph, reading that graph's static batch, logits and taps."""
         pool = GraphBackend.pool(self.device)
@@ -153,6 +154,10 @@ class Engine:
                 graph = GraphBackend.capture(
                     lambda g=g, host=host: self._acceptance(g.batch, g.logits, g.taps, host), pool)
                 self.acceptance_graphs[b] = _AcceptanceGraph(graph, g.batch, host)
+                # a graph's outputs hold nothing until it runs, and the drafter's graphs are captured
+                # over these: run both once (the static inputs aim at the scratch slot)
+                g.graph.replay()
+                graph.replay()
         GraphBackend.synchronize(self.device)
 
     @classmethod

@@ -32,6 +32,9 @@ class EagerReplay:
     def __init__(self, fn: Callable[[], Outputs]) -> None:
         self.fn = fn
         self.outputs = fn()
+        # a captured graph's outputs hold nothing until its first replay: poison these the same way, so
+        # code that reads them before a replay fails on CPU as it would on a GPU
+        _poison(self.outputs)
 
     def replay(self) -> None:
         _copy_into(self.outputs, self.fn())
@@ -46,6 +49,17 @@ def _copy_into(dst: Outputs, src: Outputs) -> None:
     elif is_dataclass(dst):
         for f in fields(dst):
             _copy_into(getattr(dst, f.name), getattr(src, f.name))
+
+
+def _poison(out: Outputs) -> None:
+    if isinstance(out, torch.Tensor):
+        out.fill_(float("nan") if out.is_floating_point() else -(2**31) + 7)
+    elif isinstance(out, tuple):
+        for o in out:
+            _poison(o)
+    elif is_dataclass(out):
+        for f in fields(out):
+            _poison(getattr(out, f.name))
 
 
 def cuda_capture(fn: Callable[[], Outputs], pool: Any) -> CapturedPass:
