@@ -115,7 +115,7 @@ def test_device_greedy_acceptance_equals_the_walk(topk):
         for j in range(depth):
             if torch.rand(1, generator=g) < 0.8:
                 argmax[r, parents[r][j]] = drafts[r, j]
-    acc = Verifier().greedy(argmax, drafts, tree)
+    acc = Verifier().greedy(argmax, drafts, torch.zeros(n, dtype=torch.long), tree)
     req = Request([1], SamplingParams(max_new_tokens=8))
     deep = 0
     for r in range(n):

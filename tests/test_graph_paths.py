@@ -56,6 +56,11 @@ def test_graph_paths_decode_like_eager(tiny, replays, topk, assist):  # noqa: F8
         assert drafter._launched[1] is drafter.graphs[verify.batch_size]
 
     drafter.launch_next = early
+    inputs = graphed.runner.static_inputs[6]
+    fills, fill = [], inputs.fill
+    inputs.fill = lambda *args: (fills.append(args[3]), fill(*args))
     assert [r.output_ids for r in graphed.generate(prompts, GREEDY)] == eager
     # drafts launched early are used; a draft is made afresh only when requests join the batch
     assert launches["early"] > 3 * launches["pending"] > 0
+    # the host fills a verify graph's inputs only when the batch changed; else the device laid them out
+    assert 0 < len(fills) < launches["early"] / 2

@@ -97,9 +97,9 @@ class AcceptEverything(Verifier):
     def accept(self, req, rows, draft, argmax, parents=None):
         return list(draft) + [argmax[len(draft)]], list(range(1, len(draft) + 1))
 
-    def greedy(self, argmax, drafts, tree=None):
+    def greedy(self, argmax, drafts, starts, tree=None):
         n, q = argmax.shape
-        return Accepted(torch.full((n,), q), torch.arange(q).expand(n, q), torch.cat([drafts, argmax[:, -1:]], 1))
+        return Accepted(torch.full((n,), q), torch.arange(q).repeat(n, 1), torch.cat([drafts, argmax[:, -1:]], 1), starts)
 
 
 def test_planted_accept_everything_fails_forcing(tiny, monkeypatch):

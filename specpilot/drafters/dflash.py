@@ -326,9 +326,7 @@ class DFlashDrafter(Drafter):
     def _lay_out_after(self, inputs: _DraftInputs, b: int, verify: ForwardBatch, accepted: Accepted,
                        verify_taps: torch.Tensor | None) -> None:
         """The next pass's inputs from a verify batch of b requests and its acceptance, on the device."""
-        bonus = accepted.tokens.gather(1, (accepted.counts - 1)[:, None]).squeeze(1)
-        starts = verify.positions.view(b, verify.max_q_len)[:, 0]
-        self._lay_out(inputs, b, starts, verify.slot_ids, accepted.counts, bonus)
+        self._lay_out(inputs, b, accepted.starts, verify.slot_ids, accepted.counts, accepted.bonus())
         if verify_taps is not None:
             inputs.feats[: b * self.block_size].copy_(verify_taps)
 

@@ -133,6 +133,7 @@ class Engine:
         self.forcing: TokenObserver | None = None
         self.reset_spec_stats()
         self.acceptance_graphs: dict[int, _AcceptanceGraph] = {}  # verify bucket -> its acceptance graph
+        self._verify_laid_out: list[str] | None = None  # the requests whose next verify the device laid out
         if config.cuda_graphs and GraphBackend.available(self.device):
             q_lens = (1,) if self.drafter is None else (1, self.drafter.block_size)
             tree_q = self.drafter.block_size if self.drafter and self.config.speculative_eagle_topk > 1 else None
@@ -276,12 +277,14 @@ class Engine:
         clock.mark()
         tree = draft.tree
         n, q = len(reqs), draft.tokens.shape[1] + 1
-        out = self.runner.verify([r.slot for r in reqs], [r.cached_len for r in reqs],
-                                 [r.output_ids[-1] for r in reqs], draft.tokens, tree)
+        rids = [r.rid for r in reqs]
+        out = self.runner.verify([r.slot for r in reqs], [r.cached_len for r in reqs], [r.output_ids[-1] for r in reqs],
+                                 draft.tokens, tree, laid_out=self._verify_laid_out == rids)
+        self._verify_laid_out = None
         banned = self._banned_rows(reqs, q, tree)
         early = False
         if all(r.params.greedy for r in reqs) and not any(banned):
-            accepted, taps, host = self._accept_on_device(out)
+            accepted, taps, host, graphed = self._accept_on_device(out)
             clock.mark()
             if self.drafter.launches_early:
                 self.drafter.launch_next(reqs, out.batch, accepted, taps)
@@ -316,22 +319,26 @@ class Engine:
             self.drafter.commit(reqs, committed, _split_rows(taps, [q] * n))
         elif redraft:
             self.drafter.cancel_launch()
+        elif graphed and not finished:  # the acceptance graph laid out these requests' next verify
+            self._verify_laid_out = rids
+            self.runner.static_inputs[q].laid_out = out.batch.batch_size
         self._retire(finished)
         clock.done()
         self.spec_stats.add_clock(clock)
         return finished
 
-    def _accept_on_device(self, out: RunOutput) -> tuple[Accepted, torch.Tensor | None, HostCopy]:
+    def _accept_on_device(self, out: RunOutput) -> tuple[Accepted, torch.Tensor | None, HostCopy, bool]:
         """Greedy acceptance of a verify pass on the device: replays the acceptance graph of the verify
         graph that ran, or runs `_acceptance` eagerly. Returns the acceptance, the verify taps with
-        accepted rows first, and the values the host reads (see `_acceptance`) on their way to it."""
+        accepted rows first, the values the host reads (see `_acceptance`) on their way to it, and
+        whether the graph ran."""
         graph = self.acceptance_graphs.get(out.batch.batch_size)
         if graph is not None and graph.batch is out.batch:
             graph.graph.replay()
             accepted, taps, _ = graph.graph.outputs
-            return accepted, taps, HostCopy.queued(graph.host)
+            return accepted, taps, HostCopy.queued(graph.host), True
         accepted, taps, values = self._acceptance(out.batch, out.logits, out.taps)
-        return accepted, taps, HostCopy(values)
+        return accepted, taps, HostCopy(values), False
 
     def _acceptance(self, batch: ForwardBatch, logits: torch.Tensor, verify_taps: torch.Tensor | None,
                     host: torch.Tensor | None = None) -> tuple[Accepted, torch.Tensor | None, torch.Tensor]:
@@ -344,13 +351,30 @@ class Engine:
         if batch.tree_mask is not None:
             tree = TreeLayout(ids[:, 1:], batch.tree_parents.view(b, q)[:, 1:], positions[:, 1:] - positions[:, :1],
                               batch.tree_mask.view(b, q))
-        accepted = self.verifier.greedy(logits.argmax(-1).view(b, q), ids[:, 1:], tree)
+        starts = positions[:, 0].clone()  # the layout below moves them on
+        accepted = self.verifier.greedy(logits.argmax(-1).view(b, q), ids[:, 1:], starts, tree)
         taps = self._arrange_accepted(batch.write_index.view(b, q)[:, 0], accepted.counts, accepted.nodes,
                                       verify_taps, tree is not None)
         values = torch.cat([accepted.counts, accepted.tokens.flatten(), accepted.nodes.flatten()])
         if host is not None:
             host.copy_(values, non_blocking=True)
+        self._lay_out_next_verify(batch, accepted)
         return accepted, taps, values
+
+    def _lay_out_next_verify(self, batch: ForwardBatch, accepted: Accepted) -> None:
+        """In place: the batch becomes the next verify pass of the same requests (its block starts where
+        this step's commits end, the bonus token first; the drafts and a tree are placed later), so a
+        step whose batch did not change skips the host's fill of a verify graph's inputs. Padding rows
+        (the scratch slot) stay where they are."""
+        b, q = batch.batch_size, batch.max_q_len
+        live = batch.slot_ids != self.cache.scratch_slot
+        shift = torch.where(live, accepted.counts, 0)
+        j = torch.arange(q, device=shift.device)
+        batch.positions.view(b, q).copy_((accepted.starts + shift)[:, None] + j)
+        batch.write_index.view(b, q).copy_((batch.write_index.view(b, q)[:, 0] + shift)[:, None] + j)
+        batch.kv_lens.copy_(accepted.starts + shift + q)
+        first = batch.input_ids.view(b, q)[:, 0]
+        first.copy_(torch.where(live, accepted.bonus(), first))
 
     def _walk(self, reqs: list[Request], logits: torch.Tensor, draft: Draft) -> list[tuple[list[int], list[int]]]:
         """The verifier's walk on the host (any sampling): per request the tokens to commit and the

@@ -62,10 +62,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def verify(self, slots: list[int], start_lens: list[int], first_tokens: list[int], drafts: torch.Tensor,
-               tree: TreeLayout | None = None) -> RunOutput:
+               tree: TreeLayout | None = None, laid_out: bool = False) -> RunOutput:
         """Every request verifies [its newest token, drafts[i]] (drafts: [B, K], on any device), as a
         chain or, with `tree`, as that draft tree (ancestor mask, depth positions). On the graph path the
-        drafts go device-to-device into the graph's inputs, never through the host."""
+        drafts go device-to-device into the graph's inputs, never through the host. `laid_out`: the
+        device already laid these requests' verify inputs out in the graph's batch (after the last
+        verify, see Engine._lay_out_next_verify); honoured unless another pass filled them since."""
         q = drafts.shape[1] + 1
         key = (q, self._bucket(len(slots), q))
         if key not in self.graphs:
@@ -79,7 +81,9 @@ class ModelRunner:
         if tree is not None and g.batch.tree_mask is None:
             raise RuntimeError(f"the verify graphs for {q} tokens were captured without tree masks")
         inputs = self.static_inputs[q]
-        inputs.fill(slots, start_lens, [[t] * q for t in first_tokens], g.batch.batch_size)
+        if not (laid_out and inputs.laid_out == g.batch.batch_size):
+            inputs.fill(slots, start_lens, [[t] * q for t in first_tokens], g.batch.batch_size)
+        inputs.laid_out = 0
         g.batch.input_ids[: n * q].view(n, q)[:, 1:].copy_(drafts, non_blocking=True)
         if tree is not None:
             g.batch.place_tree(tree)
@@ -148,6 +152,7 @@ class _StaticInputs:
             self.tree_mask, self.tree_parents = self.chain.clone().unbind(0)
         self._layout: dict[int, torch.Tensor] = {}
         self.fill([], [], [], max_b)
+        self.laid_out = 0  # > 0: the device laid out the next verify of a bucket of this many (the engine)
 
     def batch(self, b: int, num_kv_splits: int) -> ForwardBatch:
         n, m, q, d = self.n, self.max_b, self.q, self.dev
@@ -169,6 +174,7 @@ class _StaticInputs:
         writes = [slot * L + p for slot, s in zip(slots_all, starts) for p in range(s, s + q)]
         # one host tensor and one indexed write into the pinned buffer (small tensors cost more to make
         # than to fill: this was the largest host cost of a speculative step)
+        self.laid_out = 0
         values = torch.tensor(ids + pos + writes + slots_all + [q] * b + [s + q for s in starts])
         self.host.index_copy_(0, self._rows(b), values)
         self.dev.copy_(self.host, non_blocking=self.dev.is_cuda)

@@ -50,15 +50,17 @@ class Verifier:
             path.append(child)
             node = child
 
-    def greedy(self, argmax: torch.Tensor, drafts: torch.Tensor, tree: TreeLayout | None = None) -> Accepted:
+    def greedy(self, argmax: torch.Tensor, drafts: torch.Tensor, starts: torch.Tensor,
+               tree: TreeLayout | None = None) -> Accepted:
         """The greedy walk for all requests at once, on the device: `argmax` [n, q] of the verify rows,
-        `drafts` [n, q - 1]. A draft node is accepted when it and every ancestor equal their parents'
-        argmax; siblings are distinct, so the accepted nodes form one path (the deepest one's lineage)."""
+        `drafts` [n, q - 1], `starts` [n] the committed lengths the pass verified at. A draft node is
+        accepted when it and every ancestor equal their parents' argmax; siblings are distinct, so the
+        accepted nodes form one path (the deepest one's lineage)."""
         n, q = argmax.shape
         if tree is None:
             accepted = (drafts == argmax[:, :-1]).long().cumprod(1).sum(1)
             nodes = torch.arange(q, device=argmax.device).repeat(n, 1)
-            return Accepted(accepted + 1, nodes, argmax)
+            return Accepted(accepted + 1, nodes, argmax, starts)
         steps = torch.arange(1, q, device=argmax.device)
         matched = drafts == argmax.gather(1, tree.parents)
         bits = (matched.long() << steps).sum(1, keepdim=True) + 1  # node j's bit (the root's: 1)
@@ -69,15 +71,21 @@ class Verifier:
         # the lineage's nodes in index order are in depth order (parents come first): sort them first
         ordered = torch.where(on_path, steps, q + steps).sort(1).values
         nodes = torch.cat([torch.zeros_like(ordered[:, :1]), torch.where(ordered < q, ordered, 0)], 1)
-        return Accepted(depth + 1, nodes, argmax.gather(1, nodes))
+        return Accepted(depth + 1, nodes, argmax.gather(1, nodes), starts)
 
 
 @dataclass
 class Accepted:
     """Device-side acceptance of n requests: `counts` [n] tokens committed (accepted drafts + the bonus),
     `nodes` [n, q] the verify rows that decided them (0, then the accepted draft nodes; padded with 0),
-    `tokens` [n, q] the committed tokens (the first counts[i] of row i)."""
+    `tokens` [n, q] the committed tokens (the first counts[i] of row i), `starts` [n] the committed
+    lengths before them."""
 
     counts: torch.Tensor
     nodes: torch.Tensor
     tokens: torch.Tensor
+    starts: torch.Tensor
+
+    def bonus(self) -> torch.Tensor:
+        """[n] each request's newest committed token (the target's own, after the accepted drafts)."""
+        return self.tokens.gather(1, (self.counts - 1)[:, None]).squeeze(1)
