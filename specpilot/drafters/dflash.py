@@ -189,7 +189,8 @@ class DFlashDrafter(Drafter):
                                 context_length + self.block_size, device)
         self.pending: dict[str, tuple[torch.Tensor, int]] = {}  # rid -> (verify-row taps, rows committed)
         self.graphs: dict[int, _DraftGraph] = {}
-        self._launched: tuple[list[str], tuple[torch.Tensor, ...]] | None = None  # (rids, outputs): launch_next
+        # launch_next's draft: (its requests' ids, the graph that ran it or None, its outputs)
+        self._launched: tuple[list[str], _DraftGraph | None, tuple[torch.Tensor, ...]] | None = None
         # topk > 1: the block's slots' top-k become a tree of block_size - 1 nodes (same verify width)
         k = self.num_proposals
         self.tree = TreeBuilder(topk, k, k, device) if topk > 1 else None
@@ -405,8 +406,8 @@ class _DraftGraph:
     lookup's hint when it is finished; and with a source (the engine's verify and acceptance graphs of
     the bucket), `prep`, which lays out the next body's inputs from them on the device."""
 
-    def __init__(self, body: CapturedPass | EagerReplay, inputs: _DraftInputs, b: int) -> None:
-        self.graph, self.inputs, self.b = body, inputs, b
+    def __init__(self, body: CapturedPass | EagerReplay, inputs: _DraftInputs) -> None:
+        self.graph, self.inputs = body, inputs
         self.outputs: tuple[torch.Tensor, ...] = body.outputs
         self.tree_graph: CapturedPass | EagerReplay | None = None
         self.hint: torch.Tensor | None = None
@@ -417,7 +418,7 @@ class _DraftGraph:
     @classmethod
     def capture(cls, drafter: DFlashDrafter, inputs: _DraftInputs, b: int, pool: tuple,
                 source: tuple[ForwardBatch, Accepted, torch.Tensor | None] | None) -> _DraftGraph:
-        g = cls(GraphBackend.capture(lambda: drafter._body_pass(inputs, b), pool), inputs, b)
+        g = cls(GraphBackend.capture(lambda: drafter._body_pass(inputs, b), pool), inputs)
         if drafter.tree is not None:
             # prompt lookup's hint rows (use flag + tokens), all unused unless a step fills them
             g.hint = torch.zeros(b, drafter.block_size, dtype=torch.int64, device=drafter.device) if drafter.merges_hints else None
