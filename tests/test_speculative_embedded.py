@@ -89,6 +89,8 @@ def test_embedded_model_defaults_to_the_shipped_drafter(smol, tmp_path, monkeypa
     assert eng.config.speculative_draft_model_path == str(shipped)
     assert eng.config.speculative_num_draft_tokens == DFLASH_CPU_BLOCK
     assert engine(ckpt, speculative_algorithm="dflash", speculative_num_draft_tokens=5).drafter.block_size == 5
+    # a tree keeps the checkpoint's block on CPU too
+    assert engine(ckpt, speculative_algorithm="dflash", speculative_eagle_topk=4).drafter.block_size == 5
     monkeypatch.setattr(drafters, "EMBEDDED_DRAFTER", tmp_path / "missing")
     with pytest.raises(ValueError, match="drafter is missing from the package"):
         engine(ckpt, speculative_algorithm="dflash")

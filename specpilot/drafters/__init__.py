@@ -12,9 +12,11 @@ if TYPE_CHECKING:
 
 ALGORITHMS = ("dflash", "pard", "ngram")
 DEFAULT_BLOCK = {"pard": 9, "ngram": 8}
-# DFlash's default block is the checkpoint's, except on CPU where a verify pass of many tokens costs
-# about two decode steps: the shipped drafter's chain is fastest at 4 there (HumanEval 1.06x over AR;
-# 0.94x at 8, 0.86x at 16; docs/RESULTS.md, fourth session).
+# DFlash's default block is the checkpoint's, except for chains on CPU, where a verify pass of many
+# tokens costs about two decode steps: the shipped drafter's chain is fastest at 4 there (HumanEval 1.06x
+# over AR; 0.94x at 8, 0.86x at 16). A tree (--speculative-eagle-topk > 1) spends those tokens on more
+# paths and keeps the checkpoint's block (16: 1.00x, 8: 1.08x; with n-gram assist 1.13-1.14x, the best
+# on CPU; docs/RESULTS.md, fourth and fifth sessions).
 DFLASH_CPU_BLOCK = 4
 # The DFlash drafter trained for the embedded SmolLM2-135M-Instruct (`specpilot train-drafter`, README),
 # shipped with the package: --speculative-algorithm dflash on the embedded model needs no draft path.
@@ -71,7 +73,7 @@ def _model_drafter(config: EngineConfig, engine: Engine, alg: str, block: int | 
     if alg == "dflash":
         from specpilot.drafters.dflash import DFlashDrafter, read_dflash_config
 
-        if block is None and engine.device.type == "cpu":
+        if block is None and engine.device.type == "cpu" and config.speculative_eagle_topk == 1:
             block = min(DFLASH_CPU_BLOCK, read_dflash_config(Path(path)).block_size)
         drafter = DFlashDrafter.from_pretrained(path, engine.model, config.max_running_requests,
                                                 engine.context_length, engine.device, engine.dtype, block_size=block,
