@@ -115,10 +115,12 @@ def test_planted_accept_everything_fails_forcing(tiny, monkeypatch):
     assert cancelled and all(launched is not None for launched in cancelled)
 
 
-def test_sampling_forcing_matches_distributions(tiny):
+@pytest.mark.parametrize("topk", [1, 3])
+def test_sampling_forcing_matches_distributions(tiny, topk):
+    """T>0 takes the host walk (chains and trees: the tree's K/V compaction from the host's paths)."""
     ckpt, paths = tiny
     params = SamplingParams(max_new_tokens=24, temperature=0.9, top_p=0.95, seed=3, ignore_eos=True)
-    verdict = run_forcing(engine_for(ckpt), engine_for(ckpt, "dflash", paths["dflash"]),
+    verdict = run_forcing(engine_for(ckpt), engine_for(ckpt, "dflash", paths["dflash"], topk=topk),
                           mixed_prompts(ckpt.config.vocab_size, 4), params, "dflash")
     assert verdict.passed, verdict.as_dict()
 
