@@ -94,7 +94,7 @@ def main() -> None:
         spec_step, stats = per_step(engine, prompts, args.new_tokens)
         passes = stats.steps / b  # verify passes per request = engine steps
         row = {"batch": b, "ar_step_ms": 1e3 * ar_step, "spec_step_ms": 1e3 * spec_step,
-               **{f"{k}_ms": 1e3 * seconds / passes for k, seconds in stats.time_split().items()},
+               **{f"{k}_ms": 1e3 * seconds / passes for k, seconds in stats.time_split(wait=True).items()},
                "tau_random_weights": stats.tau,
                "spec_step_over_ar_step": spec_step / ar_step}
         if device.type == "cuda":

@@ -67,7 +67,7 @@ def profile(topk: int, assist: int, prompts: list[list[int]], params: SamplingPa
         "topk": topk, "assist": assist, "tau": stats.tau, "steps": steps, "tokens": tokens,
         "ar_ms_per_token": ar_ms / ar_tokens, "spec_ms_per_token": spec_ms / tokens,
         "speedup": (ar_ms / ar_tokens) / (spec_ms / tokens), "step_ms": step_ms,
-        "step_split_ms": {k: 1e3 * v / steps for k, v in stats.time_split().items()},
+        "step_split_ms": {k: 1e3 * v / steps for k, v in stats.time_split(wait=True).items()},
         "bare_replay_ms": bare, "host_exposed_ms": step_ms - device_ms,
     }
 

@@ -66,5 +66,5 @@ def bench_dataset(engine: Engine, dataset: str, num_prompts: int, params: Sampli
     result = DatasetResult(dataset, len(prompts), ar)
     if engine.drafter is not None:  # warm_up left the statistics empty and AR records none
         result.spec = _run(engine, prompts, params, batch_size, progress, f"{dataset} {engine.drafter.name}")
-        result.spec_stats = engine.spec_stats.as_dict()
+        result.spec_stats = engine.spec_stats.as_dict(wait=True)
     return result

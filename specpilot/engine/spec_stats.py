@@ -21,17 +21,22 @@ class SpecStats:
     times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("draft", "verify", "other"), 0.0))
 
     def add_clock(self, clock: StepClock) -> None:
-        if len(self.clocks) >= 64:  # earlier steps' clocks: long finished, reading them costs no wait
+        if len(self.clocks) >= 64:
             self.time_split()
         self.clocks.append(clock)
 
-    def time_split(self) -> dict[str, float]:
+    def time_split(self, wait: bool = False) -> dict[str, float]:
         """Seconds summed over steps: draft (on the device, the early-launched part included), verify
-        (verify pass and acceptance), other (host work after the step's sync)."""
+        (verify pass and acceptance), other (host work after the step's sync). Steps whose device work
+        is still running are left for a later call unless `wait` (then their times are waited for)."""
+        pending = []
         for clock in self.clocks:
+            if not (wait or clock.finished()):
+                pending.append(clock)
+                continue
             for key, seconds in zip(("draft", "verify", "other"), clock.split()):
                 self.times[key] += seconds
-        self.clocks.clear()
+        self.clocks = pending
         return dict(self.times)
 
     def record(self, committed: int) -> None:
@@ -49,13 +54,14 @@ class SpecStats:
         """Mean tokens per verify pass (accepted + 1)."""
         return self.committed / self.steps if self.steps else 0.0
 
-    def as_dict(self) -> dict:
+    def as_dict(self, wait: bool = False) -> dict:
+        """`wait`: include the time split of steps whose device work is still running (see time_split)."""
         steps = max(self.steps, 1)
         return {
             "tau": self.tau, "verify_passes": self.steps, "committed_tokens": self.committed,
             "accept_histogram": self.histogram,
             "per_position_acceptance": [a / steps for a in self.position_accepted],
-            "time_s": self.time_split(),
+            "time_s": self.time_split(wait),
         }
 
 
@@ -84,6 +90,10 @@ class StepClock:
 
     def done(self) -> None:
         self.other = time.perf_counter() - self.sync_wall
+
+    def finished(self) -> bool:
+        """Whether the device has passed the last mark (reading the clock would not wait)."""
+        return not self.cuda or self.marks[-1].query()
 
     def split(self) -> tuple[float, float, float]:
         """(draft, verify, other) seconds; waits for the last mark on the device."""
