@@ -213,7 +213,7 @@ class DFlashDrafter(Drafter):
         feats = torch.cat(prompt_taps)
         positions = [p for t in prompt_taps for p in range(t.shape[0])]
         rows = [r.slot * self.cache.max_len + p for r, t in zip(reqs, prompt_taps) for p in range(t.shape[0])]
-        self._write_context(feats, torch.tensor(positions, device=self.device), torch.tensor(rows, device=self.device))
+        self._write_context(feats, to_device(positions, self.device), to_device(rows, self.device))
 
     def commit(self, reqs: list[Request], committed: list[int], verify_taps: list[torch.Tensor | None]) -> None:
         for req, n, taps in zip(reqs, committed, verify_taps):
@@ -273,7 +273,7 @@ class DFlashDrafter(Drafter):
         if None in rows:
             return None  # a new request joined: draft everyone anew (the launched pass wrote their context)
         if rows != list(range(len(rows))):
-            index = torch.tensor(rows, device=self.device)
+            index = to_device(rows, self.device)  # asynchronous: the launched draft may still run
             for t in outputs:
                 t[: len(rows)] = t.index_select(0, index)
         return graph, outputs
