@@ -64,3 +64,20 @@ def test_graph_paths_decode_like_eager(tiny, replays, topk, assist):  # noqa: F8
     assert launches["early"] > 3 * launches["pending"] > 0
     # the host fills a verify graph's inputs only when the batch changed; else the device laid them out
     assert 0 < len(fills) < launches["early"] / 2
+
+
+def test_rollback_mid_speculation_reproduces(tiny, replays):  # noqa: F811
+    """A rollback between steps drops the draft launched early and the verify inputs the device laid out
+    for the old length; decoding on reproduces the same tokens."""
+    ckpt, paths = tiny
+    eng = _engine(ckpt, True, speculative_algorithm="dflash", speculative_draft_model_path=str(paths["dflash"]),
+                  speculative_num_draft_tokens=6, speculative_eagle_topk=3)
+    [prompt] = mixed_prompts(ckpt.config.vocab_size, 1, seed=5)
+    req = eng.add_request(prompt, GREEDY)
+    while len(req.output_ids) < 24:
+        eng.step()
+    first = list(req.output_ids)
+    eng.rollback(req, 9)
+    while len(req.output_ids) < 24:
+        eng.step()
+    assert req.output_ids[:24] == first[:24]

@@ -465,3 +465,7 @@ class Engine:
         if not 1 <= num_output_tokens <= len(req.output_ids):
             raise ValueError(f"can roll back to 1..{len(req.output_ids)} output tokens, not {num_output_tokens}")
         del req.output_ids[num_output_tokens:]
+        # what the device prepared for the next step assumed the old length
+        self._verify_laid_out = None
+        if self.drafter is not None and self.drafter.launches_early:
+            self.drafter.cancel_launch()
