@@ -81,3 +81,18 @@ def test_rollback_mid_speculation_reproduces(tiny, replays):  # noqa: F811
     while len(req.output_ids) < 24:
         eng.step()
     assert req.output_ids[:24] == first[:24]
+
+
+@pytest.mark.parametrize("algorithm,path", [("ngram", None), ("pard", "pard")])
+def test_graph_paths_of_other_drafters_decode_like_eager(tiny, replays, algorithm, path):  # noqa: F811
+    """Drafters that do not launch early still take the acceptance graphs and device-laid verify inputs."""
+    ckpt, paths = tiny
+    spec = dict(speculative_algorithm=algorithm, speculative_num_draft_tokens=5,
+                speculative_draft_model_path=str(paths[path]) if path else None)
+    prompts = mixed_prompts(ckpt.config.vocab_size, 5, seed=4)
+    graphed = _engine(ckpt, True, **spec)
+    assert graphed.acceptance_graphs
+    verdict = run_forcing(_engine(ckpt, True), graphed, prompts, GREEDY, algorithm)
+    assert verdict.passed, verdict.as_dict()
+    eager = [r.output_ids for r in _engine(ckpt, False, **spec).generate(prompts, GREEDY)]
+    assert [r.output_ids for r in _engine(ckpt, True, **spec).generate(prompts, GREEDY)] == eager

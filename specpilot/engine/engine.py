@@ -282,7 +282,7 @@ class Engine:
                                  draft.tokens, tree, laid_out=self._verify_laid_out == rids)
         self._verify_laid_out = None
         banned = self._banned_rows(reqs, q, tree)
-        early = False
+        early = graphed = False
         if all(r.params.greedy for r in reqs) and not any(banned):
             accepted, taps, host, graphed = self._accept_on_device(out)
             clock.mark()
@@ -319,7 +319,7 @@ class Engine:
             self.drafter.commit(reqs, committed, _split_rows(taps, [q] * n))
         elif redraft:
             self.drafter.cancel_launch()
-        elif graphed and not finished:  # the acceptance graph laid out these requests' next verify
+        if graphed and not (finished or redraft):  # the acceptance graph laid out these requests' next verify
             self._verify_laid_out = rids
             self.runner.static_inputs[q].laid_out = out.batch.batch_size
         self._retire(finished)
