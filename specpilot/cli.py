@@ -158,6 +158,8 @@ def _train_drafter_args(p: argparse.ArgumentParser) -> None:
     add(o, "--batch-size", "sequences per optimizer step", type=_positive_int)
     add(o, "--anchors-per-seq", "random blocks per sequence", type=_positive_int)
     add(o, "--gamma", "slot k's loss weight is exp(-(k-1)/gamma); default 7 * B / 16", type=float)
+    add(o, "--distill", "weight in [0, 1] of the cross-entropy against the target's whole distribution at "
+                        "each slot (soft labels, for draft trees' top-k); the rest: against its tokens", type=float)
     add(o, "--lr", "AdamW peak learning rate (cosine schedule)", type=float)
     add(o, "--warmup-ratio", "share of steps warming the learning rate up", type=float)
     add(o, "--max-grad-norm", "gradient clipping", type=float)

@@ -30,6 +30,7 @@ from specpilot.drafters.train import (
     export_dflash,
     init_draft_model,
     lm_head_loss,
+    slot_sources,
     train_drafter,
 )
 from specpilot.drafters.train_data import load_training_prompts
@@ -119,21 +120,45 @@ def test_train_forward_matches_inference(target_dir, tmp_path):
 # ---------------------------------------------------------------- defaults
 
 
-def test_chunked_head_loss_equals_whole():
+@pytest.mark.parametrize("distill", [0.0, 0.6])
+def test_chunked_head_loss_equals_whole(distill):
     """Recomputing the logits chunk by chunk in backward changes neither the loss nor its gradients."""
     g = torch.Generator().manual_seed(0)
     head = torch.randn(50, 8, generator=g)
     targets = torch.randint(0, 50, (13,), generator=g)
+    soft_h = torch.randn(13, 8, generator=g) if distill else None
     results = []
-    for chunk in (50 * 13, 50 * 4, 1):
+    for chunk in (50 * 13 * 2, 50 * 4, 1):
         h = torch.randn(13, 8, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
-        ce, pred = lm_head_loss(h, head, targets, chunk)
+        ce, pred = lm_head_loss(h, head, targets, chunk, soft_h, distill)
         ce.sum().backward()
         results.append((ce.detach(), pred, h.grad))
     for ce, pred, grad in results[1:]:
         torch.testing.assert_close(ce, results[0][0])
         assert torch.equal(pred, results[0][1])
         torch.testing.assert_close(grad, results[0][2])
+
+
+def test_distilled_loss_mixes_in_the_target_distribution():
+    """distill w: (1 - w) x CE against the tokens + w x CE against softmax(head @ the target's hidden)."""
+    g = torch.Generator().manual_seed(2)
+    head = torch.randn(30, 6, generator=g)
+    h, soft_h = torch.randn(5, 6, generator=g), torch.randn(5, 6, generator=g)
+    targets = torch.randint(0, 30, (5,), generator=g)
+    hard, _ = lm_head_loss(h, head, targets)
+    mixed, _ = lm_head_loss(h, head, targets, soft_h=soft_h, distill=0.25)
+    logq = torch.log_softmax(h @ head.T, -1)
+    soft = -(torch.softmax(soft_h @ head.T, -1) * logq).sum(-1)
+    torch.testing.assert_close(mixed, 0.75 * hard + 0.25 * soft)
+    torch.testing.assert_close(lm_head_loss(h, head, targets, soft_h=soft_h, distill=1.0)[0], soft)
+    torch.testing.assert_close(lm_head_loss(h, head, targets, soft_h=soft_h, distill=0.0)[0], hard)
+
+
+def test_slot_sources_pick_the_position_before_each_slot():
+    final = torch.arange(2 * 7, dtype=torch.float32).view(2, 7, 1)
+    anchors = torch.tensor([[0, 3], [5, 1]])
+    got = slot_sources(final, anchors, block_size=3)[..., 0]
+    assert got.tolist() == [[[0, 1], [3, 4]], [[12, 13], [8, 9]]]  # anchor + k - 1 for k = 1, 2 (clamped at 6)
 
 
 def test_target_layer_ids_spread_from_1_to_l_minus_3():
@@ -184,6 +209,15 @@ def test_tiny_run_learns(tiny_run):
     assert len(validation) == 6 and validation[-1]["tau"] > validation[0]["tau"] + 0.1, validation
     data = report["data"]
     assert data["num_sequences"] == 24 and data["generation_tokens_per_s"] > 0 and not data["reused_cache"]
+
+
+def test_distilled_run_learns(target_dir, tmp_path):
+    """--distill: the same tiny run with soft labels at weight 0.5 (features carry the target's final
+    hidden state) learns as well; validation tau rises."""
+    report = train_drafter(tiny_config(tmp_path / "run", target_dir, distill=0.5), toy_corpus(24), toy_corpus(6, seed=1))
+    losses, validation = report["step_losses"], report["validation"]
+    assert report["finished"] and sum(losses[-6:]) / 6 < sum(losses[:6]) / 6 - 0.3, losses
+    assert validation[-1]["tau"] > validation[0]["tau"] + 0.1, validation
 
 
 def test_checkpoint_is_in_the_published_format(tiny_run, target_dir, tmp_path):
@@ -309,6 +343,7 @@ def test_cli_trains_on_dataset_prompts(tiny_dir, tmp_path, capsys):
     (["--dtype", "float16"], "--dtype"),
     (["--resume"], "--resume"),
     (["--mask-token-id", "100000"], "--mask-token-id"),
+    (["--distill", "1.5"], "--distill"),
 ])
 def test_cli_errors_name_the_flag(tiny_dir, tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exc:

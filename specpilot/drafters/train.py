@@ -92,6 +92,7 @@ class TrainConfig:
     batch_size: int = 4  # sequences per optimizer step
     anchors_per_seq: int = 64
     gamma: float | None = None  # loss decay over block slots; default 7 * block_size / 16
+    distill: float = 0.0  # weight of the target's whole distribution in the loss (0: its tokens only)
     lr: float = 6e-4
     warmup_ratio: float = 0.04
     max_grad_norm: float = 1.0
@@ -109,6 +110,8 @@ class TrainConfig:
         self.datasets = tuple(self.datasets)
         if self.block_size < 2:
             raise ValueError(f"--block-size must be >= 2, got {self.block_size}")
+        if not 0.0 <= self.distill <= 1.0:
+            raise ValueError(f"--distill must lie in [0, 1], got {self.distill}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"--dtype must be auto, float32 or bfloat16 for training, got {self.dtype!r}")
 
@@ -255,9 +258,22 @@ def block_targets(batch: Batch, block_size: int) -> tuple[torch.Tensor, torch.Te
     return targets, ok
 
 
-def _ce_and_argmax(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def slot_sources(final: torch.Tensor, anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[N, A, B-1, H]: for slot k of each anchor's block, the target's final hidden state at position
+    anchor + k - 1, whose distribution decided the token at anchor + k (`final`: [N, L, H])."""
+    n, length, width = final.shape
+    pos = (anchors[:, :, None] + torch.arange(block_size - 1, device=final.device)).clamp(max=length - 1)
+    return final.gather(1, pos.view(n, -1, 1).expand(-1, -1, width)).view(*pos.shape, width)
+
+
+def _ce_and_argmax(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, soft_h: torch.Tensor | None,
+                   distill: float) -> tuple[torch.Tensor, torch.Tensor]:
     logits = F.linear(h, head).float()
-    return F.cross_entropy(logits, targets, reduction="none"), logits.argmax(-1)
+    ce = F.cross_entropy(logits, targets, reduction="none")
+    if soft_h is not None:  # cross-entropy against the target's distribution (its logits from its hidden)
+        soft = torch.softmax(F.linear(soft_h, head).float(), dim=-1)
+        ce = (1 - distill) * ce + distill * -(soft * torch.log_softmax(logits, dim=-1)).sum(-1)
+    return ce, logits.argmax(-1)
 
 
 def logit_chunk_elements(device: torch.device) -> int:
@@ -270,24 +286,31 @@ def logit_chunk_elements(device: torch.device) -> int:
 
 
 def lm_head_loss(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor,
-                 chunk_elements: int = LOGIT_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row cross-entropy and argmax through the frozen head. Beyond one chunk of rows the logits
-    are recomputed in backward instead of kept (a 150K vocabulary makes them the largest activation)."""
-    rows = max(1, chunk_elements // head.shape[0])
+                 chunk_elements: int = LOGIT_CHUNK_ELEMENTS, soft_h: torch.Tensor | None = None,
+                 distill: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row cross-entropy and argmax through the frozen head; with `soft_h` (the target's final hidden
+    state that decided each row's token) the cross-entropy mixes in, at weight `distill`, the one
+    against the target's distribution. Beyond one chunk of rows the logits are recomputed in backward
+    instead of kept (a 150K vocabulary makes them the largest activation)."""
+    rows = max(1, chunk_elements // head.shape[0] // (1 if soft_h is None else 2))
     if h.shape[0] <= rows:
-        return _ce_and_argmax(h, head, targets)
-    parts = [checkpoint(_ce_and_argmax, h[i : i + rows], head, targets[i : i + rows], use_reentrant=False)
+        return _ce_and_argmax(h, head, targets, soft_h, distill)
+    parts = [checkpoint(_ce_and_argmax, h[i : i + rows], head, targets[i : i + rows],
+                        None if soft_h is None else soft_h[i : i + rows], distill, use_reentrant=False)
              for i in range(0, h.shape[0], rows)]
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def draft_loss(hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, ok: torch.Tensor,
-               gamma: float, chunk_elements: int = LOGIT_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
+               gamma: float, chunk_elements: int = LOGIT_CHUNK_ELEMENTS, soft_h: torch.Tensor | None = None,
+               distill: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy of slots 1..B-1 weighted by exp(-(k-1)/gamma) (early slots gate every later
-    acceptance), averaged over counted slots; also which counted slots the argmax got right."""
+    acceptance), averaged over counted slots; also which counted slots the argmax got right. `soft_h`
+    [N, A, B-1, H]: the target's hidden states behind the slots' tokens (see lm_head_loss)."""
     slots = hidden.shape[2] - 1
     weights = torch.exp(-torch.arange(slots, device=hidden.device, dtype=torch.float32) / gamma).expand(ok.shape)
-    ce, pred = lm_head_loss(hidden[:, :, 1:][ok], head, targets[ok], chunk_elements)
+    ce, pred = lm_head_loss(hidden[:, :, 1:][ok], head, targets[ok], chunk_elements,
+                            None if soft_h is None else soft_h[ok], distill)
     w = weights[ok]
     correct = torch.zeros_like(ok)
     correct[ok] = pred == targets[ok]
@@ -443,11 +466,16 @@ class DraftTrainer:
 
     def _loss(self, batch: Batch, feats: torch.Tensor, targets: torch.Tensor,
               ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        soft_h = None
+        if self.cfg.distill:  # the features end with the target's final hidden state at every position
+            width = len(self.dcfg.target_layer_ids) * self.dcfg.layers.hidden_size
+            feats, final = feats[..., :width], feats[..., width:]
+            soft_h = slot_sources(final, batch.anchors, self.cfg.block_size)
         with self.autocast:
             hidden = draft_hidden(self.model, self.engine.model, self.rope, feats, batch.tokens, batch.anchors,
                                   self.dcfg.mask_token_id, self.cfg.block_size)
             return draft_loss(hidden, self.engine.model.lm_head.weight, targets, ok, self.cfg.loss_gamma,
-                              self.logit_chunk)
+                              self.logit_chunk, soft_h, self.cfg.distill)
 
     @torch.no_grad()
     def validate(self) -> dict:
@@ -624,12 +652,14 @@ def train_drafter(cfg: TrainConfig, prompts: list[list[int]] | None = None,
         samples, data_stats = load_or_generate(cfg.out, meta, engine, prompts, cfg.max_new_tokens, progress)
         if not samples:
             raise ValueError("no training sequences: every prompt is longer than --max-seq-len")
-        features = FeatureSource(engine, samples, tuple(taps), cfg.cache_features, cfg.batch_size, progress)
+        features = FeatureSource(engine, samples, tuple(taps), cfg.cache_features, cfg.batch_size, progress,
+                                 with_final=cfg.distill > 0)
         validation = None
         if validation_prompts:
             held_out, _ = load_or_generate(cfg.out, meta | {"prompts": prompts_digest(validation_prompts)}, engine,
                                            validation_prompts, cfg.max_new_tokens, progress, VALIDATION_FILE)
-            validation = FeatureSource(engine, held_out, tuple(taps), False, VALIDATION_CHUNK, progress)
+            validation = FeatureSource(engine, held_out, tuple(taps), False, VALIDATION_CHUNK, progress,
+                                       with_final=cfg.distill > 0)
         trainer = DraftTrainer(cfg, engine, dcfg, samples, features, validation)
         if cfg.resume:
             trainer.load()

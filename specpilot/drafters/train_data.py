@@ -151,17 +151,21 @@ def make_batch(samples: list[Sample], indices: list[int], num_anchors: int, gene
     return Batch(indices, tokens.to(device), lengths.to(device), anchor_t.to(device), valid.to(device))
 
 
-def tap_features(engine: Engine, seqs: list[list[int]], tap_layers: tuple[int, ...]) -> list[torch.Tensor]:
+def tap_features(engine: Engine, seqs: list[list[int]], tap_layers: tuple[int, ...],
+                 with_final: bool = False) -> list[torch.Tensor]:
     """Tap features of every position from one teacher-forced target pass, [len, taps * H] per
-    sequence: the same outputs the engine hands the drafter at inference (prefill and verify rows)."""
+    sequence: the same outputs the engine hands the drafter at inference (prefill and verify rows).
+    `with_final`: the target's final (normed) hidden state follows, [len, taps * H + H]."""
     slots = [engine.cache.allocate() for _ in seqs]
     try:
         with torch.inference_mode():
             batch = ForwardBatch.build(slots, [0] * len(seqs), seqs, engine.cache.max_len, engine.device)
-            _, taps = engine.model(batch, engine.cache, tap_layers)
+            final, taps = engine.model(batch, engine.cache, tap_layers)
     finally:
         for slot in slots:
             engine.cache.free(slot)
+    if with_final:
+        taps = torch.cat([taps, final], dim=-1)
     return list(taps.split([len(s) for s in seqs]))
 
 
@@ -179,20 +183,21 @@ class FeatureSource:
     (so a resumed run sees bit-identical values) and kept in host memory, for small runs on slow devices."""
 
     def __init__(self, engine: Engine, samples: list[Sample], tap_layers: tuple[int, ...], cache: bool, chunk: int,
-                 progress: Progress) -> None:
-        self.engine, self.samples, self.tap_layers = engine, samples, tap_layers
+                 progress: Progress, with_final: bool = False) -> None:
+        self.engine, self.samples, self.tap_layers, self.with_final = engine, samples, tap_layers, with_final
         self.cached: list[torch.Tensor] | None = None
         if cache:
             task = progress.add_task("computing features", total=len(samples), stats="")
             self.cached = []
             for i in range(0, len(samples), chunk):
                 seqs = [s.tokens.tolist() for s in samples[i : i + chunk]]
-                self.cached += [r.cpu() for r in tap_features(engine, seqs, tap_layers)]
+                self.cached += [r.cpu() for r in tap_features(engine, seqs, tap_layers, with_final)]
                 progress.advance(task, len(seqs))
 
     def __call__(self, indices: list[int]) -> torch.Tensor:
         if self.cached is not None:
             rows = [self.cached[i] for i in indices]
         else:
-            rows = tap_features(self.engine, [self.samples[i].tokens.tolist() for i in indices], self.tap_layers)
+            rows = tap_features(self.engine, [self.samples[i].tokens.tolist() for i in indices], self.tap_layers,
+                                self.with_final)
         return pad_features(rows, self.engine.device)
