@@ -55,17 +55,22 @@ def test_more_requests_than_slots_complete(tmp_path):
     assert engine.cache.num_free == engine.cache.num_slots
 
 
+def assert_rollback_reproduces(engine, prompt: list[int], length: int, back_to: int) -> None:
+    """Decode `length` tokens, roll back to `back_to`, decode on: the same tokens come again."""
+    req = engine.add_request(prompt, SamplingParams(max_new_tokens=length + 16, ignore_eos=True))
+    while len(req.output_ids) < length:
+        engine.step()
+    first = list(req.output_ids[:length])
+    engine.rollback(req, back_to)
+    while len(req.output_ids) < length:
+        engine.step()
+    assert req.output_ids[:length] == first
+
+
 def test_rollback_then_redecode_reproduces(tmp_path):
     _, engine = tiny_engine(tmp_path, "llama", False)
     [prompt] = random_prompts(engine.checkpoint.config.vocab_size, 1, seed=3)
-    req = engine.add_request(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True))
-    while len(req.output_ids) < 20:
-        engine.step()
-    first = list(req.output_ids)
-    engine.rollback(req, 7)
-    while len(req.output_ids) < 20:
-        engine.step()
-    assert req.output_ids == first
+    assert_rollback_reproduces(engine, prompt, 20, 7)
 
 
 def test_sampling_is_seeded(tmp_path):

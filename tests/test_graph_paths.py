@@ -4,6 +4,7 @@ on CPU with an eager stand-in for the graphs, and decode exactly what the eager 
 from __future__ import annotations
 
 import pytest
+from test_engine import assert_rollback_reproduces
 from test_speculative import GREEDY, mixed_prompts, tiny  # noqa: F401  (module fixture)
 
 from specpilot.engine.engine import Engine, EngineConfig
@@ -73,14 +74,7 @@ def test_rollback_mid_speculation_reproduces(tiny, replays):  # noqa: F811
     eng = _engine(ckpt, True, speculative_algorithm="dflash", speculative_draft_model_path=str(paths["dflash"]),
                   speculative_num_draft_tokens=6, speculative_eagle_topk=3)
     [prompt] = mixed_prompts(ckpt.config.vocab_size, 1, seed=5)
-    req = eng.add_request(prompt, GREEDY)
-    while len(req.output_ids) < 24:
-        eng.step()
-    first = list(req.output_ids)
-    eng.rollback(req, 9)
-    while len(req.output_ids) < 24:
-        eng.step()
-    assert req.output_ids[:24] == first[:24]
+    assert_rollback_reproduces(eng, prompt, 24, 9)
 
 
 @pytest.mark.parametrize("algorithm,path", [("ngram", None), ("pard", "pard")])
