@@ -1,8 +1,9 @@
 """H200: where a speculative step's time goes, embedded target + shipped DFlash drafter, B=1.
 
-For each configuration, HumanEval prompts are generated greedily one at a time (AR, then speculative),
-and the step's wall time is compared with the device time of its CUDA graphs replayed back to back (no
-host work between them): what the step spends beyond those replays is host work the GPU waits for.
+For each configuration, HumanEval prompts are generated greedily one at a time (AR, then speculative);
+a step's time (speculative TPOT x tau) is compared with the device time of its CUDA graphs (verify,
+acceptance, the drafter's prep, body and tree build) replayed back to back, with no host work between
+them: the rest is time the GPU waits (host work, launch gaps, eager kernels).
 
     python benchmarks/gpu_step_profile.py [--out DIR] [--num-prompts 8] [--topk 1 4] [--assist 0 2]
 """
@@ -10,11 +11,9 @@ host work between them): what the step spends beyond those replays is host work 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
-import time
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import out_dir, time_cuda, write_json  # noqa: E402
@@ -34,12 +33,12 @@ def replay_ms(graph, reps: int = 20) -> float:
     return time_cuda(run, iters=20) / reps
 
 
-def generate_ms(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int]:
-    """Wall milliseconds for the prompts one at a time (B=1), and the tokens generated."""
-    torch.cuda.synchronize()
-    start = time.perf_counter()
+def tpot_ms(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int]:
+    """Mean time per output token after the first (as `specpilot bench` reports it), the prompts one at a
+    time (B=1), and the tokens generated."""
     reqs = [r for p in prompts for r in engine.generate([p], params)]
-    return 1e3 * (time.perf_counter() - start), sum(len(r.output_ids) for r in reqs)
+    tpots = [(r.finished_time - r.first_token_time) / (len(r.output_ids) - 1) for r in reqs if len(r.output_ids) > 1]
+    return 1e3 * statistics.mean(tpots), sum(len(r.output_ids) for r in reqs)
 
 
 def profile(topk: int, assist: int, prompts: list[list[int]], params: SamplingParams) -> dict:
@@ -48,27 +47,26 @@ def profile(topk: int, assist: int, prompts: list[list[int]], params: SamplingPa
         speculative_eagle_topk=topk, speculative_ngram_assist=assist, max_running_requests=8))
     engine.warm_up()
     with engine.autoregressive():
-        ar_ms, ar_tokens = generate_ms(engine, prompts, params)
+        ar_ms, _ = tpot_ms(engine, prompts, params)
     engine.reset_spec_stats()
-    spec_ms, tokens = generate_ms(engine, prompts, params)
+    spec_ms, tokens = tpot_ms(engine, prompts, params)
     stats = engine.spec_stats
-    steps = stats.steps
     drafter = engine.drafter.model if assist else engine.drafter  # under the lookup wrapper
     draft = drafter.graphs[1]
     bare = {
         "ar_graph": replay_ms(engine.runner.graphs[(1, 1)].graph),
         "verify_graph": replay_ms(engine.runner.graphs[(BLOCK, 1)].graph),
+        "acceptance_graph": replay_ms(engine.acceptance_graphs[1].graph),
+        "draft_prep_graph": replay_ms(draft.prep),
         "draft_body_graph": replay_ms(draft.graph),
         "draft_tree_graph": replay_ms(draft.tree_graph) if draft.tree_graph is not None else 0.0,
     }
-    step_ms = spec_ms / steps  # B=1: one request per step (its prefill included)
-    device_ms = bare["verify_graph"] + bare["draft_body_graph"] + bare["draft_tree_graph"]
+    step_ms = spec_ms * stats.tau  # a verify pass commits tau tokens
     return {
-        "topk": topk, "assist": assist, "tau": stats.tau, "steps": steps, "tokens": tokens,
-        "ar_ms_per_token": ar_ms / ar_tokens, "spec_ms_per_token": spec_ms / tokens,
-        "speedup": (ar_ms / ar_tokens) / (spec_ms / tokens), "step_ms": step_ms,
-        "step_split_ms": {k: 1e3 * v / steps for k, v in stats.time_split(wait=True).items()},
-        "bare_replay_ms": bare, "host_exposed_ms": step_ms - device_ms,
+        "topk": topk, "assist": assist, "tau": stats.tau, "steps": stats.steps, "tokens": tokens,
+        "ar_tpot_ms": ar_ms, "spec_tpot_ms": spec_ms, "speedup": ar_ms / spec_ms, "step_ms": step_ms,
+        "step_split_ms": {k: 1e3 * v / stats.steps for k, v in stats.time_split(wait=True).items()},
+        "bare_replay_ms": bare, "host_exposed_ms": step_ms - sum(v for k, v in bare.items() if k != "ar_graph"),
     }
 
 
@@ -87,13 +85,15 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     rows = [profile(k, a, prompts, params) for k in args.topk for a in args.assist]
     write_json(out / "step_profile.json", rows)
-    print("topk assist   tau  AR ms/tok  spec ms/tok  speedup  step ms (draft/verify/other)   bare AR/verify/body/tree  host exposed")
+    print("topk assist   tau  AR TPOT  spec TPOT  speedup  step ms (draft/verify/other)  "
+          "bare AR/verify/accept/prep/body/tree  exposed")
     for r in rows:
         s, b = r["step_split_ms"], r["bare_replay_ms"]
-        print(f"{r['topk']:4d} {r['assist']:6d} {r['tau']:5.2f} {r['ar_ms_per_token']:10.3f} {r['spec_ms_per_token']:12.3f} "
-              f"{r['speedup']:8.2f}  {r['step_ms']:.3f} ({s['draft']:.3f}/{s['verify']:.3f}/{s['other']:.3f})   "
-              f"{b['ar_graph']:.3f}/{b['verify_graph']:.3f}/{b['draft_body_graph']:.3f}/{b['draft_tree_graph']:.3f}  "
-              f"{r['host_exposed_ms']:.3f}")
+        bare = "/".join(f"{b[k]:.3f}" for k in ("ar_graph", "verify_graph", "acceptance_graph", "draft_prep_graph",
+                                                "draft_body_graph", "draft_tree_graph"))
+        print(f"{r['topk']:4d} {r['assist']:6d} {r['tau']:5.2f} {r['ar_tpot_ms']:8.3f} {r['spec_tpot_ms']:10.3f} "
+              f"{r['speedup']:8.2f}  {r['step_ms']:.3f} ({s['draft']:.3f}/{s['verify']:.3f}/{s['other']:.3f})  "
+              f"{bare}  {r['host_exposed_ms']:.3f}")
 
 if __name__ == "__main__":
     main()
