@@ -297,10 +297,11 @@ class Engine:
             logits = suppress(out.logits, banned)
             decisions = self._walk(reqs, logits, draft)  # syncs
             clock.mark()
-            counts = to_device([len(tokens) for tokens, _ in decisions], self.device)
-            nodes = to_device([rows + [0] * (q - len(rows)) for _, rows in decisions], self.device)
-            base = out.batch.write_index.view(-1, q)[:n, 0]
-            taps = self._arrange_accepted(base, counts, nodes, out.taps, tree is not None)
+            taps = out.taps
+            if tree is not None:  # per request: its count, then its rows padded to q
+                walked = to_device([[len(t), *rows, *[0] * (q - len(rows))] for t, rows in decisions], self.device)
+                base = out.batch.write_index.view(-1, q)[:n, 0]
+                taps = self._arrange_accepted(base, walked[:, 0], walked[:, 1:], taps)
         clock.synced()
         finished, committed, redraft = [], [], False
         for i, (req, (tokens, rows)) in enumerate(zip(reqs, decisions)):
@@ -336,15 +337,17 @@ class Engine:
         if graph is not None and graph.batch is out.batch:
             graph.graph.replay()
             accepted, taps, _ = graph.graph.outputs
-            return accepted, taps, HostCopy.queued(graph.host), True
+            return accepted, taps, HostCopy(graph.host), True
         accepted, taps, values = self._acceptance(out.batch, out.logits, out.taps)
-        return accepted, taps, HostCopy(values), False
+        return accepted, taps, HostCopy.of(values), False
 
     def _acceptance(self, batch: ForwardBatch, logits: torch.Tensor, verify_taps: torch.Tensor | None,
                     host: torch.Tensor | None = None) -> tuple[Accepted, torch.Tensor | None, torch.Tensor]:
         """Fixed-shape device work over a verify batch (graph-capturable): greedy acceptance, a tree's
         K/V compaction, the taps in accepted order, and the values the host reads: counts [b], then
-        tokens and nodes [b, q] each, flat (copied into the pinned `host` where given)."""
+        tokens and nodes [b, q] each, flat. The graph form (`host`: the pinned buffer it copies the
+        values into) also lays out the next verify in the graph's static batch; an eager batch is not
+        reused, so it is left as it is."""
         b, q = batch.batch_size, batch.max_q_len
         ids, positions = batch.input_ids.view(b, q), batch.positions.view(b, q)
         tree = None
@@ -353,12 +356,13 @@ class Engine:
                               batch.tree_mask.view(b, q))
         starts = positions[:, 0].clone()  # the layout below moves them on
         accepted = self.verifier.greedy(logits.argmax(-1).view(b, q), ids[:, 1:], starts, tree)
-        taps = self._arrange_accepted(batch.write_index.view(b, q)[:, 0], accepted.counts, accepted.nodes,
-                                      verify_taps, tree is not None)
+        taps = verify_taps
+        if tree is not None:
+            taps = self._arrange_accepted(batch.write_index.view(b, q)[:, 0], accepted.counts, accepted.nodes, taps)
         values = torch.cat([accepted.counts, accepted.tokens.flatten(), accepted.nodes.flatten()])
         if host is not None:
             host.copy_(values, non_blocking=True)
-        self._lay_out_next_verify(batch, accepted)
+            self._lay_out_next_verify(batch, accepted)
         return accepted, taps, values
 
     def _lay_out_next_verify(self, batch: ForwardBatch, accepted: Accepted) -> None:
@@ -402,14 +406,12 @@ class Engine:
         return [rows[d] for rows, ds in zip(per_req, depths) for d in (0, *ds)]
 
     def _arrange_accepted(self, base: torch.Tensor, counts: torch.Tensor, nodes: torch.Tensor,
-                          taps: torch.Tensor | None, tree: bool) -> torch.Tensor | None:
-        """Device-side, per request (cache row `base` of its newest token): a tree's accepted nodes' K/V
-        move from their node rows to the positions they now hold (depth d at base + d), in one
-        gather/scatter for all layers (rows past a request's count move onto themselves); returns the
-        verify taps with each request's accepted rows first, in order (what the drafter takes as
-        committed rows). Chains are already in order."""
-        if not tree:
-            return taps
+                          taps: torch.Tensor | None) -> torch.Tensor | None:
+        """Trees only (a chain is in order already). Device-side, per request (cache row `base` of its
+        newest token): the accepted nodes' K/V move from their node rows to the positions they now hold
+        (depth d at base + d), in one gather/scatter for all layers (rows past a request's count move
+        onto themselves); returns the verify taps with each request's accepted rows first, in order
+        (what the drafter takes as committed rows)."""
         n, q = nodes.shape
         depth = torch.arange(1, q, device=nodes.device)
         dst = base[:, None] + depth

@@ -13,30 +13,25 @@ def to_device(values: list[int] | list[list[int]], device: torch.device) -> torc
 
 
 class HostCopy:
-    """A device tensor's values on their way to the host. The copy is queued at once, right behind the
-    work that produces them, so work launched afterwards does not delay it; `tolist()` waits for the
-    copy alone."""
+    """Values on their way to the host: `host` is where a copy already queued on the device lands (pinned
+    memory), or the values themselves on CPU. Created right behind the copy, so work launched
+    afterwards does not delay it; `tolist()` waits for the copy alone."""
 
-    def __init__(self, tensor: torch.Tensor) -> None:
-        if tensor.is_cuda:
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            host.copy_(tensor, non_blocking=True)
-            tensor = host
-        self._set(tensor)
-
-    @classmethod
-    def queued(cls, host: torch.Tensor) -> HostCopy:
-        """For a copy into `host` already queued on the device (a CUDA graph's copy node)."""
-        copy = cls.__new__(cls)
-        copy._set(host)
-        return copy
-
-    def _set(self, host: torch.Tensor) -> None:
+    def __init__(self, host: torch.Tensor) -> None:
         self.host = host
         self.event = None
         if host.is_pinned():
             self.event = torch.cuda.Event()
             self.event.record()
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> HostCopy:
+        """Queue the copy of a device tensor's values (none needed on CPU)."""
+        if tensor.is_cuda:
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor, non_blocking=True)
+            tensor = host
+        return cls(tensor)
 
     def tolist(self) -> list:
         if self.event is not None:
