@@ -25,7 +25,7 @@ read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
 SPECPILOT=(python3 -m specpilot.cli)
 RECIPE=(--num-layers 4 --intermediate-size 512 --block-size 16 --num-taps 5 --datasets sharegpt math code
         --num-prompts 25200 --max-new-tokens 256 --max-seq-len 1024 --gen-batch-size 128 --batch-size 48
-        --anchors-per-seq 64 --lr 1e-3 --epochs 6 --seed 0 --save-every 100 --device "$DEVICE" "${EXTRA[@]}")
+        --anchors-per-seq 64 --lr 1e-3 --epochs 9 --seed 0 --save-every 100 --device "$DEVICE" "${EXTRA[@]}")
 
 train() {
     local run=$1 deadline=$2 data=${3:-}
