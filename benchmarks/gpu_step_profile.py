@@ -3,7 +3,8 @@
 For each configuration, HumanEval prompts are generated greedily one at a time (AR, then speculative);
 a step's time (speculative TPOT x tau) is compared with the device time of its CUDA graphs (verify,
 acceptance, the drafter's prep, body and tree build) replayed back to back, with no host work between
-them: the rest is time the GPU waits (host work, launch gaps, eager kernels).
+them: the rest is time the GPU waits (host work, launch gaps, eager kernels). Each graph's kernels are
+listed by name with their count and device time per replay.
 
     python benchmarks/gpu_step_profile.py [--out DIR] [--num-prompts 8] [--topk 1 4] [--assist 0 2]
 """
@@ -14,6 +15,8 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import out_dir, time_cuda, write_json  # noqa: E402
@@ -31,6 +34,23 @@ def replay_ms(graph, reps: int = 20) -> float:
         for _ in range(reps):
             graph.replay()
     return time_cuda(run, iters=20) / reps
+
+
+def kernels(graph, reps: int = 10) -> dict:
+    """What one replay runs: its kernels (count, summed device time) grouped by name, longest first; the
+    gap between the replay's time and its kernels' time is launch latency between them."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+        torch.cuda.synchronize()
+    table = [(e.key, e.count / reps, e.device_time_total / reps) for e in prof.key_averages()
+             if e.device_time_total > 0 and e.count > 0]
+    table.sort(key=lambda row: -row[2])
+    return {"kernels": sum(c for _, c, _ in table), "kernel_us": sum(t for _, _, t in table),
+            "by_name": [{"name": n[:90], "count": c, "us": round(t, 2)} for n, c, t in table]}
 
 
 def tpot_ms(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int]:
@@ -53,20 +73,17 @@ def profile(topk: int, assist: int, prompts: list[list[int]], params: SamplingPa
     stats = engine.spec_stats
     drafter = engine.drafter.model if assist else engine.drafter  # under the lookup wrapper
     draft = drafter.graphs[1]
-    bare = {
-        "ar_graph": replay_ms(engine.runner.graphs[(1, 1)].graph),
-        "verify_graph": replay_ms(engine.runner.graphs[(BLOCK, 1)].graph),
-        "acceptance_graph": replay_ms(engine.acceptance_graphs[1].graph),
-        "draft_prep_graph": replay_ms(draft.prep),
-        "draft_body_graph": replay_ms(draft.graph),
-        "draft_tree_graph": replay_ms(draft.tree_graph) if draft.tree_graph is not None else 0.0,
-    }
+    graphs = {"ar_graph": engine.runner.graphs[(1, 1)].graph, "verify_graph": engine.runner.graphs[(BLOCK, 1)].graph,
+              "acceptance_graph": engine.acceptance_graphs[1].graph, "draft_prep_graph": draft.prep,
+              "draft_body_graph": draft.graph, "draft_tree_graph": draft.tree_graph}
+    bare = {k: replay_ms(g) if g is not None else 0.0 for k, g in graphs.items()}
+    kernel_tables = {k: kernels(g) for k, g in graphs.items() if g is not None}
     step_ms = spec_ms * stats.tau  # a verify pass commits tau tokens
     return {
         "topk": topk, "assist": assist, "tau": stats.tau, "steps": stats.steps, "tokens": tokens,
         "ar_tpot_ms": ar_ms, "spec_tpot_ms": spec_ms, "speedup": ar_ms / spec_ms, "step_ms": step_ms,
         "step_split_ms": {k: 1e3 * v / stats.steps for k, v in stats.time_split(wait=True).items()},
-        "bare_replay_ms": bare, "host_exposed_ms": step_ms - sum(v for k, v in bare.items() if k != "ar_graph"),
+        "bare_replay_ms": bare, "kernels": kernel_tables, "host_exposed_ms": step_ms - sum(v for k, v in bare.items() if k != "ar_graph"),
     }
 
 
@@ -94,6 +111,12 @@ def main() -> None:
         print(f"{r['topk']:4d} {r['assist']:6d} {r['tau']:5.2f} {r['ar_tpot_ms']:8.3f} {r['spec_tpot_ms']:10.3f} "
               f"{r['speedup']:8.2f}  {r['step_ms']:.3f} ({s['draft']:.3f}/{s['verify']:.3f}/{s['other']:.3f})  "
               f"{bare}  {r['host_exposed_ms']:.3f}")
+    for r in rows:
+        print(f"-- kernels per replay, topk {r['topk']} assist {r['assist']}")
+        for name, t in r["kernels"].items():
+            top = ", ".join(f"{k['name'][:40]} {k['count']:g}x {k['us']:.1f}us" for k in t["by_name"][:6])
+            print(f"{name}: {t['kernels']:g} kernels, {t['kernel_us']:.1f} us of kernels, "
+                  f"replay {1e3 * r['bare_replay_ms'][name]:.1f} us | {top}")
 
 if __name__ == "__main__":
     main()

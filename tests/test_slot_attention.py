@@ -294,6 +294,10 @@ TRITON_CASES = [
     Case("verify-gqa3-bf16", q_lens=(16, 4), kv_lens=(150, 4), group=3, dtype="bfloat16", seed=3),
     Case("verify-gqa3-bf16-split3", q_lens=(16, 4), kv_lens=(150, 4), group=3, dtype="bfloat16", num_kv_splits=3),
     Case("prefill-bf16-gqa4", q_lens=(24, 1), kv_lens=(24, 40), group=4, dtype="bfloat16", seed=4),
+    # A DFlash draft block: non-causal, 8 splits of which the short request fills one (the combine's row blocks
+    # of 16 cover a block's 16 tokens x 6 heads in six programs).
+    Case("draft-gqa3-noncausal-split8", q_lens=(16, 16), kv_lens=(300, 20), group=3, causal=False,
+         dtype="bfloat16", num_kv_splits=8, seed=8),
     # Prompt chunks after a cached prefix: tile boundaries fall between the rows' causal limits.
     Case("chunked-prefill", q_lens=(40, 100), kv_lens=(160, 180), seed=7),
     Case("chunked-prefill-bf16-split3", q_lens=(40, 100), kv_lens=(160, 180), dtype="bfloat16", num_kv_splits=3),

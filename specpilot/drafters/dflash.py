@@ -30,7 +30,8 @@ from specpilot.engine.request import Request
 from specpilot.engine.transfer import to_device
 from specpilot.engine.verify import Accepted
 from specpilot.kernels.fused import rope_and_cache_write
-from specpilot.kernels.slot_attention import slot_attention
+from specpilot.kernels.slot_attention import kv_splits, slot_attention
+from specpilot.kernels.softmax_topk import softmax_topk
 from specpilot.models.config import ModelConfig
 from specpilot.models.linear import Linear
 from specpilot.models.rope import RotaryTable
@@ -346,12 +347,10 @@ class DFlashDrafter(Drafter):
         for layer in self.model.layers:
             x, residual = layer(x, residual, block, self.cache, self.rope)
         h = self.model.norm.fused(x, residual)[0].view(b, B, -1)[:, 1:].reshape(b * (B - 1), -1)
-        probs = torch.softmax(self.target.logits(h), dim=-1)
+        top, ids = softmax_topk(self.target.logits(h), self.tree.topk if self.tree is not None else 1)
         if self.tree is not None:
-            top, ids = probs.topk(self.tree.topk, dim=-1)
             return top.view(b, B - 1, -1), ids.view(b, B - 1, -1)
-        conf, tokens = probs.max(dim=-1)
-        return tokens.view(b, B - 1), conf.view(b, B - 1)
+        return ids.view(b, B - 1), top.view(b, B - 1)
 
     def _tree_pass(self, top: torch.Tensor, ids: torch.Tensor, hint: torch.Tensor | None) -> TreeLayout:
         if hint is not None:
@@ -387,6 +386,7 @@ class _DraftInputs:
         self.kv_lens = torch.zeros(max_b, dtype=torch.int32, device=dev)
         self.q_starts = torch.arange(0, n, B, dtype=torch.int32, device=dev)
         self.q_lens = torch.full((max_b,), B, dtype=torch.int32, device=dev)
+        self.kv_heads = drafter.cfg.layers.num_kv_heads
         width = len(drafter.tap_layers) * drafter.cfg.layers.hidden_size
         self.feats = torch.zeros(n, width, dtype=drafter.cache.k[0].dtype, device=dev)
         zeros = torch.zeros(max_b, dtype=torch.int64, device=dev)
@@ -397,7 +397,7 @@ class _DraftInputs:
         return ForwardBatch(
             input_ids=self.input_ids[: b * B], positions=self.positions[: b * B], write_index=self.write_index[: b * B],
             slot_ids=self.slot_ids[:b], q_starts=self.q_starts[:b], q_lens=self.q_lens[:b], kv_lens=self.kv_lens[:b],
-            max_q_len=B, causal=False)
+            max_q_len=B, causal=False, num_kv_splits=kv_splits(self.input_ids.device, b, self.kv_heads))
 
 
 class _DraftGraph:

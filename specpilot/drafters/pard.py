@@ -14,6 +14,7 @@ from specpilot.drafters.base import Draft, Drafter
 from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.model_runner import ModelRunner
 from specpilot.engine.request import Request
+from specpilot.kernels.softmax_topk import softmax_topk
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import load_checkpoint
 from specpilot.models.config import ModelConfig
@@ -61,7 +62,7 @@ class PardDrafter(Drafter):
             rows.append(torch.arange(offset - k, offset))
             self.draft_len[r.rid] = len(r.all_ids)
         logits = out.logits[torch.cat(rows).to(out.logits.device)][:, : self.target_vocab]
-        conf, tokens = torch.softmax(logits, dim=-1).max(dim=-1)
+        conf, tokens = softmax_topk(logits, 1)
         return Draft(tokens.view(len(reqs), k), conf.view(len(reqs), k))
 
     def release(self, req: Request) -> None:

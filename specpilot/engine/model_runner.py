@@ -11,6 +11,7 @@ from specpilot.drafters.draft_tree import TreeLayout, chain_layout
 from specpilot.engine.forward_batch import ForwardBatch
 from specpilot.engine.graphs import CapturedPass, EagerReplay, GraphBackend
 from specpilot.engine.kv_cache import KVCache
+from specpilot.kernels.slot_attention import kv_splits
 from specpilot.models.transformer import Transformer
 
 DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
@@ -107,17 +108,9 @@ class ModelRunner:
         for q in q_lens:
             inputs = self.static_inputs[q] = _StaticInputs(max_b, q, self.cache, self.device, tree=q == tree_q)
             for b in sorted({min(b, max_b) for b in batch_sizes}, reverse=True):
-                batch = inputs.batch(b, self._kv_splits(b))
+                batch = inputs.batch(b, kv_splits(self.device, b, self.cache.k[0].shape[2]))
                 self.graphs[(q, b)] = _Graph(GraphBackend.capture(lambda batch=batch: self._run(batch), pool), batch)
         GraphBackend.synchronize(self.device)
-
-    def _kv_splits(self, batch_size: int) -> int:
-        """Split each request's keys until (requests x kv heads x splits) roughly fills the GPU."""
-        if self.device.type != "cuda":
-            return 1
-        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        programs = batch_size * self.cache.k[0].shape[2]
-        return max(1, min(8, sms // programs))
 
     def _replay(self, g: _Graph, slots: list[int], start_lens: list[int], token_lists: list[list[int]],
                 last_only: bool) -> RunOutput:

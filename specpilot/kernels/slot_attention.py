@@ -30,7 +30,7 @@ from specpilot.kernels.triton_support import (
     triton,
 )
 
-__all__ = ["HAS_TRITON", "slot_attention", "slot_attention_reference", "slot_attention_triton"]
+__all__ = ["HAS_TRITON", "kv_splits", "slot_attention", "slot_attention_reference", "slot_attention_triton"]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -454,6 +454,15 @@ if HAS_TRITON:
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
+def kv_splits(device: torch.device, batch_size: int, num_kv_heads: int) -> int:
+    """How many key splits a pass over `batch_size` requests captures: split each request's keys until
+    (requests x kv heads x splits) roughly fills the GPU's SMs (1 off CUDA, where the split is unused)."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(8, sms // (batch_size * num_kv_heads)))
+
+
 # Shared memory a config may plan for (H100/H200 allow 227 KiB per block; leave room for layout conversions).
 _SMEM_BUDGET = 200 * 1024
 
@@ -575,7 +584,7 @@ def slot_attention_triton(
         num_stages=num_stages,
     )
     if num_kv_splits > 1:
-        block_r = max(16, 4096 // head_dim)
+        block_r = 16  # (token, head) rows per program: a verify block's rows spread over several SMs
         combine_grid = (triton.cdiv(max_q_len * num_heads, block_r), batch)
         _slot_attn_combine_kernel[combine_grid](
             part_o,
