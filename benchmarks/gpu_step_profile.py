@@ -4,7 +4,8 @@ For each configuration, HumanEval prompts are generated greedily one at a time (
 a step's time (speculative TPOT x tau) is compared with the device time of its CUDA graphs (verify,
 acceptance, the drafter's prep, body and tree build) replayed back to back, with no host work between
 them: the rest is time the GPU waits (host work, launch gaps, eager kernels). Each graph's kernels are
-listed by name with their count and device time per replay.
+listed by name with their count and device time per replay, and one request decoded under the profiler
+shows where the device sits idle (the gaps between what it ran, by the work on either side).
 
     python benchmarks/gpu_step_profile.py [--out DIR] [--num-prompts 8] [--topk 1 4] [--assist 0 2]
 """
@@ -53,6 +54,39 @@ def kernels(graph, reps: int = 10) -> dict:
             "by_name": [{"name": n[:90], "count": c, "us": round(t, 2)} for n, c, t in table]}
 
 
+def idle_gaps(spans: list[tuple[str, float, float]], steps: int, top: int = 12) -> dict:
+    """Where the GPU waits in a real run: `spans` (kernel or copy name, start us, end us) of everything
+    the device ran; the gaps between them are grouped by (what ran before, what ran after), largest
+    total first, and averaged over `steps` speculative steps."""
+    spans = sorted(spans, key=lambda s: s[1])
+    groups: dict[tuple[str, str], list[float]] = {}
+    busy_end, prev, idle = spans[0][2], spans[0][0], 0.0
+    for name, start, end in spans[1:]:
+        if start > busy_end:
+            groups.setdefault((prev[:50], name[:50]), []).append(start - busy_end)
+            idle += start - busy_end
+        if end >= busy_end:
+            busy_end, prev = end, name
+    span = busy_end - spans[0][1]
+    ranked = sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {"span_us_per_step": span / steps, "idle_us_per_step": idle / steps,
+            "gaps": [{"before": b, "after": a, "count": len(g), "us_per_step": sum(g) / steps} for (b, a), g in ranked]}
+
+
+def timeline(engine: Engine, prompt: list[int], params: SamplingParams) -> dict:
+    """One request decoded under the profiler (device activity only, so the host runs at its own pace)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    engine.reset_spec_stats()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.generate([prompt], params)
+        torch.cuda.synchronize()
+    spans = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return idle_gaps(spans, max(engine.spec_stats.steps, 1))
+
+
 def tpot_ms(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int]:
     """Mean time per output token after the first (as `specpilot bench` reports it), the prompts one at a
     time (B=1), and the tokens generated."""
@@ -78,12 +112,13 @@ def profile(topk: int, assist: int, prompts: list[list[int]], params: SamplingPa
               "draft_body_graph": draft.graph, "draft_tree_graph": draft.tree_graph}
     bare = {k: replay_ms(g) if g is not None else 0.0 for k, g in graphs.items()}
     kernel_tables = {k: kernels(g) for k, g in graphs.items() if g is not None}
+    waits = timeline(engine, prompts[0], params)
     step_ms = spec_ms * stats.tau  # a verify pass commits tau tokens
     return {
         "topk": topk, "assist": assist, "tau": stats.tau, "steps": stats.steps, "tokens": tokens,
         "ar_tpot_ms": ar_ms, "spec_tpot_ms": spec_ms, "speedup": ar_ms / spec_ms, "step_ms": step_ms,
         "step_split_ms": {k: 1e3 * v / stats.steps for k, v in stats.time_split(wait=True).items()},
-        "bare_replay_ms": bare, "kernels": kernel_tables, "host_exposed_ms": step_ms - sum(v for k, v in bare.items() if k != "ar_graph"),
+        "bare_replay_ms": bare, "kernels": kernel_tables, "timeline": waits, "host_exposed_ms": step_ms - sum(v for k, v in bare.items() if k != "ar_graph"),
     }
 
 
@@ -117,6 +152,11 @@ def main() -> None:
             top = ", ".join(f"{k['name'][:40]} {k['count']:g}x {k['us']:.1f}us" for k in t["by_name"][:6])
             print(f"{name}: {t['kernels']:g} kernels, {t['kernel_us']:.1f} us of kernels, "
                   f"replay {1e3 * r['bare_replay_ms'][name]:.1f} us | {top}")
+        t = r["timeline"]
+        print(f"-- device idle in a profiled run: {t['idle_us_per_step']:.1f} of {t['span_us_per_step']:.1f} us "
+              "per step; largest gaps (before -> after: us per step, count):")
+        for g in t["gaps"]:
+            print(f"   {g['before']} -> {g['after']}: {g['us_per_step']:.1f} us, {g['count']}x")
 
 if __name__ == "__main__":
     main()
