@@ -197,6 +197,7 @@ class DFlashDrafter(Drafter):
         self.tree = TreeBuilder(topk, k, k, device) if topk > 1 else None
         # a tree takes prompt lookup's proposal as one more path (NgramAssistedDrafter hands it over)
         self.merges_hints = self.tree is not None
+        self.lookup_prob = LOOKUP_PROB
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target: Transformer, num_slots: int, context_length: int,
@@ -354,7 +355,7 @@ class DFlashDrafter(Drafter):
 
     def _tree_pass(self, top: torch.Tensor, ids: torch.Tensor, hint: torch.Tensor | None) -> TreeLayout:
         if hint is not None:
-            top, ids = merge_lookup(top, ids, hint, LOOKUP_PROB)
+            top, ids = merge_lookup(top, ids, hint, self.lookup_prob)
         return self.tree.build(top, ids)
 
     # ---- CUDA graphs --------------------------------------------------------------------------

@@ -1,0 +1,66 @@
+"""τ (tokens per verify pass) of DFlash drafting settings that change no device work per step, on any
+device: the tree's top-k, n-gram assistance and the probability a tree gives prompt lookup's path.
+
+Greedy decoding commits the same tokens whatever the batch, so prompts run `--batch` at a time (fast on
+CPU) and only τ is reported — no timings. Speed needs `specpilot bench` at B=1.
+
+    python benchmarks/tau_sweep.py --dataset humaneval math --num-prompts 20 --max-new-tokens 256 \\
+        --topk 4 --assist 2 --lookup-prob 0.8 0.9 0.95 [--device cpu] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import out_dir, write_json  # noqa: E402
+
+from specpilot.bench.datasets import apply_chat_template, load_prompts  # noqa: E402
+from specpilot.config import SamplingParams  # noqa: E402
+from specpilot.drafters import dflash  # noqa: E402
+from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
+
+
+def tau(topk: int, assist: int, lookup_prob: float, datasets: list[str], args: argparse.Namespace) -> dict:
+    engine = Engine.from_config(EngineConfig(
+        device=args.device, speculative_algorithm="dflash", speculative_num_draft_tokens=args.block,
+        speculative_eagle_topk=topk, speculative_ngram_assist=assist, max_running_requests=args.batch))
+    drafter = engine.drafter.model if assist else engine.drafter  # under the lookup wrapper
+    drafter.lookup_prob = lookup_prob
+    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    row = {"topk": topk, "assist": assist, "lookup_prob": lookup_prob}
+    for name in datasets:
+        prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts(name, args.num_prompts)]
+        engine.reset_spec_stats()
+        for i in range(0, len(prompts), args.batch):
+            engine.generate(prompts[i : i + args.batch], params)
+        row[name] = engine.spec_stats.tau
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", nargs="+", default=["humaneval"])
+    p.add_argument("--num-prompts", type=int, default=20)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--block", type=int, default=16)
+    p.add_argument("--topk", type=int, nargs="+", default=[4])
+    p.add_argument("--assist", type=int, nargs="+", default=[2])
+    p.add_argument("--lookup-prob", type=float, nargs="+", default=[dflash.LOOKUP_PROB])
+    p.add_argument("--batch", type=int, default=8, help="prompts decoded together")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out")
+    args = p.parse_args()
+    rows = []
+    for topk, assist, prob in itertools.product(args.topk, args.assist, args.lookup_prob):
+        rows.append(tau(topk, assist, prob, args.dataset, args))
+        print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in rows[-1].items()),
+              flush=True)
+    write_json(out_dir(args.out) / "tau_sweep.json", {"args": vars(args), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
