@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import out_dir, time_cuda, write_json  # noqa: E402
@@ -40,8 +43,6 @@ def replay_ms(graph, reps: int = 20) -> float:
 def kernels(graph, reps: int = 10) -> dict:
     """What one replay runs: its kernels (count, summed device time) grouped by name, longest first; the
     gap between the replay's time and its kernels' time is launch latency between them."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-
     torch.cuda.synchronize()
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
@@ -75,9 +76,6 @@ def idle_gaps(spans: list[tuple[str, float, float]], steps: int, top: int = 12) 
 
 def timeline(engine: Engine, prompt: list[int], params: SamplingParams) -> dict:
     """One request decoded under the profiler (device activity only, so the host runs at its own pace)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-
     engine.reset_spec_stats()
     torch.cuda.synchronize()
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
