@@ -35,8 +35,7 @@ def tau(topk: int, assist: int, lookup_prob: float, datasets: list[str], args: a
     for name in datasets:
         prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts(name, args.num_prompts)]
         engine.reset_spec_stats()
-        for i in range(0, len(prompts), args.batch):
-            engine.generate(prompts[i : i + args.batch], params)
+        engine.generate(prompts, params)  # continuous batching, --batch requests at a time
         row[name] = engine.spec_stats.tau
     return row
 
