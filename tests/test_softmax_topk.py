@@ -14,7 +14,7 @@ import pytest
 import torch
 from triton_interpret import patch_bf16_cast, run_module
 
-from specpilot.kernels.softmax_topk import softmax_topk, softmax_topk_reference
+from specpilot.kernels.softmax_topk import softmax_topk, softmax_topk_reference, top_k_indices
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,20 @@ def test_logits_must_be_a_float_matrix() -> None:
         softmax_topk(torch.zeros(2, 10, dtype=torch.int64), 1)
 
 
+def far_apart_scores() -> torch.Tensor:
+    """Scores like a draft tree's: -inf (the root), and values so far below the maximum that their
+    probabilities underflow to 0; a whole chunk (of 64) of -inf."""
+    x = torch.full((2, 200), float("-inf"))
+    x[0, 70:140] = -500.0 - torch.arange(70.0)
+    x[0, [150, 3]] = torch.tensor([0.0, -200.0])
+    x[1, 64:] = -torch.arange(136.0).flip(0) * 10
+    return x
+
+
+def test_top_k_indices_rank_values_not_probabilities() -> None:
+    assert top_k_indices(far_apart_scores(), 4).tolist() == [[150, 3, 70, 71], [199, 198, 197, 196]]
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Triton (interpreter, subprocess)
 # --------------------------------------------------------------------------------------------------------------------
@@ -99,8 +113,10 @@ def _triton_results() -> dict[str, list]:
     from specpilot.kernels.softmax_topk import softmax_topk_triton
 
     patch_bf16_cast()
-    return {case.name: [t.tolist() for t in softmax_topk_triton(make_logits(case), case.k, chunk=case.chunk)]
-            for case in CASES}
+    results = {case.name: [t.tolist() for t in softmax_topk_triton(make_logits(case), case.k, chunk=case.chunk)]
+               for case in CASES}
+    results["far-apart"] = softmax_topk_triton(far_apart_scores(), 4, chunk=64)[1].tolist()
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +134,10 @@ def test_triton_matches_the_reference(triton_results: dict[str, list], case: Cas
     if case.ties:
         tied = sorted({case.vocab - 1, 1, case.chunk + 2, 0})[: case.k]
         assert ids[0].tolist()[: len(tied)] == tied
+
+
+def test_triton_top_k_indices_rank_values(triton_results: dict[str, list]) -> None:
+    assert triton_results["far-apart"] == [[150, 3, 70, 71], [199, 198, 197, 196]]
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ from itertools import combinations, product
 import torch
 import torch.nn.functional as F
 
+from specpilot.kernels.softmax_topk import top_k_indices
+
 MAX_DEVIATIONS = 2
 MAX_TREE_NODES = 63  # ancestor sets are int64 bit masks over node 0 .. num_nodes
 TIE_MARGIN = 1e-3  # per depth, in log probability (TreeBuilder)
@@ -107,7 +109,7 @@ class TreeBuilder:
         t = self.tables
         logq = probs.float().clamp_min(1e-30).log().view(n, -1)
         score = torch.addmm(t["bias"], logq, t["entries"])
-        chosen = score.topk(self.num_nodes, dim=1).indices.sort(dim=1).values  # candidate ids: parents first
+        chosen = top_k_indices(score, self.num_nodes).sort(dim=1).values  # candidate ids: parents first
         with_root = F.pad(chosen, (1, 0))  # node j's candidate id at j; the root (id 0) at node 0
         lineage = torch.searchsorted(with_root, t["lineage"][chosen].view(n, -1)).view(n, self.num_nodes, -1)
         ancestors = F.pad(t["pow2"][lineage[:, :, 1:]].sum(-1), (1, 0)) + 1

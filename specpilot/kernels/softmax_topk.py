@@ -23,7 +23,7 @@ import torch
 
 from specpilot.kernels.triton_support import pick_backend, require_triton, tl, triton
 
-__all__ = ["softmax_topk", "softmax_topk_reference", "softmax_topk_triton"]
+__all__ = ["softmax_topk", "softmax_topk_reference", "softmax_topk_triton", "top_k_indices"]
 
 CHUNK = 4096  # columns per first-stage program: 12 chunks for a 49,152-token vocabulary
 
@@ -59,7 +59,7 @@ if triton is not None:
         m = tl.max(x, 0)
         out = row * NUM_CHUNKS + chunk
         tl.store(max_ptr + out, m)
-        tl.store(sum_ptr + out, tl.sum(tl.exp(x - m), 0))
+        tl.store(sum_ptr + out, tl.where(m == float("-inf"), 0.0, tl.sum(tl.exp(x - m), 0)))  # an all -inf chunk
         for j in tl.static_range(K):
             i = tl.argmax(x, 0, tie_break_left=True)
             tl.store(val_ptr + out * K + j, tl.max(x, 0))
@@ -119,3 +119,13 @@ def softmax_topk(logits: torch.Tensor, k: int, backend: str = "auto") -> tuple[t
     if pick_backend(backend, logits) == "triton":
         return softmax_topk_triton(logits, k)
     return softmax_topk_reference(logits, k)
+
+
+def top_k_indices(x: torch.Tensor, k: int, backend: str = "auto") -> torch.Tensor:
+    """Indices (int64 [N, k]) of each row's k largest values, largest first; the kernels compare the
+    values themselves (only their outputs are probabilities), so values far below a row's maximum, whose
+    probabilities underflow to 0, still rank exactly. Equal values may come in any order."""
+    if pick_backend(backend, x) == "triton":
+        return softmax_topk_triton(x, k)[1]
+    _check(x, k)
+    return x.topk(k, dim=-1).indices
