@@ -19,6 +19,7 @@ import torch
 from specpilot.drafters.draft_tree import TreeLayout
 from specpilot.engine.request import Request
 from specpilot.engine.sampling import target_probs
+from specpilot.kernels.tree_accept import tree_accept
 
 
 class Verifier:
@@ -55,23 +56,13 @@ class Verifier:
         """The greedy walk for all requests at once, on the device: `argmax` [n, q] of the verify rows,
         `drafts` [n, q - 1], `starts` [n] the committed lengths the pass verified at. A draft node is
         accepted when it and every ancestor equal their parents' argmax; siblings are distinct, so the
-        accepted nodes form one path (the deepest one's lineage)."""
+        accepted nodes form one path (the deepest one's lineage; kernels/tree_accept.py)."""
         n, q = argmax.shape
         if tree is None:
             accepted = (drafts == argmax[:, :-1]).long().cumprod(1).sum(1)
             nodes = torch.arange(q, device=argmax.device).repeat(n, 1)
             return Accepted(accepted + 1, nodes, argmax, starts)
-        steps = torch.arange(1, q, device=argmax.device)
-        matched = drafts == argmax.gather(1, tree.parents)
-        bits = (matched.long() << steps).sum(1, keepdim=True) + 1  # node j's bit (the root's: 1)
-        whole = (tree.ancestors[:, 1:] & ~bits) == 0  # every node on its lineage matched
-        depth, best = torch.where(whole, tree.depths, 0).max(1)
-        lineage = tree.ancestors.gather(1, torch.where(depth > 0, best + 1, 0)[:, None])
-        on_path = ((lineage >> steps) & 1).bool()
-        # the lineage's nodes in index order are in depth order (parents come first): sort them first
-        ordered = torch.where(on_path, steps, q + steps).sort(1).values
-        nodes = torch.cat([torch.zeros_like(ordered[:, :1]), torch.where(ordered < q, ordered, 0)], 1)
-        return Accepted(depth + 1, nodes, argmax.gather(1, nodes), starts)
+        return Accepted(*tree_accept(argmax, drafts, tree.parents, tree.depths, tree.ancestors), starts)
 
 
 @dataclass
