@@ -14,7 +14,7 @@ import pytest
 import torch
 from triton_interpret import patch_bf16_cast, run_module
 
-from specpilot.kernels.softmax_topk import softmax_topk, softmax_topk_reference, top_k_indices
+from specpilot.kernels.softmax_topk import row_argmax, softmax_topk, softmax_topk_reference, top_k_indices
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,7 @@ def _triton_results() -> dict[str, list]:
     results = {case.name: [t.tolist() for t in softmax_topk_triton(make_logits(case), case.k, chunk=case.chunk)]
                for case in CASES}
     results["far-apart"] = softmax_topk_triton(far_apart_scores(), 4, chunk=64)[1].tolist()
+    results["argmax"] = {case.name: row_argmax(make_logits(case), backend="triton").tolist() for case in CASES}
     return results
 
 
@@ -138,6 +139,12 @@ def test_triton_matches_the_reference(triton_results: dict[str, list], case: Cas
 
 def test_triton_top_k_indices_rank_values(triton_results: dict[str, list]) -> None:
     assert triton_results["far-apart"] == [[150, 3, 70, 71], [199, 198, 197, 196]]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_triton_argmax_is_torch_argmax(triton_results: dict[str, list], case: Case) -> None:
+    """The first index among equal maxima, as greedy decoding has always chosen (ties cases included)."""
+    assert triton_results["argmax"][case.name] == make_logits(case).argmax(-1).tolist()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from specpilot.engine.sampling import choose_tokens, make_generator, suppress
 from specpilot.engine.spec_stats import SpecStats, StepClock
 from specpilot.engine.transfer import HostCopy, to_device
 from specpilot.engine.verify import Accepted, Verifier
+from specpilot.kernels.softmax_topk import row_argmax
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import Checkpoint, load_checkpoint
 from specpilot.models.transformer import Transformer
@@ -355,7 +356,7 @@ class Engine:
             tree = TreeLayout(ids[:, 1:], batch.tree_parents.view(b, q)[:, 1:], positions[:, 1:] - positions[:, :1],
                               batch.tree_mask.view(b, q))
         starts = positions[:, 0].clone()  # the layout below moves them on
-        accepted = self.verifier.greedy(logits.argmax(-1).view(b, q), ids[:, 1:], starts, tree)
+        accepted = self.verifier.greedy(row_argmax(logits).view(b, q), ids[:, 1:], starts, tree)
         taps = verify_taps
         if tree is not None:
             taps = self._arrange_accepted(batch.write_index.view(b, q)[:, 0], accepted.counts, accepted.nodes, taps)
@@ -384,7 +385,7 @@ class Engine:
         """The verifier's walk on the host (any sampling): per request the tokens to commit and the
         verify rows that decided them (0, then the accepted draft nodes)."""
         n, q = len(reqs), draft.tokens.shape[1] + 1
-        parts = [logits.argmax(-1), draft.tokens.to(logits.device).flatten()]
+        parts = [row_argmax(logits), draft.tokens.to(logits.device).flatten()]
         if draft.tree is not None:
             parts.append(draft.tree.parents.to(logits.device).flatten())
         host = torch.cat(parts).tolist()

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from specpilot.config import SamplingParams
+from specpilot.kernels.softmax_topk import row_argmax
 
 
 def suppress(logits: torch.Tensor, row_banned: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -48,7 +49,7 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
 def choose_tokens(logits: torch.Tensor, row_params: Sequence[SamplingParams],
                   generators: Sequence[torch.Generator | None]) -> list[int]:
     """One token per row; greedy rows in one argmax, sampled rows from target_probs."""
-    out = logits.argmax(dim=-1)
+    out = row_argmax(logits)
     sampled = [i for i, p in enumerate(row_params) if not p.greedy]
     for i in sampled:
         probs = target_probs(logits[i : i + 1], row_params[i])

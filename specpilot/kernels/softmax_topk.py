@@ -23,7 +23,7 @@ import torch
 
 from specpilot.kernels.triton_support import pick_backend, require_triton, tl, triton
 
-__all__ = ["softmax_topk", "softmax_topk_reference", "softmax_topk_triton", "top_k_indices"]
+__all__ = ["row_argmax", "softmax_topk", "softmax_topk_reference", "softmax_topk_triton", "top_k_indices"]
 
 CHUNK = 4096  # columns per first-stage program: 12 chunks for a 49,152-token vocabulary
 
@@ -129,3 +129,12 @@ def top_k_indices(x: torch.Tensor, k: int, backend: str = "auto") -> torch.Tenso
         return softmax_topk_triton(x, k)[1]
     _check(x, k)
     return x.topk(k, dim=-1).indices
+
+
+def row_argmax(x: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """Each row's index of its largest value, the first among equal ones (torch.argmax's rule), int64 [N].
+    Greedy decoding, AR and speculative alike, decides every token with it."""
+    if pick_backend(backend, x) == "triton":
+        return softmax_topk_triton(x, 1)[1].squeeze(1)
+    _check(x, 1)
+    return x.argmax(dim=-1)
