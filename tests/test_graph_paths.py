@@ -60,11 +60,15 @@ def test_graph_paths_decode_like_eager(tiny, replays, topk, assist):  # noqa: F8
     inputs = graphed.runner.static_inputs[6]
     fills, fill = [], inputs.fill
     inputs.fill = lambda *args: (fills.append(args[3]), fill(*args))
+    placed, verify = [], graphed.runner.verify
+    graphed.runner.verify = lambda *args, **kw: (placed.append(kw["placed"]), verify(*args, **kw))[1]
     assert [r.output_ids for r in graphed.generate(prompts, GREEDY)] == eager
     # drafts launched early are used; a draft is made afresh only when requests join the batch
     assert launches["early"] > 3 * launches["pending"] > 0
     # the host fills a verify graph's inputs only when the batch changed; else the device laid them out
     assert 0 < len(fills) < launches["early"] / 2
+    # with prompt lookup on the device, an early launch builds the tree and lays it into the verify inputs
+    assert sum(placed) > launches["early"] / 2 if assist and topk > 1 else not any(placed)
 
 
 def test_rollback_mid_speculation_reproduces(tiny, replays):  # noqa: F811

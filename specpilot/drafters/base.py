@@ -22,6 +22,9 @@ class Draft:
     tokens: torch.Tensor
     confidences: torch.Tensor | None = None
     tree: TreeLayout | None = None
+    # the drafter's graph already laid the tree into the verify graph's inputs, as the engine's acceptance
+    # graph left them (ModelRunner.verify skips that work unless it refills the inputs itself)
+    placed: bool = False
 
 
 class Drafter(ABC):

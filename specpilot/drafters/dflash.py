@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from specpilot.drafters.base import Draft, Drafter
+from specpilot.drafters.device_lookup import DeviceLookup
 from specpilot.drafters.draft_tree import TreeBuilder, TreeLayout, merge_lookup
 from specpilot.engine.forward_batch import ForwardBatch
 from specpilot.engine.graphs import CapturedPass, EagerReplay, GraphBackend
@@ -190,14 +191,17 @@ class DFlashDrafter(Drafter):
                                 context_length + self.block_size, device)
         self.pending: dict[str, tuple[torch.Tensor, int]] = {}  # rid -> (verify-row taps, rows committed)
         self.graphs: dict[int, _DraftGraph] = {}
-        # launch_next's draft: (its requests' ids, the graph that ran it or None, its outputs)
-        self._launched: tuple[list[str], _DraftGraph | None, tuple[torch.Tensor, ...]] | None = None
+        # launch_next's draft: (its requests' ids, the graph that ran it or None, its outputs, its tree if built)
+        self._launched: tuple[list[str], _DraftGraph | None, tuple[torch.Tensor, ...], TreeLayout | None] | None = None
         # topk > 1: the block's slots' top-k become a tree of block_size - 1 nodes (same verify width)
         k = self.num_proposals
         self.tree = TreeBuilder(topk, k, k, device) if topk > 1 else None
         # a tree takes prompt lookup's proposal as one more path (NgramAssistedDrafter hands it over)
         self.merges_hints = self.tree is not None
         self.lookup_prob = LOOKUP_PROB
+        # set by NgramAssistedDrafter before capture: prompt lookup on the device, so an early launch builds
+        # the tree too
+        self.device_lookup: DeviceLookup | None = None
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target: Transformer, num_slots: int, context_length: int,
@@ -231,19 +235,28 @@ class DFlashDrafter(Drafter):
         the host has seen this step's tokens. `verify` is the verify pass's batch (its first
         len(reqs) requests are `reqs`), `accepted` its device-side acceptance, `verify_taps` its taps
         with accepted rows first. The next `propose` for these requests (or the ones still running)
-        finishes this draft instead of drafting anew. After a verify graph, two graph replays."""
+        finishes this draft instead of drafting anew. After a verify graph, two graph replays; a tree drafter
+        with a device lookup builds the tree too (a third), and its graph lays the tree into the verify
+        graph's inputs (`Draft.placed`)."""
         b = verify.batch_size
         graph = self.graphs.get(b)
+        early_tree = self.tree is not None and self.device_lookup is not None
+        tree = None
         if graph is not None and graph.source is not None and all(
                 mine is given for mine, given in zip(graph.source, (verify, accepted, verify_taps))):
             graph.prep.replay()
             graph.graph.replay()
             outputs = graph.outputs
+            if early_tree:
+                graph.tree_graph.replay()
+                tree = TreeLayout(*graph.tree_graph.outputs)
         else:
             graph, inputs = None, _DraftInputs(self, b)
-            self._lay_out_after(inputs, b, verify, accepted, verify_taps)
+            hint = self._prep(inputs, b, verify, accepted, verify_taps)
             outputs = self._body_pass(inputs, b)
-        self._launched = ([r.rid for r in reqs], graph, outputs)
+            if early_tree:
+                tree = self._tree_pass(*outputs, hint)
+        self._launched = ([r.rid for r in reqs], graph, outputs, tree)
 
     def cancel_launch(self) -> None:
         """The host committed other tokens than the launched draft assumed (token forcing substitutes
@@ -254,31 +267,40 @@ class DFlashDrafter(Drafter):
     def propose(self, reqs: list[Request], hint: torch.Tensor | None = None) -> Draft:
         """`hint` (tree drafts only): prompt lookup's proposal, [n, K + 1] on the device (a use flag, then
         K tokens per request), merged into each slot's top-k (draft_tree.merge_lookup)."""
-        graph, outputs = self._take_launched(reqs) or self._launch_pending(reqs)
+        launched = self._take_launched(reqs)
+        graph, outputs, tree = launched or (*self._launch_pending(reqs), None)
         n = len(reqs)
         if self.tree is None:
             return Draft(outputs[0][:n], outputs[1][:n])
-        tree = self._tree_pass(*(t[:n] for t in outputs), hint) if graph is None else TreeLayout(*graph.replay_tree(hint, n))
+        if self.device_lookup is not None:
+            if launched is not None:  # the launch appended these requests' newest tokens on the device
+                self.device_lookup.mark_synced(reqs)
+            elif hint is None:
+                self.device_lookup.sync(reqs)
+                hint = self.device_lookup.lookup(reqs)
+        placed = tree is not None and graph is not None
+        if tree is None:
+            tree = self._tree_pass(*(t[:n] for t in outputs), hint) if graph is None else TreeLayout(*graph.replay_tree(hint, n))
         tree = TreeLayout(*(t[:n] for t in vars(tree).values()))
-        return Draft(tree.tokens, tree=tree)
+        return Draft(tree.tokens, tree=tree, placed=placed)
 
     # ---- the pass -----------------------------------------------------------------------------
-    def _take_launched(self, reqs: list[Request]) -> tuple[_DraftGraph | None, tuple[torch.Tensor, ...]] | None:
-        """The launched draft's outputs with rows for `reqs`, if it covered every one of them (requests
-        that finished since are dropped: their rows are gathered out, in place)."""
+    def _take_launched(self, reqs: list[Request]) -> tuple[_DraftGraph | None, tuple[torch.Tensor, ...], TreeLayout | None] | None:
+        """The launched draft's outputs (and tree, if built) with rows for `reqs`, if it covered every one
+        of them (requests that finished since are dropped: their rows are gathered out, in place)."""
         launched, self._launched = self._launched, None
         if launched is None:
             return None
-        rids, graph, outputs = launched
+        rids, graph, outputs, tree = launched
         where = {rid: i for i, rid in enumerate(rids)}
         rows = [where.get(r.rid) for r in reqs]
         if None in rows:
             return None  # a new request joined: draft everyone anew (the launched pass wrote their context)
         if rows != list(range(len(rows))):
             index = to_device(rows, self.device)  # asynchronous: the launched draft may still run
-            for t in outputs:
+            for t in (*outputs, *(vars(tree).values() if tree is not None else ())):
                 t[: len(rows)] = t.index_select(0, index)
-        return graph, outputs
+        return graph, outputs, tree
 
     def _launch_pending(self, reqs: list[Request]) -> tuple[_DraftGraph | None, tuple[torch.Tensor, ...]]:
         """Draft from the committed rows `commit` left (per request: its verify rows' taps and how many of
@@ -326,12 +348,16 @@ class DFlashDrafter(Drafter):
         inputs.slot_ids[:b].copy_(slots)
         inputs.input_ids[: b * B].view(b, B)[:, 0].copy_(first)
 
-    def _lay_out_after(self, inputs: _DraftInputs, b: int, verify: ForwardBatch, accepted: Accepted,
-                       verify_taps: torch.Tensor | None) -> None:
-        """The next pass's inputs from a verify batch of b requests and its acceptance, on the device."""
+    def _prep(self, inputs: _DraftInputs, b: int, verify: ForwardBatch, accepted: Accepted,
+              verify_taps: torch.Tensor | None) -> torch.Tensor | None:
+        """On the device, from a verify batch of b requests and its acceptance: the next pass's inputs,
+        and with a device lookup, the accepted tokens appended to its history and the lookup's hint."""
         self._lay_out(inputs, b, accepted.starts, verify.slot_ids, accepted.counts, accepted.bonus())
         if verify_taps is not None:
             inputs.feats[: b * self.block_size].copy_(verify_taps)
+        if self.device_lookup is None or self.tree is None:
+            return None
+        return self.device_lookup.append_and_lookup(verify.slot_ids, accepted)
 
     def _write_context(self, feats: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> None:
         ctx = self.model.hidden_norm(self.model.fc(feats))
@@ -403,9 +429,10 @@ class _DraftInputs:
 
 class _DraftGraph:
     """The drafter's graphs for a bucket of b requests: the body (context rows + the block's layers);
-    for tree drafts the tree build, a separate graph so that a body launched early takes prompt
-    lookup's hint when it is finished; and with a source (the engine's verify and acceptance graphs of
-    the bucket), `prep`, which lays out the next body's inputs from them on the device."""
+    for tree drafts the tree build, a separate graph so that a body can take a hint prompt lookup found
+    on the host; and with a source (the engine's verify and acceptance graphs of the bucket), `prep`,
+    which lays out the next body's inputs from them on the device (with a device lookup, its hint too),
+    while the tree graph also lays each tree into that verify graph's inputs."""
 
     def __init__(self, body: CapturedPass | EagerReplay, inputs: _DraftInputs) -> None:
         self.graph, self.inputs = body, inputs
@@ -423,12 +450,27 @@ class _DraftGraph:
         if drafter.tree is not None:
             # prompt lookup's hint rows (use flag + tokens), all unused unless a step fills them
             g.hint = torch.zeros(b, drafter.block_size, dtype=torch.int64, device=drafter.device) if drafter.merges_hints else None
-            g.tree_graph = GraphBackend.capture(
-                lambda: tuple(vars(drafter._tree_pass(*g.outputs, g.hint)).values()), pool)  # TreeLayout's fields
+            g.tree_graph = GraphBackend.capture(lambda: g._tree(drafter, source), pool)
         if source is not None:
             g.source = source
-            g.prep = GraphBackend.capture(lambda: drafter._lay_out_after(inputs, b, *source), pool)
+            g.prep = GraphBackend.capture(lambda: g._prep(drafter, b, source), pool)
         return g
+
+    def _prep(self, drafter: DFlashDrafter, b: int, source: tuple[ForwardBatch, Accepted, torch.Tensor | None]) -> None:
+        hint = drafter._prep(self.inputs, b, *source)
+        if hint is not None:
+            self.hint.copy_(hint)
+
+    def _tree(self, drafter: DFlashDrafter, source: tuple[ForwardBatch, Accepted, torch.Tensor | None] | None) -> tuple:
+        """The tree build (TreeLayout's fields); with a source, also laid into that verify graph's inputs,
+        which the engine's acceptance graph laid out for the same requests (the runner lays it again
+        wherever it fills them itself)."""
+        tree = drafter._tree_pass(*self.outputs, self.hint)
+        if source is not None:
+            verify = source[0]
+            verify.input_ids.view(verify.batch_size, -1)[:, 1:].copy_(tree.tokens)
+            verify.place_tree(tree)
+        return tuple(vars(tree).values())
 
     def replay_tree(self, hint: torch.Tensor | None, n: int) -> tuple[torch.Tensor, ...]:
         if hint is not None:  # rows past n are padding: their drafts are dropped, whatever they hold

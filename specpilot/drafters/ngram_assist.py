@@ -3,11 +3,12 @@
 Greedy output of small targets falls into repeated stretches (loops, echoed identifiers, restated
 text) that a parallel drafter rarely continues past a few slots, while an n-gram lookup copies them
 whole. Per request and step: if the context's last n tokens (n >= `min_match`) occurred before, the
-tokens that followed them are the draft; otherwise the model drafter's block is. A tree drafter (DFlash
-with --speculative-eagle-topk > 1) takes the lookup's continuation into its tree as one more path
-instead of giving its block up. Verification is unchanged, so the output is the target's own either
-way. The model drafter still sees every step (its context cache must follow the committed tokens), so
-the lookup only adds host work: O(max n) per request.
+tokens that followed them are the draft; otherwise the model drafter's block is (a host lookup, O(max n)
+per request). A tree drafter (DFlash with --speculative-eagle-topk > 1) takes the lookup's continuation
+into its tree as one more path instead of giving its block up, and looks it up on the device
+(device_lookup.py), so its early-launched draft needs no host work. Verification is unchanged, so the
+output is the target's own either way. The model drafter still sees every step (its context cache must
+follow the committed tokens).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from specpilot.drafters.base import Draft, Drafter
+from specpilot.drafters.device_lookup import DeviceLookup
 from specpilot.drafters.ngram import NgramDrafter
 from specpilot.engine.forward_batch import ForwardBatch
 from specpilot.engine.request import Request
@@ -32,25 +34,27 @@ class NgramAssistedDrafter(Drafter):
         self.name = f"{model.name}+ngram"
         self.tap_layers, self.source = model.tap_layers, model.source
         self.launches_early = model.launches_early
+        self.device_lookup: DeviceLookup | None = None
+        if getattr(model, "merges_hints", False):
+            self.device_lookup = model.device_lookup = DeviceLookup(
+                model.cache.num_slots, model.cache.max_len, model.num_proposals, min_match, max_ngram, model.device)
 
     def start(self, reqs: list[Request], prompt_taps: list[torch.Tensor | None]) -> None:
         self.model.start(reqs, prompt_taps)
 
     def propose(self, reqs: list[Request]) -> Draft:
-        merges = getattr(self.model, "merges_hints", False)
-        draft = None if merges else self.model.propose(reqs)  # launched first: the lookup overlaps it
+        if self.device_lookup is not None:  # the tree drafter looks up on the device itself
+            return self.model.propose(reqs)
+        draft = self.model.propose(reqs)  # launched first: the lookup overlaps it
         rows, found = [], []
         for req in reqs:
             tokens, n = self.lookup.synced(req).match(self.num_proposals)
             rows.append(tokens)
             found.append(n >= self.min_match)
         if not any(found):
-            return self.model.propose(reqs) if merges else draft
+            return draft
         # one asynchronous copy (pinned), so the host does not wait for the model drafter's pass
-        lookup = to_device([[int(f), *row] for f, row in zip(found, rows)],
-                           self.model.device if merges else draft.tokens.device)
-        if merges:  # a tree drafter takes the lookup's continuation as one more path
-            return self.model.propose(reqs, hint=lookup)
+        lookup = to_device([[int(f), *row] for f, row in zip(found, rows)], draft.tokens.device)
         use = lookup[:, :1].bool()
         tokens = torch.where(use, lookup[:, 1:], draft.tokens)
         confidences = None if draft.confidences is None else torch.where(use, 1.0, draft.confidences)
@@ -69,6 +73,8 @@ class NgramAssistedDrafter(Drafter):
     def release(self, req: Request) -> None:
         self.model.release(req)
         self.lookup.release(req)
+        if self.device_lookup is not None:
+            self.device_lookup.release(req)
 
     def capture(self, batch_sizes: tuple[int, ...], sources: dict | None = None) -> None:
         if hasattr(self.model, "capture"):

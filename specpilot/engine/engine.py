@@ -280,7 +280,7 @@ class Engine:
         n, q = len(reqs), draft.tokens.shape[1] + 1
         rids = [r.rid for r in reqs]
         out = self.runner.verify([r.slot for r in reqs], [r.cached_len for r in reqs], [r.output_ids[-1] for r in reqs],
-                                 draft.tokens, tree, laid_out=self._verify_laid_out == rids)
+                                 draft.tokens, tree, laid_out=self._verify_laid_out == rids, placed=draft.placed)
         self._verify_laid_out = None
         banned = self._banned_rows(reqs, q, tree)
         early = graphed = False

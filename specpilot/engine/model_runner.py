@@ -63,12 +63,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def verify(self, slots: list[int], start_lens: list[int], first_tokens: list[int], drafts: torch.Tensor,
-               tree: TreeLayout | None = None, laid_out: bool = False) -> RunOutput:
+               tree: TreeLayout | None = None, laid_out: bool = False, placed: bool = False) -> RunOutput:
         """Every request verifies [its newest token, drafts[i]] (drafts: [B, K], on any device), as a
         chain or, with `tree`, as that draft tree (ancestor mask, depth positions). On the graph path the
         drafts go device-to-device into the graph's inputs, never through the host. `laid_out`: the
         device already laid these requests' verify inputs out in the graph's batch (after the last
-        verify, see Engine._lay_out_next_verify); honoured unless another pass filled them since."""
+        verify, see Engine._lay_out_next_verify); honoured unless another pass filled them since. `placed`:
+        the drafts and tree are already in those inputs (Draft.placed); honoured with `laid_out`."""
         q = drafts.shape[1] + 1
         key = (q, self._bucket(len(slots), q))
         if key not in self.graphs:
@@ -84,10 +85,12 @@ class ModelRunner:
         inputs = self.static_inputs[q]
         if not (laid_out and inputs.laid_out == g.batch.batch_size):
             inputs.fill(slots, start_lens, [[t] * q for t in first_tokens], g.batch.batch_size)
+            placed = False
         inputs.laid_out = 0
-        g.batch.input_ids[: n * q].view(n, q)[:, 1:].copy_(drafts, non_blocking=True)
-        if tree is not None:
-            g.batch.place_tree(tree)
+        if not placed:
+            g.batch.input_ids[: n * q].view(n, q)[:, 1:].copy_(drafts, non_blocking=True)
+            if tree is not None:
+                g.batch.place_tree(tree)
         g.graph.replay()
         return RunOutput(g.logits[: n * q], None if g.taps is None else g.taps[: n * q], g.batch)
 

@@ -1,0 +1,91 @@
+"""Prompt lookup on the device: the torch reference against the host lookup (NgramIndex), the Triton
+kernel (interpreter, in a subprocess: TRITON_INTERPRET must be set before triton is imported) against
+the reference."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from triton_interpret import run_module
+
+from specpilot.drafters.ngram import NgramIndex
+from specpilot.kernels.ngram_lookup import ngram_lookup, ngram_lookup_reference
+
+K, MAX_N = 15, 4
+
+
+def make_history(seed: int, slots: int = 6, width: int = 300, vocab: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slots of few distinct tokens (so n-grams repeat often) with copied stretches, and per slot a known
+    length from 1 (a single token) to the full width."""
+    g = torch.Generator().manual_seed(seed)
+    history = torch.randint(0, vocab, (slots, width), generator=g)
+    for s in range(slots):  # a copied stretch: long matches with continuations
+        a, b = sorted(torch.randint(0, width - 40, (2,), generator=g).tolist())
+        history[s, b : b + 30] = history[s, a : a + 30].clone()
+    history[0, :] = 7  # one token repeated: every n matches, the continuation runs into the end
+    lengths = torch.tensor([width, 1, 2, 5, width // 2, width - 1])[:slots]
+    return history, lengths
+
+
+def host_lookup(history: torch.Tensor, slot: int, length: int, min_n: int) -> list[int]:
+    index = NgramIndex(min_n, MAX_N)
+    index.extend(history[slot, :length].tolist())
+    tokens, n = index.match(K)
+    return [int(n >= min_n), *tokens]
+
+
+@pytest.mark.parametrize("min_n", [1, 2, 4])
+def test_reference_matches_the_host_lookup(min_n: int) -> None:
+    for seed in range(3):
+        history, lengths = make_history(seed)
+        slots = torch.tensor([3, 0, 5, 1, 2, 4])  # rows in another order than slots, a slot read twice
+        slots[-1] = 3
+        got = ngram_lookup_reference(history, slots, lengths[slots], K, min_n, MAX_N)
+        want = [host_lookup(history, s, int(lengths[s]), min_n) for s in slots.tolist()]
+        assert got.tolist() == want
+        assert got[:, 0].sum() >= 1  # the cases do exercise matches
+
+
+def test_lengths_are_clamped_and_inputs_checked() -> None:
+    history, _ = make_history(0)
+    slots = torch.tensor([2, 2])
+    got = ngram_lookup(history, slots, torch.tensor([0, 10**6]), K, 2, MAX_N)
+    assert got.tolist() == ngram_lookup(history, slots, torch.tensor([1, history.shape[1]]), K, 2, MAX_N).tolist()
+    with pytest.raises(ValueError, match="int64"):
+        ngram_lookup(history.int(), slots, slots, K, 2, MAX_N)
+    with pytest.raises(ValueError, match="min_n <= max_n"):
+        ngram_lookup(history, slots, slots, K, 3, 2)
+
+
+CASES = [(seed, min_n) for seed in range(3) for min_n in (1, 2)]
+
+
+def _triton_results() -> dict[str, list]:
+    from specpilot.kernels.ngram_lookup import ngram_lookup_triton
+
+    out = {}
+    for seed, min_n in CASES:
+        history, lengths = make_history(seed, width=2100)  # more than one 1024-position block
+        slots = torch.arange(history.shape[0]).flip(0)
+        out[f"{seed}-{min_n}"] = ngram_lookup_triton(history, slots, lengths[slots], K, min_n, MAX_N).tolist()
+    return out
+
+
+@pytest.fixture(scope="module")
+def triton_results() -> dict[str, list]:
+    pytest.importorskip("triton")
+    return run_module(__file__)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"seed{c[0]}-min{c[1]}")
+def test_triton_matches_the_reference(triton_results: dict[str, list], case: tuple[int, int]) -> None:
+    seed, min_n = case
+    history, lengths = make_history(seed, width=2100)
+    slots = torch.arange(history.shape[0]).flip(0)
+    assert triton_results[f"{seed}-{min_n}"] == ngram_lookup_reference(history, slots, lengths[slots], K, min_n, MAX_N).tolist()
+
+
+if __name__ == "__main__":
+    print(json.dumps(_triton_results()))
