@@ -23,7 +23,7 @@ from torch import nn
 
 from specpilot.drafters.base import Draft, Drafter
 from specpilot.drafters.device_lookup import DeviceLookup
-from specpilot.drafters.draft_tree import TreeBuilder, TreeLayout, merge_lookup
+from specpilot.drafters.draft_tree import TreeBuilder, TreeLayout
 from specpilot.engine.forward_batch import ForwardBatch
 from specpilot.engine.graphs import CapturedPass, EagerReplay, GraphBackend
 from specpilot.engine.kv_cache import KVCache
@@ -32,6 +32,7 @@ from specpilot.engine.transfer import to_device
 from specpilot.engine.verify import Accepted
 from specpilot.kernels.fused import rope_and_cache_write
 from specpilot.kernels.slot_attention import kv_splits, slot_attention
+from specpilot.kernels.step_layout import lay_out_draft
 from specpilot.kernels.softmax_topk import softmax_topk
 from specpilot.models.config import ModelConfig
 from specpilot.models.linear import Linear
@@ -335,18 +336,10 @@ class DFlashDrafter(Drafter):
         """Device-side (graph-capturable) inputs of a pass for b requests: request i wrote counts[i]
         context rows at starts[i] + j (its first counts[i] feature rows; the rest go to the scratch
         slot), and drafts the block [first[i], masks] at starts[i] + counts[i]."""
-        B, L = self.block_size, self.cache.max_len
-        j = torch.arange(B, device=self.device)
-        use = j < counts[:, None]
-        base = slots.long() * L + starts
-        inputs.ctx_positions[: b * B].view(b, B).copy_(torch.where(use, starts[:, None] + j, j))
-        inputs.ctx_rows[: b * B].view(b, B).copy_(torch.where(use, base[:, None] + j, self.cache.scratch_slot * L + j))
-        nxt = starts + counts
-        inputs.positions[: b * B].view(b, B).copy_(nxt[:, None] + j)
-        inputs.write_index[: b * B].view(b, B).copy_((base + counts)[:, None] + j)
-        inputs.kv_lens[:b].copy_(nxt + B)
-        inputs.slot_ids[:b].copy_(slots)
-        inputs.input_ids[: b * B].view(b, B)[:, 0].copy_(first)
+        n = b * self.block_size
+        lay_out_draft(inputs.ctx_positions[:n], inputs.ctx_rows[:n], inputs.positions[:n], inputs.write_index[:n],
+                      inputs.kv_lens[:b], inputs.slot_ids[:b], inputs.input_ids[:n], starts, slots, counts, first,
+                      self.cache.max_len, self.cache.scratch_slot)
 
     def _prep(self, inputs: _DraftInputs, b: int, verify: ForwardBatch, accepted: Accepted,
               verify_taps: torch.Tensor | None) -> torch.Tensor | None:
@@ -380,9 +373,7 @@ class DFlashDrafter(Drafter):
         return ids.view(b, B - 1), top.view(b, B - 1)
 
     def _tree_pass(self, top: torch.Tensor, ids: torch.Tensor, hint: torch.Tensor | None) -> TreeLayout:
-        if hint is not None:
-            top, ids = merge_lookup(top, ids, hint, self.lookup_prob)
-        return self.tree.build(top, ids)
+        return self.tree.build_merged(top, ids, hint, self.lookup_prob)
 
     # ---- CUDA graphs --------------------------------------------------------------------------
     @torch.inference_mode()

@@ -7,7 +7,8 @@ instead: a path's score is the product of its tokens' draft probabilities, and t
 paths (every prefix of a chosen path scores at least as high, so the set is a tree) are verified in one
 target pass under an ancestor mask.
 
-Everything is tensor work of fixed shape on the drafter's device (no host sync, graph-capturable).
+Everything is tensor work of fixed shape on the drafter's device (no host sync, graph-capturable); on
+CUDA, `TreeBuilder.build_merged` does the merge and the build in one Triton launch (kernels/tree_build.py).
 Candidates are the paths that leave the top-1 chain at most `MAX_DEVIATIONS` times: at a 15-node budget
 paths with more detours score far below the cut (a detour's probability multiplies in each time).
 
@@ -26,6 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from specpilot.kernels.softmax_topk import top_k_indices
+from specpilot.kernels.tree_build import tree_build_triton
+from specpilot.kernels.triton_support import pick_backend
 
 MAX_DEVIATIONS = 2
 MAX_TREE_NODES = 63  # ancestor sets are int64 bit masks over node 0 .. num_nodes
@@ -68,7 +71,8 @@ class TreeBuilder:
     into the `num_nodes` likeliest draft paths. Candidate tables are built once per (D, k), so a build
     is ~16 small kernels: one matmul scores every candidate path, top-k picks the nodes, sorting the
     picked ids gives parents-first node order, and one searchsorted maps each node's parent and
-    ancestors from candidate ids to node indices."""
+    ancestors from candidate ids to node indices. `build_merged` adds prompt lookup's merge and, for CUDA
+    tensors, does it all in one Triton launch, which needs only the per-depth bias."""
 
     def __init__(self, topk: int, num_nodes: int, depth: int, device: torch.device) -> None:
         if topk < 2:
@@ -94,18 +98,36 @@ class TreeBuilder:
         # A child scores its parent's score plus a log probability (<= 0), minus this per-depth margin:
         # strictly below its parent even for a probability of 1 and float32 rounding at scores near -70,
         # so the top-N set is closed under prefixes (a tree). It reorders only near-equal paths.
-        bias = -TIE_MARGIN * depths.float()
+        depth_bias = -TIE_MARGIN * torch.arange(depth + 1).float()
+        bias = depth_bias[depths]
         bias[0] = float("-inf")  # the root is not a draft node
         pow2 = torch.ones(num_nodes + 1, dtype=torch.long) << torch.arange(num_nodes + 1)  # bit 63 wraps to the sign
         pow2[0] = 0  # node 0 (padding of short lineages too): its bit is added apart
         last = torch.tensor([(len(p) - 1) * topk + p[-1] if p else 0 for p in paths])
         self.tables = {name: t.to(device) for name, t in dict(
-            entries=entries, lineage=lineage, depths=depths, bias=bias, pow2=pow2, last=last).items()}
+            entries=entries, lineage=lineage, depths=depths, bias=bias, depth_bias=depth_bias, pow2=pow2,
+            last=last).items()}
+
+    def _check(self, probs: torch.Tensor) -> None:
+        if tuple(probs.shape[1:]) != (self.depth, self.topk):
+            raise ValueError(f"expected top-{self.topk} over {self.depth} slots, got {tuple(probs.shape[1:])}")
+
+    def build_merged(self, probs: torch.Tensor, token_ids: torch.Tensor, hint: torch.Tensor | None,
+                     lookup_prob: float, backend: str = "auto") -> TreeLayout:
+        """`build` of the lists `merge_lookup` makes (of `probs` and `token_ids` as they are without a
+        hint): one Triton launch for CUDA tensors when triton imports, the torch ops otherwise. Among
+        exactly equal path scores the kernel takes the lower candidate id (the Triton top-k's rule)."""
+        self._check(probs)
+        if pick_backend(backend, probs) == "triton":
+            return TreeLayout(*tree_build_triton(probs, token_ids, hint, lookup_prob, self.tables["depth_bias"],
+                                                 self.num_nodes, MAX_DEVIATIONS))
+        if hint is not None:
+            probs, token_ids = merge_lookup(probs, token_ids, hint, lookup_prob)
+        return self.build(probs, token_ids)
 
     def build(self, probs: torch.Tensor, token_ids: torch.Tensor) -> TreeLayout:
-        n, depth, k = probs.shape
-        if (depth, k) != (self.depth, self.topk):
-            raise ValueError(f"expected top-{self.topk} over {self.depth} slots, got {tuple(probs.shape[1:])}")
+        self._check(probs)
+        n = probs.shape[0]
         t = self.tables
         logq = probs.float().clamp_min(1e-30).log().view(n, -1)
         score = torch.addmm(t["bias"], logq, t["entries"])

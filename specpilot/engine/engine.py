@@ -24,6 +24,7 @@ from specpilot.engine.spec_stats import SpecStats, StepClock
 from specpilot.engine.transfer import HostCopy, to_device
 from specpilot.engine.verify import Accepted, Verifier
 from specpilot.kernels.softmax_topk import row_argmax
+from specpilot.kernels.step_layout import lay_out_next_verify
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import Checkpoint, load_checkpoint
 from specpilot.models.transformer import Transformer
@@ -371,15 +372,8 @@ class Engine:
         this step's commits end, the bonus token first; the drafts and a tree are placed later), so a
         step whose batch did not change skips the host's fill of a verify graph's inputs. Padding rows
         (the scratch slot) stay where they are."""
-        b, q = batch.batch_size, batch.max_q_len
-        live = batch.slot_ids != self.cache.scratch_slot
-        shift = torch.where(live, accepted.counts, 0)
-        j = torch.arange(q, device=shift.device)
-        batch.positions.view(b, q).copy_((accepted.starts + shift)[:, None] + j)
-        batch.write_index.view(b, q).copy_((batch.write_index.view(b, q)[:, 0] + shift)[:, None] + j)
-        batch.kv_lens.copy_(accepted.starts + shift + q)
-        first = batch.input_ids.view(b, q)[:, 0]
-        first.copy_(torch.where(live, accepted.bonus(), first))
+        lay_out_next_verify(batch.positions, batch.write_index, batch.kv_lens, batch.input_ids, batch.slot_ids,
+                            accepted.starts, accepted.counts, accepted.bonus(), self.cache.scratch_slot)
 
     def _walk(self, reqs: list[Request], logits: torch.Tensor, draft: Draft) -> list[tuple[list[int], list[int]]]:
         """The verifier's walk on the host (any sampling): per request the tokens to commit and the
