@@ -11,7 +11,7 @@ import torch
 from triton_interpret import run_module
 
 from specpilot.drafters.ngram import NgramIndex
-from specpilot.kernels.ngram_lookup import ngram_lookup, ngram_lookup_reference
+from specpilot.kernels.ngram_lookup import append_and_lookup_reference, ngram_lookup, ngram_lookup_reference
 
 K, MAX_N = 15, 4
 
@@ -59,13 +59,43 @@ def test_lengths_are_clamped_and_inputs_checked() -> None:
         ngram_lookup(history, slots, slots, K, 3, 2)
 
 
+def append_case(seed: int, width: int = 300) -> tuple[torch.Tensor, ...]:
+    """A history with a sink column, and per slot a committed length and up to 6 new tokens to append
+    (one slot near the end: its tokens past the last real column must land nowhere)."""
+    history, _ = make_history(seed, width=width + 1)
+    g = torch.Generator().manual_seed(seed + 100)
+    slots = torch.tensor([4, 1, 0, 3])
+    starts = torch.tensor([20, 0, width - 3, 150])
+    tokens = torch.randint(0, 5, (4, 6), generator=g)
+    counts = torch.tensor([6, 1, 6, 3])
+    return history, slots, starts, tokens, counts
+
+
+def test_append_then_lookup_is_the_lookup_of_the_extended_context() -> None:
+    history, slots, starts, tokens, counts = append_case(0)
+    width = history.shape[1] - 1
+    want_history = history.clone()
+    for s, a, t, c in zip(slots.tolist(), starts.tolist(), tokens.tolist(), counts.tolist()):
+        for j in range(c):
+            if a + 1 + j < width:
+                want_history[s, a + 1 + j] = t[j]
+    got = append_and_lookup_reference(history, slots, starts, tokens, counts, K, 2, MAX_N)
+    assert torch.equal(history[:, :width], want_history[:, :width])
+    lengths = (starts + 1 + counts).clamp(max=width)
+    assert got.tolist() == [host_lookup(want_history, s, int(n), 2) for s, n in zip(slots.tolist(), lengths.tolist())]
+
+
 CASES = [(seed, min_n) for seed in range(3) for min_n in (1, 2)]
 
 
 def _triton_results() -> dict[str, list]:
-    from specpilot.kernels.ngram_lookup import ngram_lookup_triton
+    from specpilot.kernels.ngram_lookup import append_and_lookup_triton, ngram_lookup_triton
 
     out = {}
+    for seed in range(2):
+        history, slots, starts, tokens, counts = append_case(seed, width=1500)
+        hint = append_and_lookup_triton(history, slots, starts, tokens.t().contiguous().t(), counts, K, 2, MAX_N)
+        out[f"append-{seed}"] = [hint.tolist(), history[:, :-1].tolist()]
     for seed, min_n in CASES:
         history, lengths = make_history(seed, width=2100)  # more than one 1024-position block
         slots = torch.arange(history.shape[0]).flip(0)
@@ -85,6 +115,13 @@ def test_triton_matches_the_reference(triton_results: dict[str, list], case: tup
     history, lengths = make_history(seed, width=2100)
     slots = torch.arange(history.shape[0]).flip(0)
     assert triton_results[f"{seed}-{min_n}"] == ngram_lookup_reference(history, slots, lengths[slots], K, min_n, MAX_N).tolist()
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_append_and_lookup_triton_matches_the_reference(triton_results: dict[str, list], seed: int) -> None:
+    history, slots, starts, tokens, counts = append_case(seed, width=1500)
+    hint = append_and_lookup_reference(history, slots, starts, tokens, counts, K, 2, MAX_N)
+    assert triton_results[f"append-{seed}"] == [hint.tolist(), history[:, :-1].tolist()]
 
 
 if __name__ == "__main__":

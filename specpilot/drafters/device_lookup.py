@@ -14,7 +14,7 @@ import torch
 from specpilot.engine.request import Request
 from specpilot.engine.transfer import to_device
 from specpilot.engine.verify import Accepted
-from specpilot.kernels.ngram_lookup import ngram_lookup
+from specpilot.kernels.ngram_lookup import append_and_lookup, ngram_lookup
 
 
 class DeviceLookup:
@@ -55,13 +55,8 @@ class DeviceLookup:
     def append_and_lookup(self, slots: torch.Tensor, accepted: Accepted) -> torch.Tensor:
         """Device-side (graph-capturable): append each request's accepted tokens after its `starts + 1`
         known tokens, then look up from the new end."""
-        q, dump = accepted.tokens.shape[1], self.width
-        pos = accepted.starts[:, None] + 1 + torch.arange(q, device=self.device)
-        col = torch.where((pos < accepted.starts[:, None] + 1 + accepted.counts[:, None]) & (pos < dump), pos, dump)
-        self.history.view(-1).index_copy_(0, (slots.long()[:, None] * (self.width + 1) + col).flatten(),
-                                          accepted.tokens.flatten())
-        lengths = accepted.starts + 1 + accepted.counts
-        return ngram_lookup(self.history, slots, lengths, self.num_tokens, self.min_n, self.max_n)
+        return append_and_lookup(self.history, slots, accepted.starts, accepted.tokens, accepted.counts,
+                                 self.num_tokens, self.min_n, self.max_n)
 
     def release(self, req: Request) -> None:
         self.synced.pop(req.rid, None)

@@ -105,10 +105,9 @@ class DFlashLayer(nn.Module):
             v.view(T, self.kv_heads, self.head_dim), rope.cos, rope.sin, positions, rows, cache.k[self.layer],
             cache.v[self.layer], self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
 
-    def write_context(self, ctx: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, cache: KVCache,
+    def write_context(self, kv: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, cache: KVCache,
                       rope: RotaryTable) -> None:
-        """Context features enter as K/V only: the k/v rows of the fused projection."""
-        kv = torch.nn.functional.linear(ctx, self.qkv_proj.weight[self.q_size :])
+        """Context features enter as K/V only: `kv`, their projection by the k/v rows of qkv_proj."""
         self._rope_and_write(kv.new_empty(kv.shape[0], 0), kv, positions, rows, cache, rope)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, cache: KVCache,
@@ -185,6 +184,11 @@ class DFlashDrafter(Drafter):
             raise ValueError(f"DFlash target_layer_ids {cfg.target_layer_ids} outside the target's layers")
         self.cfg, self.target, self.model, self.device = cfg, target, model, device
         self.tap_layers = tuple(cfg.target_layer_ids)
+        # every layer's k/v rows of qkv_proj stacked: the context rows' K/V of all layers in one projection
+        kv_rows = [layer.qkv_proj.weight[layer.q_size :] for layer in model.layers]
+        with torch.device("meta"):
+            self.context_kv = Linear(cfg.layers.hidden_size, sum(w.shape[0] for w in kv_rows))
+        self.context_kv.weight = nn.Parameter(torch.cat(kv_rows), requires_grad=False)
         # room for the block past the longest context
         self.cache = KVCache(cfg.layers.num_layers, num_slots, context_length + self.block_size,
                              cfg.layers.num_kv_heads, cfg.layers.head_dim, dtype, device)
@@ -355,8 +359,9 @@ class DFlashDrafter(Drafter):
 
     def _write_context(self, feats: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> None:
         ctx = self.model.hidden_norm(self.model.fc(feats))
-        for layer in self.model.layers:
-            layer.write_context(ctx, positions, rows, self.cache, self.rope)
+        kv = self.context_kv(ctx)
+        for layer, part in zip(self.model.layers, kv.split(2 * self.cfg.layers.kv_size, dim=-1)):
+            layer.write_context(part, positions, rows, self.cache, self.rope)
 
     def _body_pass(self, inputs: _DraftInputs, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Append context K/V, then draft the block: per draft slot [b, B-1] the argmax token and its

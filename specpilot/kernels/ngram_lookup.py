@@ -16,8 +16,14 @@ last known token repeating it. Without a match the continuation is the last toke
 Method: for every end position e, m(e) = how many of the tokens ending at e match the tokens ending
 the context (at most max_n); the answer maximises m(e) * W + e over e <= length - 2 with m(e) >= min_n.
 
-Entry points: ``ngram_lookup_reference`` (plain torch; CPU), ``ngram_lookup_triton`` (one program per
-request; CUDA) and the dispatcher ``ngram_lookup``. No host sync, grid fixed by shapes: graph-capturable.
+``append_and_lookup`` first appends each request's newly committed tokens (``tokens[i, :counts[i]]`` at
+positions ``starts[i] + 1 ...``; none past the last column, which the caller keeps as a sink) and then
+looks up with ``lengths = starts + 1 + counts`` (at most the columns before the sink): in one launch, the kernel's writes made visible to its
+reads by a barrier.
+
+Entry points: ``*_reference`` (plain torch; CPU), ``*_triton`` (one program per request; CUDA) and the
+dispatchers ``ngram_lookup`` and ``append_and_lookup``. No host sync, grid fixed by shapes:
+graph-capturable.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ import torch
 
 from specpilot.kernels.triton_support import pick_backend, require_triton, tl, triton
 
-__all__ = ["ngram_lookup", "ngram_lookup_reference", "ngram_lookup_triton"]
+__all__ = ["append_and_lookup", "append_and_lookup_reference", "append_and_lookup_triton", "ngram_lookup",
+           "ngram_lookup_reference", "ngram_lookup_triton"]
 
 
 def _check(history: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor, k: int, min_n: int, max_n: int) -> None:
@@ -60,15 +67,36 @@ def ngram_lookup_reference(history: torch.Tensor, slots: torch.Tensor, lengths: 
     return torch.cat([found.long()[:, None], rows.gather(1, at)], 1)
 
 
+def append_and_lookup_reference(history: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, tokens: torch.Tensor,
+                                counts: torch.Tensor, k: int, min_n: int, max_n: int) -> torch.Tensor:
+    _check(history, slots, starts, k, min_n, max_n)
+    sink = history.shape[1] - 1
+    pos = starts[:, None] + 1 + torch.arange(tokens.shape[1], device=history.device)
+    col = torch.where((pos < (starts + 1 + counts)[:, None]) & (pos < sink), pos, sink)
+    history.view(-1).index_copy_(0, (slots.long()[:, None] * history.shape[1] + col).flatten(), tokens.flatten())
+    return ngram_lookup_reference(history, slots, (starts + 1 + counts).clamp(max=sink), k, min_n, max_n)
+
+
 if triton is not None:
 
     @triton.jit
-    def _ngram_lookup_kernel(hist_ptr, stride_slot, width, slots_ptr, lens_ptr, out_ptr,
-                             K: tl.constexpr, KP: tl.constexpr, MIN_N: tl.constexpr, MAX_N: tl.constexpr,
-                             BLOCK: tl.constexpr):
+    def _ngram_lookup_kernel(hist_ptr, stride_slot, width, slots_ptr, lens_ptr, out_ptr, starts_ptr, tokens_ptr,
+                             stride_tokens, counts_ptr, K: tl.constexpr, KP: tl.constexpr, MIN_N: tl.constexpr,
+                             MAX_N: tl.constexpr, BLOCK: tl.constexpr, APPEND: tl.constexpr, Q: tl.constexpr,
+                             QP: tl.constexpr):
         i = tl.program_id(0)
         row = hist_ptr + tl.load(slots_ptr + i).to(tl.int64) * stride_slot
-        length = tl.minimum(tl.maximum(tl.load(lens_ptr + i).to(tl.int64), 1), width)
+        if APPEND:
+            start = tl.load(starts_ptr + i).to(tl.int64)
+            count = tl.load(counts_ptr + i).to(tl.int64)
+            q = tl.arange(0, QP).to(tl.int64)
+            new = tl.load(tokens_ptr + i * stride_tokens + q, mask=q < Q, other=0)
+            tl.store(row + start + 1 + q, new, mask=(q < count) & (start + 1 + q < width - 1))
+            tl.debug_barrier()  # the lookup below reads what every thread just wrote
+            raw_length = tl.minimum(start + 1 + count, width - 1)  # the sink column is no token
+        else:
+            raw_length = tl.load(lens_ptr + i).to(tl.int64)
+        length = tl.minimum(tl.maximum(raw_length, 1), width)
         best = tl.full([], -1, tl.int64)
         for start in range(0, length - 1, BLOCK):
             ends = start + tl.arange(0, BLOCK).to(tl.int64)
@@ -92,18 +120,35 @@ if triton is not None:
         tl.store(out_ptr + i * (K + 1) + 1 + j, tokens, mask=j < K)
 
 
+def _launch(history: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor | None, k: int, min_n: int, max_n: int,
+            append: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    if history.stride(1) != 1:
+        raise ValueError("history rows must be contiguous (the kernel writes and reads them in place)")
+    out = torch.empty(slots.shape[0], k + 1, dtype=torch.int64, device=history.device)
+    starts, tokens, counts = append if append is not None else (slots, slots[:, None], slots)
+    if slots.shape[0]:
+        _ngram_lookup_kernel[(slots.shape[0],)](
+            history, history.stride(0), history.shape[1], slots, lengths if lengths is not None else slots, out,
+            starts, tokens, tokens.stride(0), counts, K=k, KP=triton.next_power_of_2(k), MIN_N=min_n, MAX_N=max_n,
+            BLOCK=1024, APPEND=append is not None, Q=tokens.shape[1], QP=triton.next_power_of_2(tokens.shape[1]),
+            num_warps=4)
+    return out
+
+
 def ngram_lookup_triton(history: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor, k: int, min_n: int,
                         max_n: int) -> torch.Tensor:
     require_triton("ngram_lookup_triton")
     _check(history, slots, lengths, k, min_n, max_n)
-    if history.stride(1) != 1:
-        history = history.contiguous()
-    out = torch.empty(slots.shape[0], k + 1, dtype=torch.int64, device=history.device)
-    if slots.shape[0]:
-        _ngram_lookup_kernel[(slots.shape[0],)](history, history.stride(0), history.shape[1], slots, lengths, out,
-                                                K=k, KP=triton.next_power_of_2(k), MIN_N=min_n, MAX_N=max_n,
-                                                BLOCK=1024, num_warps=4)
-    return out
+    return _launch(history, slots, lengths, k, min_n, max_n, None)
+
+
+def append_and_lookup_triton(history: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, tokens: torch.Tensor,
+                             counts: torch.Tensor, k: int, min_n: int, max_n: int) -> torch.Tensor:
+    require_triton("append_and_lookup_triton")
+    _check(history, slots, starts, k, min_n, max_n)
+    if tokens.stride(1) != 1:
+        tokens = tokens.contiguous()
+    return _launch(history, slots, None, k, min_n, max_n, (starts, tokens, counts))
 
 
 def ngram_lookup(history: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor, k: int, min_n: int, max_n: int,
@@ -112,3 +157,11 @@ def ngram_lookup(history: torch.Tensor, slots: torch.Tensor, lengths: torch.Tens
     if pick_backend(backend, history) == "triton":
         return ngram_lookup_triton(history, slots, lengths, k, min_n, max_n)
     return ngram_lookup_reference(history, slots, lengths, k, min_n, max_n)
+
+
+def append_and_lookup(history: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, tokens: torch.Tensor,
+                      counts: torch.Tensor, k: int, min_n: int, max_n: int, backend: str = "auto") -> torch.Tensor:
+    """Append the committed tokens, then `ngram_lookup` from the new ends (see the module's contract)."""
+    if pick_backend(backend, history) == "triton":
+        return append_and_lookup_triton(history, slots, starts, tokens, counts, k, min_n, max_n)
+    return append_and_lookup_reference(history, slots, starts, tokens, counts, k, min_n, max_n)
