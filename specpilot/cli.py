@@ -23,9 +23,6 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context-length", type=_positive_int, default=4096, help="KV positions per request")
     g.add_argument("--max-running-requests", type=_positive_int, default=32)
     g.add_argument("--disable-cuda-graph", action="store_true", help="run decode eagerly on CUDA")
-    g.add_argument("--disable-overlap-schedule", action="store_true",
-                   help="speculative decoding: launch each verify pass only after the host has read the last "
-                        "step's tokens (default: a greedy step's next verify is launched before)")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--speculative-algorithm", default=None, type=str.lower, choices=["none", *ALGORITHMS],
                    help="drafter; default none (plain AR decoding)")
@@ -281,8 +278,7 @@ def engine_config_from_args(args: argparse.Namespace):
     algorithm = None if args.speculative_algorithm in (None, "none") else args.speculative_algorithm
     return EngineConfig(model_path=args.model_path, device=args.device, dtype=args.dtype,
                         context_length=args.context_length, max_running_requests=args.max_running_requests,
-                        cuda_graphs=not args.disable_cuda_graph, overlap_schedule=not args.disable_overlap_schedule,
-                        speculative_algorithm=algorithm,
+                        cuda_graphs=not args.disable_cuda_graph, speculative_algorithm=algorithm,
                         speculative_draft_model_path=args.speculative_draft_model_path,
                         speculative_num_draft_tokens=args.speculative_num_draft_tokens,
                         speculative_ngram_assist=args.speculative_ngram_assist,

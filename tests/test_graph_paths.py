@@ -53,17 +53,15 @@ def test_graph_paths_decode_like_eager(tiny, replays, topk, assist):  # noqa: F8
     def early(reqs, verify, accepted, taps):  # must take the graphs: verify batch and acceptance are theirs
         launches["early"] += 1
         assert graphed.acceptance_graphs[verify.batch_size].batch is verify
-        placed = launch_next(reqs, verify, accepted, taps)
+        launch_next(reqs, verify, accepted, taps)
         assert drafter._launched[1] is drafter.graphs[verify.batch_size]
-        return placed
 
     drafter.launch_next = early
     inputs = graphed.runner.static_inputs[6]
     fills, fill = [], inputs.fill
     inputs.fill = lambda *args: (fills.append(args[3]), fill(*args))
-    placed, launched, verify = [], [], graphed.runner.verify
-    graphed.runner.verify = lambda *args, **kw: (placed.append(kw["placed"]), launched.append(kw["launched"]),
-                                                 verify(*args, **kw))[2]
+    placed, verify = [], graphed.runner.verify
+    graphed.runner.verify = lambda *args, **kw: (placed.append(kw["placed"]), verify(*args, **kw))[1]
     assert [r.output_ids for r in graphed.generate(prompts, GREEDY)] == eager
     # drafts launched early are used; a draft is made afresh only when requests join the batch
     assert launches["early"] > 3 * launches["pending"] > 0
@@ -71,15 +69,13 @@ def test_graph_paths_decode_like_eager(tiny, replays, topk, assist):  # noqa: F8
     assert 0 < len(fills) < launches["early"] / 2
     # with prompt lookup on the device, an early launch builds the tree and lays it into the verify inputs
     assert sum(placed) > launches["early"] / 2 if assist and topk > 1 else not any(placed)
-    # ... and then the next verify is launched before the host reads the step (overlap schedule)
-    assert sum(launched) > launches["early"] / 2 if assist and topk > 1 else not any(launched)
 
 
 @pytest.mark.parametrize("assist", [0, 2])
 def test_rollback_mid_speculation_reproduces(tiny, replays, assist):  # noqa: F811
-    """A rollback between steps drops the draft launched early and the verify inputs the device laid out
-    (with prompt lookup on the device: the verify it launched) for the old length; decoding on reproduces
-    the same tokens."""
+    """A rollback between steps drops the draft launched early (with prompt lookup on the device, its
+    tree laid into the verify inputs too) and the verify inputs the device laid out for the old length;
+    decoding on reproduces the same tokens."""
     ckpt, paths = tiny
     eng = _engine(ckpt, True, speculative_algorithm="dflash", speculative_draft_model_path=str(paths["dflash"]),
                   speculative_num_draft_tokens=6, speculative_eagle_topk=3, speculative_ngram_assist=assist)

@@ -39,9 +39,8 @@ class Drafter(ABC):
     name: str = "drafter"
     tap_layers: tuple[int, ...] = ()  # target layers whose outputs the drafter consumes
     source: str | None = None  # the checkpoint directory it was loaded from, if any
-    # True: offers `launch_next(reqs, verify_batch, accepted, verify_taps) -> placed` (the next draft
-    # launched on the device after a greedy verify, in place of `commit`; placed: already laid into the
-    # verify graph's inputs) and `cancel_launch()` (DFlashDrafter's)
+    # True: offers `launch_next(reqs, verify_batch, accepted, verify_taps)` (the next draft launched on
+    # the device after a greedy verify, in place of `commit`) and `cancel_launch()` (DFlashDrafter's)
     launches_early: bool = False
 
     def __init__(self, block_size: int) -> None:

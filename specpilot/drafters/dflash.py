@@ -235,14 +235,14 @@ class DFlashDrafter(Drafter):
 
     @torch.inference_mode()
     def launch_next(self, reqs: list[Request], verify: ForwardBatch, accepted: Accepted,
-                    verify_taps: torch.Tensor | None) -> bool:
+                    verify_taps: torch.Tensor | None) -> None:
         """Instead of `commit` after a greedy verify: start the next block's draft on the device before
         the host has seen this step's tokens. `verify` is the verify pass's batch (its first
         len(reqs) requests are `reqs`), `accepted` its device-side acceptance, `verify_taps` its taps
         with accepted rows first. The next `propose` for these requests (or the ones still running)
         finishes this draft instead of drafting anew. After a verify graph, two graph replays; a tree drafter
         with a device lookup builds the tree too (a third), and its graph lays the tree into the verify
-        graph's inputs (`Draft.placed`). Returns whether it did (the next verify could be launched now)."""
+        graph's inputs (`Draft.placed`)."""
         b = verify.batch_size
         graph = self.graphs.get(b)
         early_tree = self.tree is not None and self.device_lookup is not None
@@ -262,7 +262,6 @@ class DFlashDrafter(Drafter):
             if early_tree:
                 tree = self._tree_pass(*outputs, hint)
         self._launched = ([r.rid for r in reqs], graph, outputs, tree)
-        return tree is not None and graph is not None
 
     def cancel_launch(self) -> None:
         """The host committed other tokens than the launched draft assumed (token forcing substitutes

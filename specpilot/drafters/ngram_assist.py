@@ -64,8 +64,8 @@ class NgramAssistedDrafter(Drafter):
         self.model.commit(reqs, committed, verify_taps)
 
     def launch_next(self, reqs: list[Request], verify: ForwardBatch, accepted: Accepted,
-                    verify_taps: torch.Tensor | None) -> bool:
-        return self.model.launch_next(reqs, verify, accepted, verify_taps)
+                    verify_taps: torch.Tensor | None) -> None:
+        self.model.launch_next(reqs, verify, accepted, verify_taps)  # the lookup joins when it is finished
 
     def cancel_launch(self) -> None:
         self.model.cancel_launch()

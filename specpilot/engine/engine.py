@@ -41,10 +41,6 @@ class EngineConfig:
     max_running_requests: int = 32
     context_length: int = 4096  # KV positions per request slot
     cuda_graphs: bool = True
-    # Greedy speculative steps with CUDA graphs: when the drafter laid the next draft into the verify graph's
-    # inputs on the device, that verify is launched before the host reads this step's tokens (and dropped
-    # if a request finished), so the device never waits for the host between steps.
-    overlap_schedule: bool = True
     max_prefill_tokens: int = 16384  # tokens of prompts admitted in one prefill pass
     # Offline throughput: while requests run, admit waiting ones only once this many slots are free (or
     # every waiting one fits), so prefills come in waves instead of one eager pass per finished request.
@@ -140,7 +136,6 @@ class Engine:
         self.reset_spec_stats()
         self.acceptance_graphs: dict[int, _AcceptanceGraph] = {}  # verify bucket -> its acceptance graph
         self._verify_laid_out: list[str] | None = None  # the requests whose next verify the device laid out
-        self._verify_launched: list[str] | None = None  # ... and whose next verify is already launched
         if config.cuda_graphs and GraphBackend.available(self.device):
             q_lens = (1,) if self.drafter is None else (1, self.drafter.block_size)
             tree_q = self.drafter.block_size if self.drafter and self.config.speculative_eagle_topk > 1 else None
@@ -278,10 +273,7 @@ class Engine:
 
         When every request is greedy, acceptance runs on the device (a CUDA graph of its own), and a
         drafter that can (`launches_early`) starts the next draft before the sync: the host's work on
-        this step's tokens then runs beside that draft instead of before it. Where that draft lands in
-        the next verify graph's inputs on the device (a tree drafter with prompt lookup on the device),
-        the next verify is launched too (`overlap_schedule`): the host reads a step while the device
-        runs the next, and a batch that changed meanwhile (a request finished) verifies anew."""
+        this step's tokens then runs beside that draft instead of before it."""
         clock = StepClock(self.device)
         draft = self.drafter.propose(reqs)
         clock.mark()
@@ -289,20 +281,15 @@ class Engine:
         n, q = len(reqs), draft.tokens.shape[1] + 1
         rids = [r.rid for r in reqs]
         out = self.runner.verify([r.slot for r in reqs], [r.cached_len for r in reqs], [r.output_ids[-1] for r in reqs],
-                                 draft.tokens, tree, laid_out=self._verify_laid_out == rids, placed=draft.placed,
-                                 launched=self._verify_launched == rids)
-        self._verify_laid_out = self._verify_launched = None
+                                 draft.tokens, tree, laid_out=self._verify_laid_out == rids, placed=draft.placed)
+        self._verify_laid_out = None
         banned = self._banned_rows(reqs, q, tree)
-        early = graphed = launched = False
+        early = graphed = False
         if all(r.params.greedy for r in reqs) and not any(banned):
             accepted, taps, host, graphed = self._accept_on_device(out)
             clock.mark()
             if self.drafter.launches_early:
-                placed = self.drafter.launch_next(reqs, out.batch, accepted, taps)
-                # token forcing reads this step's logits after the sync: the next verify would overwrite them
-                if graphed and placed and self.config.overlap_schedule and self.forcing is None:
-                    self.runner.launch_laid_out_verify(q, out.batch.batch_size)
-                    launched = True
+                self.drafter.launch_next(reqs, out.batch, accepted, taps)
                 clock.mark()
                 early = True
             values, b = host.tolist(), out.batch.batch_size  # the one sync; rows of the bucket's b requests
@@ -337,7 +324,6 @@ class Engine:
             self.drafter.cancel_launch()
         if graphed and not (finished or redraft):  # the acceptance graph laid out these requests' next verify
             self._verify_laid_out = rids
-            self._verify_launched = rids if launched else None
             self.runner.static_inputs[q].laid_out = out.batch.batch_size
         self._retire(finished)
         clock.done()
@@ -476,7 +462,7 @@ class Engine:
         if not 1 <= num_output_tokens <= len(req.output_ids):
             raise ValueError(f"can roll back to 1..{len(req.output_ids)} output tokens, not {num_output_tokens}")
         del req.output_ids[num_output_tokens:]
-        # what the device prepared (or launched) for the next step assumed the old length
-        self._verify_laid_out = self._verify_launched = None
+        # what the device prepared for the next step assumed the old length
+        self._verify_laid_out = None
         if self.drafter is not None and self.drafter.launches_early:
             self.drafter.cancel_launch()

@@ -63,15 +63,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def verify(self, slots: list[int], start_lens: list[int], first_tokens: list[int], drafts: torch.Tensor,
-               tree: TreeLayout | None = None, laid_out: bool = False, placed: bool = False,
-               launched: bool = False) -> RunOutput:
+               tree: TreeLayout | None = None, laid_out: bool = False, placed: bool = False) -> RunOutput:
         """Every request verifies [its newest token, drafts[i]] (drafts: [B, K], on any device), as a
         chain or, with `tree`, as that draft tree (ancestor mask, depth positions). On the graph path the
         drafts go device-to-device into the graph's inputs, never through the host. `laid_out`: the
         device already laid these requests' verify inputs out in the graph's batch (after the last
         verify, see Engine._lay_out_next_verify); honoured unless another pass filled them since. `placed`:
-        the drafts and tree are already in those inputs (Draft.placed); honoured with `laid_out`. `launched`:
-        with both, the pass itself is already running (`launch_laid_out_verify`)."""
+        the drafts and tree are already in those inputs (Draft.placed); honoured with `laid_out`."""
         q = drafts.shape[1] + 1
         key = (q, self._bucket(len(slots), q))
         if key not in self.graphs:
@@ -93,15 +91,8 @@ class ModelRunner:
             g.batch.input_ids[: n * q].view(n, q)[:, 1:].copy_(drafts, non_blocking=True)
             if tree is not None:
                 g.batch.place_tree(tree)
-        if not (placed and launched):
-            g.graph.replay()
+        g.graph.replay()
         return RunOutput(g.logits[: n * q], None if g.taps is None else g.taps[: n * q], g.batch)
-
-    def launch_laid_out_verify(self, q: int, batch_size: int) -> None:
-        """Replay the verify graph of (q, bucket) over its inputs as they are: laid out on the device for
-        the next step (the engine's acceptance graph and the drafter's tree graph). Its outputs are used by
-        `verify(..., launched=True)`, or overwritten by a later pass if the batch changed meanwhile."""
-        self.graphs[(q, batch_size)].graph.replay()
 
     # ---- CUDA graphs ------------------------------------------------------------------------
     def _bucket(self, batch_size: int, q: int) -> int:
