@@ -404,14 +404,10 @@ class Engine:
                           taps: torch.Tensor | None) -> torch.Tensor | None:
         """Trees only (a chain is in order already). Device-side, per request (cache row `base` of its
         newest token): the accepted nodes' K/V move from their node rows to the positions they now hold
-        (depth d at base + d), in one gather/scatter for all layers (rows past a request's count move
-        onto themselves); returns the verify taps with each request's accepted rows first, in order
-        (what the drafter takes as committed rows)."""
+        (depth d at base + d), for all layers at once (KVCache.compact_accepted); returns the verify taps
+        with each request's accepted rows first, in order (what the drafter takes as committed rows)."""
         n, q = nodes.shape
-        depth = torch.arange(1, q, device=nodes.device)
-        dst = base[:, None] + depth
-        src = torch.where(depth < counts[:, None], base[:, None] + nodes[:, 1:], dst)
-        self.cache.move(src.flatten(), dst.flatten())
+        self.cache.compact_accepted(base, counts, nodes)
         order = torch.arange(0, n * q, q, device=nodes.device)[:, None] + nodes
         return None if taps is None else taps.index_select(0, order.flatten())
 

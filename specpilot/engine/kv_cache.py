@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from specpilot.kernels.kv_compact import compact_accepted
+
 
 class KVCache:
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int,
@@ -42,11 +44,13 @@ class KVCache:
         self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, rows, k)
         self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, rows, v)
 
-    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Copy every layer's K/V from flat rows `src` to flat rows `dst` (slot * max_len + position);
-        all sources are read before any destination is written."""
-        flat = self.kv.view(-1, self.kv.shape[2] * self.kv.shape[3], *self.kv.shape[4:])
-        flat.index_copy_(1, dst, flat.index_select(1, src))
+    def compact_accepted(self, base: torch.Tensor, counts: torch.Tensor, nodes: torch.Tensor) -> None:
+        """Tree verification: in every layer, request i's accepted draft nodes (`nodes[i, 1:counts[i]]`,
+        one per depth) move from flat row base[i] + node to base[i] + depth (flat rows: slot * max_len +
+        position; base[i]: its newest committed token's row). Device-side, one launch on CUDA."""
+        planes = self.kv.shape[0] * self.kv.shape[1]
+        flat = self.kv.view(planes, self.kv.shape[2] * self.kv.shape[3], -1)
+        compact_accepted(flat, base, counts, nodes)
 
     def bytes_per_token(self) -> int:
         k = self.k[0]

@@ -1,0 +1,73 @@
+"""Moving a draft tree's accepted nodes' K/V to the positions they now hold, in every layer, in one launch.
+
+Why: after tree verification request i's accepted nodes ``nodes[i, 1:counts[i]]`` (increasing, one per
+depth) sit at cache rows ``base[i] + node``; the committed sequence needs them at ``base[i] + depth``.
+As torch ops this is a gather of those rows from every layer's K and V and a scatter back (two kernels,
+about 15 us per step on an H200 for one request); here one program per (request, K-or-V layer plane)
+copies its rows in depth order.
+
+In-place safety without a staging buffer: the node at depth d is >= d and nodes increase along the
+path, so in ascending depth order no row is written before every read of it is done (the write at
+``base + d`` can only hit the source of an earlier depth).
+
+``kv`` is the cache's single tensor viewed as ``[planes, rows, width]`` (planes = K and V of every
+layer, rows = slot * max_len + position, width = kv heads x head dim). Entry points:
+``compact_accepted_reference`` (torch; CPU), ``compact_accepted_triton`` (CUDA), ``compact_accepted``.
+No host sync, grid fixed by shapes: graph-capturable.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpilot.kernels.triton_support import pick_backend, require_triton, tl, triton
+
+__all__ = ["compact_accepted", "compact_accepted_reference", "compact_accepted_triton"]
+
+
+def compact_accepted_reference(kv: torch.Tensor, base: torch.Tensor, counts: torch.Tensor, nodes: torch.Tensor) -> None:
+    n, q = nodes.shape
+    depth = torch.arange(1, q, device=nodes.device)
+    dst = base[:, None] + depth
+    src = torch.where(depth < counts[:, None], base[:, None] + nodes[:, 1:], dst)  # the rest onto themselves
+    kv.index_copy_(1, dst.flatten(), kv.index_select(1, src.flatten()))
+
+
+if triton is not None:
+
+    @triton.jit
+    def _compact_accepted_kernel(kv_ptr, stride_plane, stride_row, base_ptr, counts_ptr, nodes_ptr, stride_nodes,
+                                 WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+        i = tl.program_id(0)
+        plane = kv_ptr + tl.program_id(1).to(tl.int64) * stride_plane
+        base = tl.load(base_ptr + i).to(tl.int64)
+        count = tl.load(counts_ptr + i).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        for d in range(1, count):
+            node = tl.load(nodes_ptr + i * stride_nodes + d).to(tl.int64)
+            for c in range(0, WIDTH, BLOCK):
+                m = c + cols < WIDTH
+                row = tl.load(plane + (base + node) * stride_row + c + cols, mask=m)
+                tl.store(plane + (base + d) * stride_row + c + cols, row, mask=m)
+            tl.debug_barrier()  # this depth's write lands before a later depth's reads
+
+
+def compact_accepted_triton(kv: torch.Tensor, base: torch.Tensor, counts: torch.Tensor, nodes: torch.Tensor) -> None:
+    require_triton("compact_accepted_triton")
+    if kv.dim() != 3 or kv.stride(2) != 1:
+        raise ValueError(f"kv must be [planes, rows, width] with contiguous rows, got {tuple(kv.shape)}")
+    n = nodes.shape[0]
+    if n:
+        width = kv.shape[2]
+        _compact_accepted_kernel[(n, kv.shape[0])](kv, kv.stride(0), kv.stride(1), base, counts, nodes, nodes.stride(0),
+                                                   WIDTH=width, BLOCK=min(triton.next_power_of_2(width), 1024),
+                                                   num_warps=1 if width <= 256 else 4)
+
+
+def compact_accepted(kv: torch.Tensor, base: torch.Tensor, counts: torch.Tensor, nodes: torch.Tensor,
+                     backend: str = "auto") -> None:
+    """In place: request i's accepted nodes' rows move from base[i] + node to base[i] + depth, in every plane."""
+    if pick_backend(backend, kv) == "triton":
+        compact_accepted_triton(kv, base, counts, nodes)
+    else:
+        compact_accepted_reference(kv, base, counts, nodes)
