@@ -20,7 +20,8 @@ def make_case(seed: int, width: int) -> tuple[torch.Tensor, ...]:
     depth), some touching rows a later depth reads (node d' == an earlier depth's destination)."""
     g = torch.Generator().manual_seed(seed)
     kv = torch.randn(4, 3 * 40, width, generator=g)
-    base = torch.tensor([5, 40 + 20, 80 + 0])
+    rows = torch.tensor([[5, 6], [40 + 20, 0], [80 + 0, 1]])
+    base = rows[:, 0]  # strided, as the engine passes it (each request's first verify row)
     counts = torch.tensor([4, 1, Q])
     nodes = torch.zeros(3, Q, dtype=torch.long)
     nodes[0, 1:4] = torch.tensor([2, 3, 6])  # depth 2 reads row base+3, which depth 3 then overwrites

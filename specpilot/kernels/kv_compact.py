@@ -36,12 +36,12 @@ def compact_accepted_reference(kv: torch.Tensor, base: torch.Tensor, counts: tor
 if triton is not None:
 
     @triton.jit
-    def _compact_accepted_kernel(kv_ptr, stride_plane, stride_row, base_ptr, counts_ptr, nodes_ptr, stride_nodes,
-                                 WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    def _compact_accepted_kernel(kv_ptr, stride_plane, stride_row, base_ptr, stride_base, counts_ptr, stride_counts,
+                                 nodes_ptr, stride_nodes, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
         i = tl.program_id(0)
         plane = kv_ptr + tl.program_id(1).to(tl.int64) * stride_plane
-        base = tl.load(base_ptr + i).to(tl.int64)
-        count = tl.load(counts_ptr + i).to(tl.int64)
+        base = tl.load(base_ptr + i * stride_base).to(tl.int64)
+        count = tl.load(counts_ptr + i * stride_counts).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         for d in range(1, count):
             node = tl.load(nodes_ptr + i * stride_nodes + d).to(tl.int64)
@@ -59,8 +59,9 @@ def compact_accepted_triton(kv: torch.Tensor, base: torch.Tensor, counts: torch.
     n = nodes.shape[0]
     if n:
         width = kv.shape[2]
-        _compact_accepted_kernel[(n, kv.shape[0])](kv, kv.stride(0), kv.stride(1), base, counts, nodes, nodes.stride(0),
-                                                   WIDTH=width, BLOCK=min(triton.next_power_of_2(width), 1024),
+        # base is a strided view in the engine (each request's first verify row)
+        _compact_accepted_kernel[(n, kv.shape[0])](kv, kv.stride(0), kv.stride(1), base, base.stride(0), counts,
+                                                   counts.stride(0), nodes, nodes.stride(0), WIDTH=width, BLOCK=min(triton.next_power_of_2(width), 1024),
                                                    num_warps=1 if width <= 256 else 4)
 
 

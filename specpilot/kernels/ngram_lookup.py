@@ -125,7 +125,10 @@ def _launch(history: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor | 
     if history.stride(1) != 1:
         raise ValueError("history rows must be contiguous (the kernel writes and reads them in place)")
     out = torch.empty(slots.shape[0], k + 1, dtype=torch.int64, device=history.device)
+    slots = slots.contiguous()  # the kernel reads per-request values at i
+    lengths = lengths.contiguous() if lengths is not None else None
     starts, tokens, counts = append if append is not None else (slots, slots[:, None], slots)
+    starts, counts = starts.contiguous(), counts.contiguous()
     if slots.shape[0]:
         _ngram_lookup_kernel[(slots.shape[0],)](
             history, history.stride(0), history.shape[1], slots, lengths if lengths is not None else slots, out,

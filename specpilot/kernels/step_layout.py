@@ -128,7 +128,7 @@ def lay_out_next_verify_triton(positions: torch.Tensor, write_index: torch.Tenso
                                counts: torch.Tensor, bonus: torch.Tensor, scratch_slot: int) -> None:
     require_triton("lay_out_next_verify_triton")
     _contiguous(positions, write_index, kv_lens, input_ids)
-    starts, counts, bonus = (t.contiguous() for t in (starts, counts, bonus))
+    slot_ids, starts, counts, bonus = (t.contiguous() for t in (slot_ids, starts, counts, bonus))
     b = slot_ids.shape[0]
     if b:
         q = positions.shape[0] // b
