@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
-from triton_interpret import patch_bf16_cast, run_module
+from triton_interpret import interpreter_fixture, patch_bf16_cast
 
 from specpilot.engine.kv_cache import KVCache
 from specpilot.kernels.fused import (
@@ -402,10 +402,7 @@ def _triton_failures() -> dict[str, str]:
     return failures
 
 
-@pytest.fixture(scope="module")
-def triton_failures() -> dict[str, str]:
-    pytest.importorskip("triton")
-    return run_module(__file__)
+triton_failures = interpreter_fixture(__file__)
 
 
 @pytest.mark.parametrize("name", [c.name for c in (*NORM_CASES, *ROPE_CASES, *SILU_CASES)])

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from triton_interpret import run_module
+from triton_interpret import interpreter_fixture
 
 from specpilot.kernels.kv_compact import compact_accepted_reference
 
@@ -53,10 +53,7 @@ def _triton_results() -> dict[str, list]:
     return out
 
 
-@pytest.fixture(scope="module")
-def triton_results() -> dict[str, list]:
-    pytest.importorskip("triton")
-    return run_module(__file__)
+triton_results = interpreter_fixture(__file__)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"width{c[1]}")

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from triton_interpret import run_module
+from triton_interpret import interpreter_fixture
 
 from specpilot.drafters.ngram import NgramIndex
 from specpilot.kernels.ngram_lookup import append_and_lookup_reference, ngram_lookup, ngram_lookup_reference
@@ -103,10 +103,7 @@ def _triton_results() -> dict[str, list]:
     return out
 
 
-@pytest.fixture(scope="module")
-def triton_results() -> dict[str, list]:
-    pytest.importorskip("triton")
-    return run_module(__file__)
+triton_results = interpreter_fixture(__file__)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"seed{c[0]}-min{c[1]}")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from triton_interpret import patch_bf16_dot, run_module
+from triton_interpret import interpreter_fixture, patch_bf16_dot
 
 from specpilot.kernels.skinny_gemm import (
     CANDIDATE_CONFIGS,
@@ -169,10 +169,7 @@ def _triton_errors() -> dict[str, float]:
     return errors
 
 
-@pytest.fixture(scope="module")
-def triton_errors() -> dict[str, float]:
-    pytest.importorskip("triton")
-    return run_module(__file__)
+triton_errors = interpreter_fixture(__file__)
 
 
 @pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: c.name)

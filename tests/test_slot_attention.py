@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from triton_interpret import patch_bf16_dot, run_module
+from triton_interpret import interpreter_fixture, patch_bf16_dot
 
 from specpilot.kernels.slot_attention import slot_attention, slot_attention_reference
 
@@ -341,10 +341,7 @@ def _triton_errors() -> dict[str, float]:
     return errors
 
 
-@pytest.fixture(scope="module")
-def triton_errors() -> dict[str, float]:
-    pytest.importorskip("triton")
-    return run_module(__file__)
+triton_errors = interpreter_fixture(__file__)
 
 
 @pytest.mark.parametrize("case", TRITON_CASES + TREE_TRITON_CASES, ids=lambda c: c.name)

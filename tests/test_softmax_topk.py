@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from triton_interpret import patch_bf16_cast, run_module
+from triton_interpret import interpreter_fixture, patch_bf16_cast
 
 from specpilot.kernels.softmax_topk import row_argmax, softmax_topk, softmax_topk_reference, top_k_indices
 
@@ -120,10 +120,7 @@ def _triton_results() -> dict[str, list]:
     return results
 
 
-@pytest.fixture(scope="module")
-def triton_results() -> dict[str, list]:
-    pytest.importorskip("triton")
-    return run_module(__file__)
+triton_results = interpreter_fixture(__file__)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from triton_interpret import run_module
+from triton_interpret import interpreter_fixture
 
 from specpilot.kernels.step_layout import lay_out_draft_reference, lay_out_next_verify_reference
 
@@ -76,10 +76,7 @@ def _triton_results() -> dict[str, list]:
             "verify": [_run_verify(lay_out_next_verify_triton, c) for c in VERIFY]}
 
 
-@pytest.fixture(scope="module")
-def triton_results() -> dict[str, list]:
-    pytest.importorskip("triton")
-    return run_module(__file__)
+triton_results = interpreter_fixture(__file__)
 
 
 @pytest.mark.parametrize("i", range(len(DRAFT)))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from triton_interpret import run_module
+from triton_interpret import interpreter_fixture
 
 from specpilot.drafters.draft_tree import TreeBuilder, chain_layout
 from specpilot.kernels.tree_accept import tree_accept, tree_accept_reference
@@ -85,10 +85,7 @@ def _triton_results() -> dict[str, list]:
     return {case.name: [t.tolist() for t in tree_accept_triton(*make_inputs(case))] for case in CASES}
 
 
-@pytest.fixture(scope="module")
-def triton_results() -> dict[str, list]:
-    pytest.importorskip("triton")
-    return run_module(__file__)
+triton_results = interpreter_fixture(__file__)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

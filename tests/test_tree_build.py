@@ -13,7 +13,7 @@ from functools import cache
 
 import pytest
 import torch
-from triton_interpret import run_module
+from triton_interpret import interpreter_fixture
 
 from specpilot.drafters import draft_tree
 from specpilot.drafters.draft_tree import TreeBuilder
@@ -140,10 +140,7 @@ def _triton_results() -> dict[str, list]:
         *make_inputs(case), LOOKUP_PROB, backend="triton")).values()] for case in CASES}
 
 
-@pytest.fixture(scope="module")
-def triton_results() -> dict[str, list]:
-    pytest.importorskip("triton")
-    return run_module(__file__)
+triton_results = interpreter_fixture(__file__)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if not c.ties], ids=lambda c: c.name)

@@ -15,7 +15,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def interpreter_fixture(module_file: str) -> Any:
+    """A module-scoped fixture holding what `module_file` reports when run under the interpreter (its
+    tests skip without triton): `triton_results = interpreter_fixture(__file__)`."""
+
+    @pytest.fixture(scope="module")
+    def results() -> Any:
+        pytest.importorskip("triton")
+        return run_module(module_file)
+
+    return results
 
 
 def run_module(path: str, timeout: int = 600) -> Any:
