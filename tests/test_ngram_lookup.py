@@ -11,7 +11,11 @@ import torch
 from triton_interpret import interpreter_fixture
 
 from specpilot.drafters.ngram import NgramIndex
-from specpilot.kernels.ngram_lookup import append_and_lookup_reference, ngram_lookup, ngram_lookup_reference
+from specpilot.kernels.ngram_lookup import (
+    append_and_lookup_reference,
+    ngram_lookup,
+    ngram_lookup_reference,
+)
 
 K, MAX_N = 15, 4
 
@@ -89,7 +93,10 @@ CASES = [(seed, min_n) for seed in range(3) for min_n in (1, 2)]
 
 
 def _triton_results() -> dict[str, list]:
-    from specpilot.kernels.ngram_lookup import append_and_lookup_triton, ngram_lookup_triton
+    from specpilot.kernels.ngram_lookup import (
+        append_and_lookup_triton,
+        ngram_lookup_triton,
+    )
 
     out = {}
     for seed in range(2):

@@ -9,7 +9,10 @@ import pytest
 import torch
 from triton_interpret import interpreter_fixture
 
-from specpilot.kernels.step_layout import lay_out_draft_reference, lay_out_next_verify_reference
+from specpilot.kernels.step_layout import (
+    lay_out_draft_reference,
+    lay_out_next_verify_reference,
+)
 
 MAX_LEN, SCRATCH = 300, 5
 
@@ -70,7 +73,10 @@ def _run_verify(fn, case):
 
 
 def _triton_results() -> dict[str, list]:
-    from specpilot.kernels.step_layout import lay_out_draft_triton, lay_out_next_verify_triton
+    from specpilot.kernels.step_layout import (
+        lay_out_draft_triton,
+        lay_out_next_verify_triton,
+    )
 
     return {"draft": [_run_draft(lay_out_draft_triton, c) for c in DRAFT],
             "verify": [_run_verify(lay_out_next_verify_triton, c) for c in VERIFY]}

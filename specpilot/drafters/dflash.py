@@ -32,13 +32,12 @@ from specpilot.engine.transfer import to_device
 from specpilot.engine.verify import Accepted
 from specpilot.kernels.fused import rope_and_cache_write
 from specpilot.kernels.slot_attention import kv_splits, slot_attention
-from specpilot.kernels.step_layout import lay_out_draft
 from specpilot.kernels.softmax_topk import softmax_topk
+from specpilot.kernels.step_layout import lay_out_draft
 from specpilot.models.config import ModelConfig
 from specpilot.models.linear import Linear
 from specpilot.models.rope import RotaryTable
 from specpilot.models.transformer import MLP, RMSNorm, Transformer
-
 
 # The probability a tree gives prompt lookup's tokens when it merges them into the slots' top-k: above
 # most of the drafter's second choices, so the lookup's path is kept whenever a context repeats.
@@ -201,7 +200,7 @@ class DFlashDrafter(Drafter):
         # topk > 1: the block's slots' top-k become a tree of block_size - 1 nodes (same verify width)
         k = self.num_proposals
         self.tree = TreeBuilder(topk, k, k, device) if topk > 1 else None
-        # a tree takes prompt lookup's proposal as one more path (NgramAssistedDrafter hands it over)
+        # a tree takes prompt lookup's proposal as one more path (NgramAssistedDrafter sets device_lookup)
         self.merges_hints = self.tree is not None
         self.lookup_prob = LOOKUP_PROB
         # set by NgramAssistedDrafter before capture: prompt lookup on the device, so an early launch builds
@@ -269,18 +268,19 @@ class DFlashDrafter(Drafter):
         self._launched = None
 
     @torch.inference_mode()
-    def propose(self, reqs: list[Request], hint: torch.Tensor | None = None) -> Draft:
-        """`hint` (tree drafts only): prompt lookup's proposal, [n, K + 1] on the device (a use flag, then
-        K tokens per request), merged into each slot's top-k (draft_tree.merge_lookup)."""
+    def propose(self, reqs: list[Request]) -> Draft:
+        """A tree drafter with a device lookup merges the lookup's proposal ([n, K + 1]: a use flag, then K
+        tokens per request) into each slot's top-k (draft_tree.merge_lookup)."""
         launched = self._take_launched(reqs)
         graph, outputs, tree = launched or (*self._launch_pending(reqs), None)
         n = len(reqs)
         if self.tree is None:
             return Draft(outputs[0][:n], outputs[1][:n])
+        hint = None
         if self.device_lookup is not None:
             if launched is not None:  # the launch appended these requests' newest tokens on the device
                 self.device_lookup.mark_synced(reqs)
-            elif hint is None:
+            else:
                 self.device_lookup.sync(reqs)
                 hint = self.device_lookup.lookup(reqs)
         placed = tree is not None and graph is not None
@@ -435,7 +435,6 @@ class _DraftGraph:
         self.outputs: tuple[torch.Tensor, ...] = body.outputs
         self.tree_graph: CapturedPass | EagerReplay | None = None
         self.hint: torch.Tensor | None = None
-        self.hinted = False
         self.prep: CapturedPass | EagerReplay | None = None
         self.source: tuple[ForwardBatch, Accepted, torch.Tensor | None] | None = None
 
@@ -469,11 +468,8 @@ class _DraftGraph:
         return tuple(vars(tree).values())
 
     def replay_tree(self, hint: torch.Tensor | None, n: int) -> tuple[torch.Tensor, ...]:
+        """`hint`: the device lookup's rows for n requests (without one the hint rows stay unused)."""
         if hint is not None:  # rows past n are padding: their drafts are dropped, whatever they hold
             self.hint[:n].copy_(hint)
-            self.hinted = True
-        elif self.hinted:  # clear the last hint's use flags once, not every step
-            self.hint.zero_()
-            self.hinted = False
         self.tree_graph.replay()
         return self.tree_graph.outputs

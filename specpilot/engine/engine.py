@@ -17,7 +17,11 @@ from specpilot.drafters.draft_tree import TreeLayout
 from specpilot.engine.forward_batch import ForwardBatch
 from specpilot.engine.graphs import CapturedPass, EagerReplay, GraphBackend
 from specpilot.engine.kv_cache import KVCache
-from specpilot.engine.model_runner import DEFAULT_GRAPH_BATCH_SIZES, ModelRunner, RunOutput
+from specpilot.engine.model_runner import (
+    DEFAULT_GRAPH_BATCH_SIZES,
+    ModelRunner,
+    RunOutput,
+)
 from specpilot.engine.request import Request, StopChecker
 from specpilot.engine.sampling import choose_tokens, make_generator, suppress
 from specpilot.engine.spec_stats import SpecStats, StepClock

@@ -26,8 +26,7 @@ __all__ = ["compact_accepted", "compact_accepted_reference", "compact_accepted_t
 
 
 def compact_accepted_reference(kv: torch.Tensor, base: torch.Tensor, counts: torch.Tensor, nodes: torch.Tensor) -> None:
-    n, q = nodes.shape
-    depth = torch.arange(1, q, device=nodes.device)
+    depth = torch.arange(1, nodes.shape[1], device=nodes.device)
     dst = base[:, None] + depth
     src = torch.where(depth < counts[:, None], base[:, None] + nodes[:, 1:], dst)  # the rest onto themselves
     kv.index_copy_(1, dst.flatten(), kv.index_select(1, src.flatten()))
