@@ -54,7 +54,8 @@ eval_drafter() {
     local draft=$1 out=$2
     mkdir -p "$out"
     local spec=(--speculative-algorithm dflash --speculative-draft-model-path "$draft"
-                --speculative-num-draft-tokens 16 --device "$DEVICE")
+                --speculative-num-draft-tokens 16 --speculative-eagle-topk 1 --speculative-ngram-assist 0
+                --device "$DEVICE")
     "${SPECPILOT[@]}" bench --dataset humaneval math mtbench sharegpt --num-prompts "${EVAL_PROMPTS:-80}" \
         --max-new-tokens "${EVAL_TOKENS:-256}" "${spec[@]}" --output-dir "$out/bench"
     "${SPECPILOT[@]}" bench --dataset humaneval math mtbench sharegpt --num-prompts "${EVAL_PROMPTS:-80}" \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -20,8 +21,13 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="default: bfloat16 on CUDA, float32 on CPU")
-    g.add_argument("--context-length", type=_positive_int, default=4096, help="KV positions per request")
-    g.add_argument("--max-running-requests", type=_positive_int, default=32)
+    g.add_argument("--context-length", type=_positive_int, default=None,
+                   help="KV positions per request (default: 4096 on CUDA, 2048 on CPU, at most the model's)")
+    g.add_argument("--max-running-requests", type=_positive_int, default=None,
+                   help="requests decoded together, each with a KV slot of --context-length (default: 32 on "
+                        "CUDA, 8 on CPU; generate: 1; bench: --batch-size), fewer if the free memory holds fewer")
+    g.add_argument("--max-total-tokens", type=_positive_int, default=None,
+                   help="KV positions of all slots together: caps --max-running-requests at this / --context-length")
     g.add_argument("--disable-cuda-graph", action="store_true", help="run decode eagerly on CUDA")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--speculative-algorithm", default=None, type=str.lower, choices=["none", *ALGORITHMS],
@@ -31,13 +37,14 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                         "the shipped drafter")
     s.add_argument("--speculative-num-draft-tokens", type=_at_least_two, default=None,
                    help="tokens per verify pass (block size: newest token + drafts); default from the drafter "
-                        "(DFlash on CPU: at most 4)")
-    s.add_argument("--speculative-ngram-assist", type=_nonneg_int, default=0, metavar="N",
+                        "(DFlash chains on CPU: at most 4)")
+    s.add_argument("--speculative-ngram-assist", type=_nonneg_int, default=None, metavar="N",
                    help="dflash/pard: where the context's last N+ tokens occurred before, draft what followed them "
-                        "(prompt lookup) instead of the model's block; 0: off (default)")
-    s.add_argument("--speculative-eagle-topk", type=_positive_int, default=1, metavar="K",
+                        "(prompt lookup) instead of the model's block; 0: off (default: 2 for dflash, else 0)")
+    s.add_argument("--speculative-eagle-topk", type=_positive_int, default=None, metavar="K",
                    help="dflash: K > 1 verifies a draft tree instead of a chain: the likeliest paths through "
-                        "each slot's top-K tokens, as many nodes as the block has drafts; 1: chain (default)")
+                        "each slot's top-K tokens, as many nodes as the block has drafts; 1: chain (default: 4 "
+                        "on CUDA, 1 on CPU)")
 
 
 def _sampling_args(p: argparse.ArgumentParser, with_length: bool = True) -> None:
@@ -91,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="speedup over AR, tau and acceptance per dataset (JSON + PNG)")
     _dataset_args(bench, default_prompts=20, default_tokens=256, many=True)
     bench.add_argument("--batch-size", type=_positive_int, default=1, help="requests run together (default 1)")
-    bench.add_argument("--output-dir", default="results/bench", help="where the JSON and PNG go")
+    bench.add_argument("--output-dir", default=None,
+                       help="folder for the JSON and PNG (default: a new specpilot-bench/<date>-<time>/)")
     _engine_args(bench)
     _serving_bench_args(bench)
     bench.set_defaults(func=_cmd_bench)
@@ -116,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                                        "features and writes a checkpoint that --speculative-draft-model-path loads.")
     _train_drafter_args(train)
     train.set_defaults(func=_cmd_train_drafter)
+    for command in sub.choices.values():
+        command.add_argument("--log-level", default=None, type=str.upper,
+                             choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                             help="default: WARNING for generate, INFO for the other commands")
     return parser
 
 
@@ -204,18 +216,19 @@ def _dataset_args(p: argparse.ArgumentParser, default_prompts: int, default_toke
 
 
 def _cmd_force(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from specpilot.bench.datasets import apply_chat_template, load_prompts
     from specpilot.engine.engine import Engine
     from specpilot.forcing import run_forcing
+    from specpilot.progress import progress_bars
 
     config = engine_config_from_args(args)
     candidate = Engine.from_config(config)
-    stock = Engine(candidate.checkpoint, replace(config, speculative_algorithm=None))
+    stock = candidate.twin(speculative_algorithm=None)  # the same weights and KV cache, taking turns
     prompts = [apply_chat_template(candidate.tokenizer, p) for p in load_prompts(args.dataset, args.num_prompts)]
     params = sampling_params_from_args(args)
-    verdict = run_forcing(stock, candidate, prompts, params, config.speculative_algorithm or "none")
+    with progress_bars() as progress:
+        verdict = run_forcing(stock, candidate, prompts, params, config.speculative_algorithm or "none",
+                              progress=progress)
     print(json.dumps(verdict.as_dict(), indent=2))
     return 0 if verdict.passed else 1
 
@@ -225,25 +238,23 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from specpilot.bench.serving import run_from_args
 
         return run_from_args(args)
-    from pathlib import Path
-
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
     from specpilot.bench.charts import speedup_chart
     from specpilot.bench.harness import bench_dataset
+    from specpilot.bench.output import bench_output_dir
     from specpilot.config import SamplingParams
     from specpilot.engine.engine import Engine
 
-    config = engine_config_from_args(args)
+    config = engine_config_from_args(args, max_running_requests=args.batch_size)
     engine = Engine.from_config(config)
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     with Progress() as progress:
         results = [bench_dataset(engine, d, args.num_prompts, params, args.batch_size, progress).as_dict()
                    for d in args.dataset]
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = bench_output_dir(args.output_dir)
     name = f"bench_{config.speculative_algorithm or 'ar'}_{engine.device.type}"
     report = {"config": vars(engine.config), "device": engine.device.type, "dtype": str(engine.dtype),
               "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "results": results}
@@ -257,8 +268,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                       f"{spec.get('tpot_ms', float('nan')):.2f}", f"{r['speedup'] or float('nan'):.2f}x")
     Console().print(table)
     if engine.drafter is not None:
-        png = speedup_chart(results, table.title, out / f"{name}.png")
-        print(f"wrote {out / (name + '.json')} and {png}")
+        speedup_chart(results, table.title, out / f"{name}.png")
+    print(f"results in {out}/: {', '.join(sorted(p.name for p in out.iterdir()))}")
     return 0
 
 
@@ -272,17 +283,22 @@ def sampling_params_from_args(args: argparse.Namespace):
     )
 
 
-def engine_config_from_args(args: argparse.Namespace):
-    from specpilot.engine.engine import EngineConfig
+def engine_config_from_args(args: argparse.Namespace, max_running_requests: int | None = None):
+    """`max_running_requests`: the command's own default, where --max-running-requests is not given."""
+    from specpilot.drafters import device_defaults
+    from specpilot.engine.engine import EngineConfig, resolve_device
 
     algorithm = None if args.speculative_algorithm in (None, "none") else args.speculative_algorithm
+    spec = device_defaults(algorithm, resolve_device(args.device).type)
+    for name in spec:
+        if getattr(args, name) is not None:
+            spec[name] = getattr(args, name)
     return EngineConfig(model_path=args.model_path, device=args.device, dtype=args.dtype,
-                        context_length=args.context_length, max_running_requests=args.max_running_requests,
+                        context_length=args.context_length, max_total_tokens=args.max_total_tokens,
+                        max_running_requests=args.max_running_requests or max_running_requests,
                         cuda_graphs=not args.disable_cuda_graph, speculative_algorithm=algorithm,
                         speculative_draft_model_path=args.speculative_draft_model_path,
-                        speculative_num_draft_tokens=args.speculative_num_draft_tokens,
-                        speculative_ngram_assist=args.speculative_ngram_assist,
-                        speculative_eagle_topk=args.speculative_eagle_topk)
+                        speculative_num_draft_tokens=args.speculative_num_draft_tokens, **spec)
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
@@ -338,7 +354,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from specpilot.engine.engine import Engine
 
     params = sampling_params_from_args(args)
-    engine = Engine.from_config(engine_config_from_args(args))
+    engine = Engine.from_config(engine_config_from_args(args, max_running_requests=1))
     if engine.tokenizer is None:
         raise ValueError(f"--model-path {args.model_path}: the checkpoint has no tokenizer files")
     ids = encode_prompt(engine.tokenizer, args.prompt, args.chat)
@@ -354,6 +370,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # one-shot generation prints only its text; the long-running commands say what they are doing
+    level = args.log_level or ("WARNING" if args.command == "generate" else "INFO")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:

@@ -143,9 +143,9 @@ def test_sharegpt_seeded_shuffle(sharegpt):
 def test_read_json_array_keeps_complete_items_of_truncated_file(tmp_path: Path):
     path = tmp_path / "a.json"
     path.write_text('[\n {"id": "a", "x": [1, 2]},\n {"id": "b"}\n]\n')
-    assert datasets._read_json_array(path) == [{"id": "a", "x": [1, 2]}, {"id": "b"}]
+    assert datasets.read_json_array(path) == [{"id": "a", "x": [1, 2]}, {"id": "b"}]
     path.write_text('[\n {"id": "a", "x": [1, 2]},\n {"id": "b", "x": "cut sh')
-    assert datasets._read_json_array(path) == [{"id": "a", "x": [1, 2]}]
+    assert datasets.read_json_array(path) == [{"id": "a", "x": [1, 2]}]
 
 
 def test_sharegpt_first_turns_export_gives_the_same_splits(sharegpt, tmp_path: Path, monkeypatch):

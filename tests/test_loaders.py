@@ -15,6 +15,7 @@ from tiny_models import TINY_ARCHS, save_tiny_gguf, tiny_hf_model
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from specpilot.models import checkpoint as checkpoint_module
+from specpilot.models import gguf_loader
 from specpilot.models.checkpoint import (
     Checkpoint,
     embedded_default_path,
@@ -54,6 +55,22 @@ def test_embedded_config(smollm: Checkpoint) -> None:
     assert cfg.tie_word_embeddings and not cfg.qkv_bias and not cfg.qk_norm
     assert cfg.bos_token_id == 1
     assert smollm.source == str(embedded_default_path())
+
+
+def test_embedded_tokenizer_from_the_cache_matches_the_conversion(smollm: Checkpoint, tmp_path: pathlib.Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first load converts the GGUF's tokenizer and keeps it; later loads read the kept one."""
+    monkeypatch.setenv("SPECPILOT_CACHE_DIR", str(tmp_path))
+    path = embedded_default_path()
+    converted = gguf_loader._load_tokenizer(path)
+    assert (gguf_loader.tokenizer_cache_dir(path) / "tokenizer.json").is_file()
+    cached = gguf_loader._load_tokenizer(path)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <|im_end|>\n\n  é 中"}]
+    for tok in (cached, smollm.tokenizer):
+        assert tok.apply_chat_template(chat, add_generation_prompt=True, return_dict=False) == \
+            converted.apply_chat_template(chat, add_generation_prompt=True, return_dict=False)
+        assert tok.encode("def f(x):\n    return x  # é") == converted.encode("def f(x):\n    return x  # é")
+        assert (tok.eos_token, tok.bos_token, len(tok)) == (converted.eos_token, converted.bos_token, len(converted))
 
 
 def test_embedded_state_dict_keys_and_shapes(smollm: Checkpoint) -> None:

@@ -97,13 +97,13 @@ def test_drain_refuses_newcomers_and_aborts_stragglers_after_the_grace_period(ti
 
 
 def test_serve_cli_with_sigterm(tiny_dir):
-    """`specpilot serve` with SGLang's flags; SIGTERM lets the in-flight stream end (abort after the
-    grace period) and the process exit."""
+    """`specpilot serve` with SGLang's flags; after SIGTERM the server still answers, 503 on /health,
+    while the in-flight stream gets the grace period (then ends with abort), and the process exits."""
     port = free_port()
     cmd = [sys.executable, "-m", "specpilot.cli", "serve", "--model-path", str(tiny_dir), "--port", str(port),
            "--host", "127.0.0.1", "--speculative-algorithm", "ngram", "--speculative-num-draft-tokens", "4",
            "--max-running-requests", "2", "--context-length", "4096", "--dtype", "float32", "--device", "cpu",
-           "--shutdown-grace-period", "0.3"]
+           "--shutdown-grace-period", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -122,6 +122,10 @@ def test_serve_cli_with_sigterm(tiny_dir):
         while not stream.events:
             time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        while httpx.get(url + "/health", trust_env=False).status_code == 200:
+            assert time.monotonic() - signalled < 1.5, "/health still says ok while draining"
+        assert httpx.get(url + "/health", trust_env=False).status_code == 503
         assert stream.final()["finish_reason"] == {"type": "abort"}
         assert proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
     finally:

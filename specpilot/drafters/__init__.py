@@ -13,14 +13,20 @@ if TYPE_CHECKING:
 ALGORITHMS = ("dflash", "pard", "ngram")
 DEFAULT_BLOCK = {"pard": 9, "ngram": 8}
 # DFlash's default block is the checkpoint's, except for chains on CPU, where a verify pass of many
-# tokens costs about two decode steps: the shipped drafter's chain is fastest at 4 there (HumanEval 1.06x
-# over AR; 0.94x at 8, 0.86x at 16). A tree (--speculative-eagle-topk > 1) spends those tokens on more
-# paths and keeps the checkpoint's block (16: 1.00x, 8: 1.08x; with n-gram assist 1.13-1.14x, the best
-# on CPU; docs/RESULTS.md, fourth and fifth sessions).
+# tokens costs about two decode steps and the shipped drafter's chain is fastest at 4 (docs/RESULTS.md).
 DFLASH_CPU_BLOCK = 4
 # The DFlash drafter trained for the embedded SmolLM2-135M-Instruct (`specpilot train-drafter`, README),
 # shipped with the package: --speculative-algorithm dflash on the embedded model needs no draft path.
 EMBEDDED_DRAFTER = Path(__file__).parent / "assets" / "smollm2-135m-dflash"
+
+
+def device_defaults(algorithm: str | None, device_type: str) -> dict[str, int]:
+    """Tree top-k and n-gram assist where the user leaves them open (the CLI): the settings measured
+    fastest on each device (docs/RESULTS.md). DFlash drafts top-4 trees on CUDA and chains on CPU, where
+    a tree's wide verify pass costs more than it gains; prompt lookup assists it on both."""
+    if algorithm != "dflash":
+        return {"speculative_eagle_topk": 1, "speculative_ngram_assist": 0}
+    return {"speculative_eagle_topk": 4 if device_type == "cuda" else 1, "speculative_ngram_assist": 2}
 
 
 def default_draft_model_path(config: EngineConfig, engine: Engine, alg: str) -> str:
@@ -87,4 +93,5 @@ def _model_drafter(config: EngineConfig, engine: Engine, alg: str, block: int | 
     return drafter
 
 
-__all__ = ["ALGORITHMS", "DFLASH_CPU_BLOCK", "EMBEDDED_DRAFTER", "Draft", "Drafter", "build_drafter", "default_draft_model_path"]
+__all__ = ["ALGORITHMS", "DFLASH_CPU_BLOCK", "EMBEDDED_DRAFTER", "Draft", "Drafter", "build_drafter",
+           "default_draft_model_path", "device_defaults"]

@@ -3,6 +3,7 @@ prefill), then advances every running request by one decode step per `step()` ca
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from specpilot.drafters.draft_tree import TreeLayout
 from specpilot.engine.forward_batch import ForwardBatch
 from specpilot.engine.graphs import CapturedPass, EagerReplay, GraphBackend
 from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.memory import KVPlan, kv_bytes_per_token, plan_kv
 from specpilot.engine.model_runner import (
     DEFAULT_GRAPH_BATCH_SIZES,
     ModelRunner,
@@ -32,9 +34,12 @@ from specpilot.kernels.step_layout import lay_out_next_verify
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import Checkpoint, load_checkpoint
 from specpilot.models.transformer import Transformer
+from specpilot.progress import phase
 
 if TYPE_CHECKING:
     from specpilot.drafters.base import Drafter
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,8 +47,11 @@ class EngineConfig:
     model_path: str | None = None  # None: the embedded default
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16
-    max_running_requests: int = 32
-    context_length: int = 4096  # KV positions per request slot
+    # None: the device's default within the free memory (engine/memory.py); the engine's own config
+    # holds the values in effect
+    max_running_requests: int | None = None
+    context_length: int | None = None  # KV positions per request slot
+    max_total_tokens: int | None = None  # cap on all slots' positions together (SGLang's flag)
     cuda_graphs: bool = True
     max_prefill_tokens: int = 16384  # tokens of prompts admitted in one prefill pass
     # Offline throughput: while requests run, admit waiting ones only once this many slots are free (or
@@ -104,31 +112,58 @@ def _split_rows(rows: torch.Tensor | None, lengths: list[int]) -> list[torch.Ten
 
 class Engine:
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig, model: Transformer | None = None,
-                 drafter_factory: Callable[[EngineConfig, Engine], Drafter] | None = None) -> None:
+                 drafter_factory: Callable[[EngineConfig, Engine], Drafter] | None = None,
+                 cache: KVCache | None = None) -> None:
         """`model`: an already built target (synthetic weights in benchmarks); `drafter_factory`: builds
         the drafter from the config and the engine's model, device, dtype and context length (default:
-        from the --speculative-* settings); the target's KV cache is sized after it."""
-        self.config = config
+        from the --speculative-* settings); the target's KV cache is sized after it. `cache`: another
+        engine's KV cache to run in (see `twin`)."""
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.checkpoint = checkpoint
         self.tokenizer = checkpoint.tokenizer
         mcfg = checkpoint.config
-        self.context_length = min(config.context_length, mcfg.max_position_embeddings)
-        self.model = model if model is not None else build_model(checkpoint, self.device, self.dtype)
+        if model is None:
+            with phase(f"building the model on {self.device.type} in {str(self.dtype).removeprefix('torch.')}"):
+                model = build_model(checkpoint, self.device, self.dtype)
+        self.model = model
+        per_token = kv_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, self.dtype)
+        if cache is None:
+            self.kv_plan = plan_kv(self.device, per_token, mcfg.max_position_embeddings, config.max_running_requests,
+                                   config.context_length, config.max_total_tokens)
+        else:  # a twin: the other engine's slots, and its context length (its config is resolved)
+            self.kv_plan = KVPlan(cache.num_slots, config.context_length, per_token, budget_bytes=0,
+                                  limited_by="a shared cache")
+        if config.max_running_requests and self.kv_plan.num_slots < config.max_running_requests:
+            log.warning("KV cache: %d request slots of %d positions (limited by %s), not the %d asked for",
+                        self.kv_plan.num_slots, self.kv_plan.context_length, self.kv_plan.limited_by,
+                        config.max_running_requests)
+        # the settings in effect (/get_server_info reports them)
+        self.config = config = replace(config, max_running_requests=self.kv_plan.num_slots,
+                                       context_length=self.kv_plan.context_length,
+                                       max_total_tokens=self.kv_plan.total_tokens)
+        self.context_length = self.kv_plan.context_length
         self.drafter: Drafter | None = None
         if drafter_factory is None and config.speculative_algorithm:
             from specpilot.drafters import build_drafter as drafter_factory
         if drafter_factory is not None:
-            self.drafter = drafter_factory(config, self)
-            # the settings in effect (/get_server_info reports them): defaults resolved by the drafter
+            with phase(f"loading the drafter ({config.speculative_algorithm or 'custom'})"):
+                self.drafter = drafter_factory(config, self)
+            # defaults resolved by the drafter
             self.config = replace(config, speculative_num_draft_tokens=self.drafter.block_size,
                                   speculative_draft_model_path=self.drafter.source)
         # A verify pass near the end of the context writes up to block_size - 1 positions past it.
         slot_len = self.context_length + (self.drafter.block_size if self.drafter else 0)
         self.model.setup_rope(slot_len)
-        self.cache = KVCache(mcfg.num_layers, config.max_running_requests, slot_len,
-                             mcfg.num_kv_heads, mcfg.head_dim, self.dtype, self.device)
+        if cache is None:
+            plan = self.kv_plan
+            cache = KVCache(mcfg.num_layers, plan.num_slots, slot_len, mcfg.num_kv_heads, mcfg.head_dim, self.dtype,
+                            self.device)
+            log.info("KV cache: %d slots x %d positions = %d tokens, %.0f MiB (limited by %s)", plan.num_slots,
+                     plan.context_length, plan.total_tokens, plan.reserved_bytes / 2**20, plan.limited_by)
+        elif cache.max_len < slot_len:
+            raise ValueError(f"the shared KV cache holds {cache.max_len} positions per slot; this engine needs {slot_len}")
+        self.cache = cache
         self.runner = ModelRunner(self.model, self.cache, self.device,
                                   tap_layers=self.drafter.tap_layers if self.drafter else ())
         self.stops = StopChecker(self.tokenizer, mcfg.eos_token_ids, self.context_length)
@@ -141,14 +176,18 @@ class Engine:
         self.acceptance_graphs: dict[int, _AcceptanceGraph] = {}  # verify bucket -> its acceptance graph
         self._verify_laid_out: list[str] | None = None  # the requests whose next verify the device laid out
         if config.cuda_graphs and GraphBackend.available(self.device):
-            q_lens = (1,) if self.drafter is None else (1, self.drafter.block_size)
-            tree_q = self.drafter.block_size if self.drafter and self.config.speculative_eagle_topk > 1 else None
-            self.runner.capture(q_lens=q_lens, tree_q=tree_q)
-            if self.drafter is not None:
-                self._capture_acceptance()
-            if hasattr(self.drafter, "capture"):
-                self.drafter.capture(DEFAULT_GRAPH_BATCH_SIZES, {b: (g.batch, *g.graph.outputs[:2])
-                                                                 for b, g in self.acceptance_graphs.items()})
+            with phase("capturing CUDA graphs"):
+                self._capture_graphs()
+
+    def _capture_graphs(self) -> None:
+        q_lens = (1,) if self.drafter is None else (1, self.drafter.block_size)
+        tree_q = self.drafter.block_size if self.drafter and self.config.speculative_eagle_topk > 1 else None
+        self.runner.capture(q_lens=q_lens, tree_q=tree_q)
+        if self.drafter is not None:
+            self._capture_acceptance()
+        if hasattr(self.drafter, "capture"):
+            self.drafter.capture(DEFAULT_GRAPH_BATCH_SIZES, {b: (g.batch, *g.graph.outputs[:2])
+                                                             for b, g in self.acceptance_graphs.items()})
 
     @torch.inference_mode()
     def _capture_acceptance(self) -> None:
@@ -167,10 +206,23 @@ class Engine:
                 graph.replay()
         GraphBackend.synchronize(self.device)
 
+    def twin(self, **changes: object) -> Engine:
+        """An engine of this one's config with `changes` (e.g. no drafter) over the same weights and KV
+        cache, for runs that take turns with this engine's (token forcing's stock and candidate), never
+        run at once."""
+        if self.has_work:
+            raise RuntimeError("an engine with requests in flight cannot share its KV cache")
+        return Engine(self.checkpoint, replace(self.config, **changes), model=self.model, cache=self.cache)
+
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:
         device = resolve_device(config.device)
-        return cls(load_checkpoint(config.model_path, dtype=resolve_dtype(config.dtype, device)), config)
+        with phase(f"loading {config.model_path or 'the embedded model'}"):
+            checkpoint = load_checkpoint(config.model_path, dtype=resolve_dtype(config.dtype, device))
+        engine = cls(checkpoint, config)
+        # the model holds its own (fused) weights now: the loader's tensors would double the footprint
+        checkpoint.state_dict.clear()
+        return engine
 
     # ---- requests ---------------------------------------------------------------------------
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, rid: str | None = None) -> Request:

@@ -3,7 +3,7 @@
 Why fixed slots rather than paged blocks: a request's K/V are contiguous, so attention needs only a
 slot id and a length (no block tables), rollback after a rejected draft is just a shorter length, and
 CUDA graphs see the same addressing for every batch. The price is memory reserved up to `max_len` per
-running request; `num_slots * max_len` is sized from the memory budget at start.
+running request; `num_slots * max_len` is sized from the memory budget at start (engine/memory.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ class KVCache:
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:
         shape = (2, num_layers, num_slots + 1, max_len, num_kv_heads, head_dim)  # + a scratch slot for graph padding
-        # one tensor for all K and V, so moving rows (tree verification) is one gather and one scatter
+        # one tensor for all K and V, so moving rows (tree verification) is one launch over every plane
         self.kv = torch.zeros(shape, dtype=dtype, device=device)
         self.k, self.v = list(self.kv[0].unbind(0)), list(self.kv[1].unbind(0))  # contiguous per-layer views
         self.num_slots = num_slots
@@ -51,7 +51,3 @@ class KVCache:
         planes = self.kv.shape[0] * self.kv.shape[1]
         flat = self.kv.view(planes, self.kv.shape[2] * self.kv.shape[3], -1)
         compact_accepted(flat, base, counts, nodes)
-
-    def bytes_per_token(self) -> int:
-        k = self.k[0]
-        return 2 * len(self.k) * k.shape[2] * k.shape[3] * k.element_size()

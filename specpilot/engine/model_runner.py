@@ -13,6 +13,7 @@ from specpilot.engine.graphs import CapturedPass, EagerReplay, GraphBackend
 from specpilot.engine.kv_cache import KVCache
 from specpilot.kernels.slot_attention import kv_splits
 from specpilot.models.transformer import Transformer
+from specpilot.progress import bar
 
 DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
@@ -109,10 +110,11 @@ class ModelRunner:
         max_b = min(max(batch_sizes), self.cache.num_slots)
         pool = GraphBackend.pool(self.device)
         for q in q_lens:
-            inputs = self.static_inputs[q] = _StaticInputs(max_b, q, self.cache, self.device, tree=q == tree_q)
-            for b in sorted({min(b, max_b) for b in batch_sizes}, reverse=True):
-                batch = inputs.batch(b, kv_splits(self.device, b, self.cache.k[0].shape[2]))
-                self.graphs[(q, b)] = _Graph(GraphBackend.capture(lambda batch=batch: self._run(batch), pool), batch)
+            self.static_inputs[q] = _StaticInputs(max_b, q, self.cache, self.device, tree=q == tree_q)
+        buckets = sorted({min(b, max_b) for b in batch_sizes}, reverse=True)
+        for q, b in bar([(q, b) for q in q_lens for b in buckets], "capturing the target's CUDA graphs"):
+            batch = self.static_inputs[q].batch(b, kv_splits(self.device, b, self.cache.k[0].shape[2]))
+            self.graphs[(q, b)] = _Graph(GraphBackend.capture(lambda batch=batch: self._run(batch), pool), batch)
         GraphBackend.synchronize(self.device)
 
     def _replay(self, g: _Graph, slots: list[int], start_lens: list[int], token_lists: list[list[int]],

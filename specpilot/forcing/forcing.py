@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from rich.progress import Progress
 
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine
@@ -138,16 +139,29 @@ def teacher_forced_logits(engine: Engine, prompt: list[int], output: list[int]) 
         engine.cache.free(slot)
 
 
-def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> StockRun:
+def _run_to_completion(engine: Engine, reqs: list[Request], progress: Progress | None, label: str) -> None:
+    task = progress.add_task(label, total=len(reqs)) if progress else None
+    while engine.has_work:
+        finished = engine.step()
+        if task is not None:
+            progress.advance(task, len(finished))
+
+
+def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams,
+              progress: Progress | None = None) -> StockRun:
     recorder = DecodeLogitRecorder()
     engine.forcing = recorder
     try:
-        reqs = engine.generate(prompts, params)
+        reqs = [engine.add_request(p, params) for p in prompts]
+        _run_to_completion(engine, reqs, progress, "stock AR")
     finally:
         engine.forcing = None
     tokens = [r.output_ids for r in reqs]
     margins, probs, noise = [], [], 0.0
+    passes = progress.add_task("stock teacher-forced", total=len(reqs)) if progress else None
     for req, prompt, out in zip(reqs, prompts, tokens):
+        if passes is not None:
+            progress.advance(passes)
         logits = teacher_forced_logits(engine, prompt, out)
         if params.greedy:
             top2 = torch.topk(logits, 2, dim=-1).values
@@ -163,13 +177,15 @@ def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams) 
 
 
 def run_forcing(stock_engine: Engine, candidate: Engine, prompts: list[list[int]], params: SamplingParams,
-                algorithm: str, tie_epsilon: float | None = None, stock: StockRun | None = None) -> ForcingVerdict:
+                algorithm: str, tie_epsilon: float | None = None, stock: StockRun | None = None,
+                progress: Progress | None = None) -> ForcingVerdict:
     """Run stock on `stock_engine` (no drafter) and the candidate forced to stock's tokens. A `stock` run
-    of the same prompts and params may be passed in to check several candidates against one stock run."""
+    of the same prompts and params may be passed in to check several candidates against one stock run.
+    The two engines may share a KV cache (Engine.twin): they run one after the other."""
     if stock_engine.drafter is not None:
         raise ValueError("the stock engine must decode autoregressively (no drafter)")
     if stock is None:
-        stock = run_stock(stock_engine, prompts, params)
+        stock = run_stock(stock_engine, prompts, params, progress)
     if tie_epsilon is None:
         floor = NEAR_TIE if stock_engine.dtype == torch.float32 else NEAR_TIE_BF16
         tie_epsilon = max(floor, 2 * stock.noise)
@@ -179,8 +195,7 @@ def run_forcing(stock_engine: Engine, candidate: Engine, prompts: list[list[int]
     observer = ForcingObserver(stock, {r.rid: i for i, r in enumerate(reqs)}, verdict)
     candidate.forcing = observer
     try:
-        while candidate.has_work:
-            candidate.step()
+        _run_to_completion(candidate, reqs, progress, f"candidate ({algorithm}), forced")
     finally:
         candidate.forcing = None
     verdict.tau = candidate.spec_stats.tau

@@ -14,6 +14,7 @@ import transformers
 
 from specpilot.models.checkpoint import Checkpoint, check_state_dict, collect_eos_ids
 from specpilot.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from specpilot.progress import bar
 
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -56,9 +57,9 @@ def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Ch
     tokenizer = _load_tokenizer(path) if "tokenizer.ggml.model" in reader.fields else None
     config = _build_config(reader, arch, tensors, tokenizer, source)
     # rope_freqs is folded into config.rope_scaling above.
-    state_dict = {
-        _hf_name(t.name, source): _to_torch(t, dtype, source) for t in reader.tensors if t.name != _ROPE_FREQS
-    }
+    weights = [t for t in reader.tensors if t.name != _ROPE_FREQS]
+    state_dict = {_hf_name(t.name, source): _to_torch(t, dtype, source)
+                  for t in bar(weights, f"dequantizing {path.name}")}
     check_state_dict(config, state_dict, source)
     if arch == "llama":
         _unpermute_llama_qk(state_dict, config)
@@ -99,8 +100,26 @@ def _to_torch(tensor: gguf.ReaderTensor, dtype: torch.dtype, source: str) -> tor
 
 
 def _load_tokenizer(path: pathlib.Path) -> transformers.PreTrainedTokenizerBase:
-    # transformers rebuilds a fast tokenizer from the GGUF metadata; no hub access involved.
-    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    """transformers rebuilds a fast tokenizer from the GGUF metadata (no hub access involved), which
+    takes most of a small model's load time; the result is kept in the user's cache for the next start."""
+    cached = tokenizer_cache_dir(path)
+    if (cached / "tokenizer.json").is_file():
+        return transformers.AutoTokenizer.from_pretrained(str(cached))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    try:
+        tokenizer.save_pretrained(str(cached))
+    except OSError:  # a read-only home: convert again next time
+        pass
+    return tokenizer
+
+
+def tokenizer_cache_dir(path: pathlib.Path) -> pathlib.Path:
+    """One folder per GGUF file (name, size, mtime) and transformers version, under $SPECPILOT_CACHE_DIR
+    or $XDG_CACHE_HOME/specpilot (default ~/.cache/specpilot)."""
+    root = os.environ.get("SPECPILOT_CACHE_DIR") or pathlib.Path(
+        os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "specpilot"
+    stat = path.stat()
+    return pathlib.Path(root) / "tokenizers" / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}-tf{transformers.__version__}"
 
 
 def _build_config(

@@ -107,6 +107,9 @@ class Transformer(nn.Module):
         self.rope: RotaryTable | None = None
 
     def setup_rope(self, max_positions: int) -> None:
+        """Tables for positions [0, max_positions); never shrinks them (engines may share a model)."""
+        if self.rope is not None and self.rope.cos.shape[0] >= max_positions:
+            return
         cfg = self.config
         self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions,
                                 self.embed_tokens.weight.device)

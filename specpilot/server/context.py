@@ -78,7 +78,8 @@ class ServerContext:
         return sub
 
     def server_args(self) -> dict[str, Any]:
-        return asdict(self.engine.config) | asdict(self.args) | {"max_queued_requests": self.max_queued_requests}
+        return asdict(self.engine.config) | asdict(self.args) | {"max_queued_requests": self.max_queued_requests,
+                                                                 "kv_cache": self.engine.kv_plan.as_dict()}
 
 
 def context(request: Request) -> ServerContext:

@@ -167,11 +167,20 @@ class Scheduler:
                 self._deadline = time.monotonic() + grace_s
                 self._cv.notify()
 
+    @property
+    def outstanding(self) -> int:
+        return self._outstanding
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no request is queued, waiting or running (or `timeout` passed)."""
+        with self._cv:
+            return self._cv.wait_for(lambda: not self._outstanding, timeout=timeout)
+
     def shutdown(self, grace_s: float) -> None:
         """Drain, wait for the live requests to end, then stop the thread. Blocking."""
         self.drain(grace_s)
+        self.wait_idle(grace_s + 5.0)
         with self._cv:
-            self._cv.wait_for(lambda: not self._outstanding, timeout=grace_s + 5.0)
             self._stop = True
             self._cv.notify()
         if self._thread.is_alive():
