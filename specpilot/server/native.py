@@ -30,7 +30,8 @@ def _result(out: Output, batch: bool) -> dict[str, Any]:
 async def generate(body: GenerateRequest, request: Request) -> Any:
     ctx = context(request)
     try:
-        prompts, params = body.prompts(ctx.tokenizer), body.params(ctx.vocab_size)
+        prompts = body.prompts(ctx.tokenizer)
+        params = body.params(prompts, ctx.engine.context_length, ctx.vocab_size)
     except ValueError as err:
         raise bad_request(err) from err
     sub = await ctx.submit(prompts, params, body.rids())

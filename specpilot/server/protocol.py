@@ -1,16 +1,25 @@
 """Request bodies of the HTTP APIs and their translation into prompts and SamplingParams.
 
+Every field a client may send is understood, never silently ignored. Each model knows the whole of its
+API's schema (SGLang's GenerateReqInput and SamplingParams, OpenAI's completions and chat completions
+with SGLang's extensions) in three kinds: fields the server implements; metadata, which cannot change a
+request's tokens and is accepted whatever its (well-typed) value; and features not implemented yet,
+accepted only at their neutral value (null, the default) and otherwise a 400 "<field>: <value> is not
+supported yet". The catalogue of the last two is the tables below. Keys outside the schema are a 400
+(extra=forbid), as OpenAI's own API answers an unrecognized argument.
+
 Models are strict (no "5" for 5, no true for 1) so that a wrong type is a 400 naming the field rather
-than a silent coercion. The SGLang API forbids unknown keys (an unsupported sampling option must not be
-silently ignored); the OpenAI API ignores them, as OpenAI-compatible servers do, but rejects values of
-known options that this server cannot honour (n > 1, penalties, logprobs).
+than a silent coercion. A requested length that does not fit in the context after the prompt is a 400.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import json
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, create_model, model_validator
+from pydantic_core import PydanticCustomError
 
 from specpilot.bench.datasets import Prompt, apply_chat_template
 from specpilot.cli import encode_prompt
@@ -19,22 +28,167 @@ from specpilot.config import SamplingParams
 # SGLang's treatment of tiny temperatures: below this, sampling is greedy (dividing logits by ~1e-40
 # would overflow to inf and poison the softmax).
 GREEDY_TEMPERATURE = 1e-6
+SHOWN_VALUE_CHARS = 60  # an unsupported value is quoted in the 400 up to this length
 
 Seed = Annotated[int, Field(ge=-(2**63), le=2**64 - 1, description="torch generator seed")]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(description="token ids")]
 NonNegInt = Annotated[int, Field(ge=0)]
+Model = TypeVar("Model", bound=BaseModel)
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+# ---- the catalogue's machinery --------------------------------------------------------------------
+def _show(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= SHOWN_VALUE_CHARS else text[:SHOWN_VALUE_CHARS] + "..."
 
 
+def _same(value: Any, neutral: Any) -> bool:
+    """value == neutral without JSON's puns (false is not 0), except that 1 stands for 1.0."""
+    return value == neutral and (type(value) is type(neutral) or (type(value) is int and type(neutral) is float))
+
+
+def _neutral_type(neutral: tuple[Any, ...], per_item: bool) -> Any:
+    def check(value: Any) -> Any:
+        if any(_same(value, n) for n in neutral) or (
+                per_item and isinstance(value, list) and all(any(_same(v, n) for n in neutral) for v in value)):
+            return value
+        raise PydanticCustomError("unsupported", "{value} is not supported yet (accepted: {accepted})",
+                                  {"value": _show(value), "accepted": ", ".join(map(_show, neutral))})
+
+    schema: dict[str, Any] = {"enum": list(neutral)}
+    if per_item:
+        schema = {"anyOf": [schema, {"type": "array", "items": schema}]}
+    return Annotated[Any, PlainValidator(check), WithJsonSchema(schema)]
+
+
+def neutral_only(table: dict[str, tuple[Any, ...]], per_item: bool = False) -> dict[str, Any]:
+    """Field types of features not implemented (name -> its neutral values: null, the API's default,
+    their equivalents): a neutral value passes, anything else is an error naming the value. per_item: a
+    list of neutral values passes too (SGLang lets a batch give one value per prompt)."""
+    return {name: _neutral_type(neutral, per_item) for name, neutral in table.items()}
+
+
+def with_fields(*tables: dict[str, Any]) -> Callable[[type[Model]], type[Model]]:
+    """Class decorator adding the tables' fields (name -> type, default null), which the server never reads."""
+    def extend(cls: type[Model]) -> type[Model]:
+        fields: dict[str, Any] = {name: (kind, None) for table in tables for name, kind in table.items()}
+        return create_model(cls.__name__, __base__=cls, __module__=cls.__module__, __doc__=cls.__doc__, **fields)
+    return extend
+
+
+NULL, OFF, ON = (None,), (None, False), (None, True)
+GRAMMAR = (None, "")  # SGLang reads an empty grammar as none
+
+# ---- the catalogue: metadata (name -> type) and features not implemented (name -> neutral values) ----
+# SGLang's request fields, on /generate and on its OpenAI API alike
+SGLANG_METADATA: dict[str, Any] = {
+    "session_id": str | None,  # groups a session's requests; unlike session_params it leaves the prompt alone
+    "priority": int | None,  # scheduling order (SGLang's priority scheduling); the scheduler here is FCFS
+    "extra_key": str | list[str] | None,  # prefix-cache namespace: there is no prefix cache here
+    "cache_salt": str | list[str] | None,  # the same
+    "custom_labels": dict[str, str] | None,  # labels of SGLang's Prometheus metrics
+}
+SGLANG_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    **dict.fromkeys(["lora_path", "custom_logit_processor", "session_params", "sampling_logprobs_mode",
+                     "video_config", "images_config", "mm_processor_kwargs", "max_dynamic_patch",
+                     "min_dynamic_patch"], NULL),
+    **dict.fromkeys(["return_hidden_states", "return_routed_experts", "return_sampling_mask",
+                     "return_flat_raw_output_top_logprobs", "return_prompt_token_ids", "use_audio_in_video"], OFF),
+    "routed_experts_start_len": (None, 0),
+    # prefill/decode disaggregation and data-parallel routing: this server is one worker, DP rank 0
+    **dict.fromkeys(["bootstrap_host", "bootstrap_port", "bootstrap_room", "disagg_prefill_dp_rank"], NULL),
+    "routed_dp_rank": (None, 0), "data_parallel_rank": (None, 0),
+}
+# SGLang's sampling_params keys, and the OpenAI API's of the same name
+SAMPLING_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1), "frequency_penalty": (None, 0.0), "presence_penalty": (None, 0.0),
+    "repetition_penalty": (None, 1.0), "logit_bias": (None, {}), "beam_width": (None, 1),
+    **dict.fromkeys(["json_schema", "regex", "ebnf", "structural_tag"], GRAMMAR), "stop_regex": (None, "", []),
+    "custom_params": (None, {}), "watermark": NULL,
+    # detokenization: special tokens are skipped, stop strings trimmed from the text
+    "skip_special_tokens": ON, "spaces_between_special_tokens": ON, "no_stop_trim": OFF,
+}
+GENERATE_METADATA: dict[str, Any] = SGLANG_METADATA | {
+    "log_metrics": bool,  # this server keeps no per-request metrics
+    "no_logs": bool,  # it never logs request contents
+    "routing_key": str | None,  # a router's choice among workers; there is one
+    "conversation_id": str | None,  # request tracking
+    "received_time": float | None,  # a router's timestamp, for its latency metrics
+    "external_trace_header": dict[str, Any] | None,  # tracing context
+    "http_worker_ipc": str | None,  # SGLang's multi-tokenizer IPC; this is one process
+    "kv_hints": dict[str, Any] | list[dict[str, Any] | None] | None,  # hints to HiCache storage; none here
+}
+GENERATE_UNSUPPORTED: dict[str, tuple[Any, ...]] = SGLANG_UNSUPPORTED | {
+    **dict.fromkeys(["input_embeds", "image_data", "video_data", "audio_data", "mm_hashes", "mm_content_hashes",
+                     "modalities", "image_max_dynamic_patch", "video_max_dynamic_patch", "need_wait_for_mm_inputs",
+                     "num_items_assigned", "encoder_urls", "watermark", "token_ids_logprob", "lora_id",
+                     "positional_embed_overrides", "bootstrap_pair_key", "decode_tp_size", "max_thinking_tokens",
+                     "multi_item_delimiter_indices", "token_indices_to_pool"], NULL),
+    "return_logprob": OFF, "logprob_start_len": (None, -1), "top_logprobs_num": (None, 0),
+    **dict.fromkeys(["return_text_in_logprobs", "return_flat_raw_top_logprobs", "return_flat_raw_top_logprobs_b64",
+                     "return_indexer_topk", "return_bytes", "return_entropy", "background", "require_reasoning"],
+                    OFF),
+}
+OPENAI_METADATA: dict[str, Any] = SGLANG_METADATA | {
+    "user": str | None, "safety_identifier": str | None,  # end-user identity, for abuse monitoring
+    "metadata": dict[str, str] | None, "store": bool | None,  # stored-completion tags; nothing is stored here
+    "service_tier": str | None,  # latency/price tier
+    # prompt-cache hints: there is no prompt cache here
+    "prompt_cache_key": str | None, "prompt_cache_retention": str | None, "prompt_cache_options": dict[str, Any] | None,
+}
+OPENAI_UNSUPPORTED: dict[str, tuple[Any, ...]] = SAMPLING_UNSUPPORTED | {
+    "logprobs": (None, False, 0), "response_format": (None, {"type": "text"}),
+    # SGLang's extensions
+    **dict.fromkeys(["rid", "input_ids", "thinking", "task"], NULL),
+    **dict.fromkeys(["return_token_ids", "return_meta_info", "return_cached_tokens_details",
+                     "return_spec_tokens_details", "return_input_ids_in_sglext", "return_output_ids_in_sglext"], OFF),
+}
+CHAT_METADATA: dict[str, Any] = {
+    "parallel_tool_calls": bool | None,  # only matters with tools, which are refused
+    "separate_reasoning": bool | None, "stream_reasoning": bool | None,  # SGLang's, for a --reasoning-parser: none
+    "return_flat_raw_top_logprobs_b64": bool | None,  # SGLang's encoding of flat logprobs, which are refused
+}
+CHAT_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "top_logprobs": (None, 0),
+    # tools: "auto" without tools cannot call one
+    "tools": (None, []), "tool_choice": (None, "none", "auto"),
+    "functions": (None, []), "function_call": (None, "none", "auto"),
+    "modalities": (None, ["text"]), "continue_final_message": OFF, "chat_template_kwargs": (None, {}),
+    **dict.fromkeys(["audio", "prediction", "reasoning_effort", "verbosity", "web_search_options", "moderation"],
+                    NULL),
+}
+COMPLETION_UNSUPPORTED: dict[str, tuple[Any, ...]] = {"echo": OFF, "suffix": (None, ""), "best_of": (None, 1)}
+
+
+# ---- shared by both APIs --------------------------------------------------------------------------
 def _strings(value: str | list[str] | None) -> list[str] | None:
     return [value] if isinstance(value, str) else value
+
+
+def synonym(values: dict[str, Any]) -> tuple[str, Any]:
+    """(name, value) of the first set of several names for one thing; ValueError when they differ.
+    With none set: the first name and None."""
+    given = {name: v for name, v in values.items() if v is not None}
+    if len(set(given.values())) > 1:
+        raise ValueError(" and ".join(f"{name} ({v})" for name, v in given.items()) + " differ: give one")
+    return next(iter(given.items()), (next(iter(values)), None))
+
+
+def fitted_length(name: str, requested: int | None, default: int | None, prompt_len: int,
+                  context_length: int) -> int:
+    """The number of tokens to generate: `requested` if it fits in the context after the prompt (else
+    ValueError naming `name`); without one, `default` clamped to what fits (None: up to the context end)."""
+    room = max(context_length - prompt_len, 0)
+    if requested is None:
+        return room if default is None else min(default, room)
+    if prompt_len + requested > context_length:
+        raise ValueError(f"prompt ({prompt_len} tokens) + {name} ({requested}) exceeds the context length "
+                         f"({context_length})")
+    return requested
 
 
 def sampling_params(fields: dict[str, Any], vocab_size: int) -> SamplingParams:
@@ -66,18 +220,25 @@ class _SamplingKnobs(BaseModel):
 
 
 # ---- SGLang /generate -----------------------------------------------------------------------------
+# stream_interval only sets how often a stream sends a chunk; the stream here sends every change
+@with_fields({"stream_interval": int | None}, neutral_only(SAMPLING_UNSUPPORTED))
 class GenerateSampling(_Strict, _SamplingKnobs):
-    """SGLang's sampling_params keys that the engine implements. Unset keys use the engine's
-    defaults (max_new_tokens 128, greedy)."""
+    """SGLang's sampling_params. Unset keys use the engine's defaults (max_new_tokens 128 clamped to
+    the context, greedy). sampling_seed is SGLang's name for seed."""
 
     max_new_tokens: NonNegInt | None = None
     min_new_tokens: NonNegInt | None = None
+    sampling_seed: Seed | None = None
 
-    def to_params(self, vocab_size: int) -> SamplingParams:
-        return sampling_params(self.knobs() | {"max_new_tokens": self.max_new_tokens,
+    def to_params(self, prompt_len: int, context_length: int, vocab_size: int) -> SamplingParams:
+        _, seed = synonym({"sampling_seed": self.sampling_seed, "seed": self.seed})
+        max_new_tokens = fitted_length("max_new_tokens", self.max_new_tokens, SamplingParams.max_new_tokens,
+                                       prompt_len, context_length)
+        return sampling_params(self.knobs() | {"seed": seed, "max_new_tokens": max_new_tokens,
                                                "min_new_tokens": self.min_new_tokens}, vocab_size)
 
 
+@with_fields(GENERATE_METADATA, neutral_only(GENERATE_UNSUPPORTED, per_item=True))
 class GenerateRequest(_Strict):
     text: str | list[str] | None = None
     input_ids: TokenIds | list[TokenIds] | None = None
@@ -119,45 +280,40 @@ class GenerateRequest(_Strict):
         texts = self.text if isinstance(self.text, list) else [self.text]
         return [encode_prompt(tokenizer, t, chat=False) for t in texts]
 
-    def params(self, vocab_size: int) -> list[SamplingParams]:
+    def params(self, prompts: list[list[int]], context_length: int, vocab_size: int) -> list[SamplingParams]:
         sp = self.sampling_params
         per_item = sp if isinstance(sp, list) else [sp or GenerateSampling()] * self.batch_size
-        return [p.to_params(vocab_size) for p in per_item]
+        return [p.to_params(len(ids), context_length, vocab_size) for p, ids in zip(per_item, prompts, strict=True)]
 
     def rids(self) -> list[str | None]:
         return self.rid if isinstance(self.rid, list) else [self.rid] * self.batch_size
 
 
 # ---- OpenAI-compatible ----------------------------------------------------------------------------
-class StreamOptions(_Lenient):
+@with_fields(neutral_only({"continuous_usage_stats": OFF, "include_obfuscation": OFF}))
+class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class OpenAISampling(_Lenient, _SamplingKnobs):
+@with_fields(OPENAI_METADATA, neutral_only(OPENAI_UNSUPPORTED), neutral_only(SGLANG_UNSUPPORTED, per_item=True))
+class OpenAISampling(_Strict, _SamplingKnobs):
     """Fields shared by /v1/completions and /v1/chat/completions. Defaults are OpenAI's (temperature
     None means 1); top_k, min_p, ignore_eos, min_tokens and stop_token_ids are SGLang extensions."""
+
+    default_max_tokens: ClassVar[int | None] = None  # without a length: up to the end of the context
 
     model: str | None = None
     max_tokens: NonNegInt | None = None
     min_tokens: NonNegInt | None = None
-    n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logprobs: bool | int | None = None
+
+    def length(self) -> tuple[str, int | None]:
+        """The requested length, by the name the client gave it (None: none given)."""
+        return "max_tokens", self.max_tokens
 
     def to_params(self, prompt_len: int, context_length: int, vocab_size: int) -> SamplingParams:
-        if self.n != 1:
-            raise ValueError(f"n must be 1 (one choice per prompt), got {self.n}")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(self, name):
-                raise ValueError(f"{name} is not supported (speculative decoding here is lossless for "
-                                 "plain sampling only)")
-        if self.logprobs not in (None, False, 0):
-            raise ValueError("logprobs are not supported")
-        # without max_tokens, generate until a stop or the end of the context (as OpenAI does)
-        max_tokens = self.max_tokens if self.max_tokens is not None else max(context_length - prompt_len, 0)
+        max_tokens = fitted_length(*self.length(), self.default_max_tokens, prompt_len, context_length)
         temperature = 1.0 if self.temperature is None else self.temperature
         return sampling_params(self.knobs() | {"max_new_tokens": max_tokens, "min_new_tokens": self.min_tokens,
                                                "temperature": temperature}, vocab_size)
@@ -167,16 +323,13 @@ class OpenAISampling(_Lenient, _SamplingKnobs):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+@with_fields(neutral_only(COMPLETION_UNSUPPORTED))
 class CompletionRequest(OpenAISampling):
+    default_max_tokens: ClassVar[int | None] = 16  # OpenAI's default for completions
+
     prompt: str | list[str] | TokenIds | list[TokenIds]
-    max_tokens: NonNegInt | None = 16  # OpenAI's default for completions
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
 
     def prompts(self, tokenizer: Any) -> list[list[int]]:
-        if self.echo or self.suffix or self.best_of not in (None, 1):
-            raise ValueError("echo, suffix and best_of are not supported")
         prompt = self.prompt
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             prompt = [prompt]
@@ -187,22 +340,34 @@ class CompletionRequest(OpenAISampling):
         return [encode_prompt(tokenizer, p, chat=False) if isinstance(p, str) else list(p) for p in prompt]
 
 
-class TextPart(_Lenient):
+@with_fields({"prompt_cache_breakpoint": dict[str, Any] | None})  # a prompt-cache hint: no prompt cache here
+class TextPart(_Strict):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(_Lenient):
+@with_fields(neutral_only({"tool_calls": (None, []), "function_call": NULL, "audio": NULL, "refusal": NULL}))
+class ChatMessage(_Strict):
+    """A message; name and tool_call_id go to the chat template with role and content."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
 
     def as_dict(self) -> dict[str, str]:
         content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
-        return {"role": self.role, "content": content}
+        extra = {k: v for k in ("name", "tool_call_id") if (v := getattr(self, k)) is not None}
+        return {"role": self.role, "content": content} | extra
 
 
+@with_fields(CHAT_METADATA, neutral_only(CHAT_UNSUPPORTED))
 class ChatCompletionRequest(OpenAISampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: NonNegInt | None = None  # OpenAI's newer name for max_tokens
+
+    def length(self) -> tuple[str, int | None]:
+        return synonym({"max_completion_tokens": self.max_completion_tokens, "max_tokens": self.max_tokens})
 
     def prompt(self, tokenizer: Any) -> list[int]:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
