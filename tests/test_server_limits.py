@@ -118,6 +118,7 @@ def test_serve_cli_with_sigterm(tiny_dir):
                 time.sleep(0.1)
         info = httpx.get(url + "/get_server_info", trust_env=False).json()
         assert (info["speculative_algorithm"], info["max_running_requests"], info["port"]) == ("ngram", 2, port)
+        assert info["kv_cache"]["num_slots"] == 2 and info["kv_cache"]["total_tokens"] == 2 * 4096
         stream = Stream(url, "in-flight", {"max_new_tokens": 3900, "ignore_eos": True})
         while not stream.events:
             time.sleep(0.01)
