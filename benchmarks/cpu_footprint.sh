@@ -25,7 +25,7 @@ for _ in $(seq 300); do
 done
 "$PY" -m specpilot bench --serving --base-url "http://127.0.0.1:$PORT" --num-prompts 64 --max-concurrency 32 \
     --max-new-tokens 64 --output-dir "$OUT/serving" > "$OUT/serving.out" 2>&1
-kill -TERM "$server"
+pkill -TERM -P "$server"  # the server is GNU time's child
 wait "$server" || true
 read -r kb secs < "$OUT/serve.time"
 printf '{"command": "serve (32 concurrent clients, 64 requests)", "peak_rss_mb": %.0f, "wall_s": %s}\n' \

@@ -327,3 +327,23 @@ def test_shape_mismatch_names_tensor(tmp_path: pathlib.Path) -> None:
     _write_config(tmp_path, _read_config(tmp_path) | {"intermediate_size": 96})
     with pytest.raises(ValueError, match=r"mlp\.\w+_proj\.weight has shape"):
         load_checkpoint(tmp_path)
+
+
+def test_cpu_layout_keeps_values_shapes_and_ties(tiny_dir: pathlib.Path) -> None:
+    """On CPU the model's Linear weights are stored input-major (W^T contiguous); the tied embedding
+    is the same tensor as the LM head still, and the forward pass gives the same logits."""
+    from specpilot.models.build import build_model
+    from specpilot.models.linear import iter_linears, use_cpu_layout
+
+    ckpt = load_checkpoint(tiny_dir)
+    model = build_model(ckpt, torch.device("cpu"), torch.float32)
+    for _, linear in iter_linears(model):
+        assert linear.weight.stride() == (1, linear.weight.shape[0])
+    assert torch.equal(model.layers[0].mlp.down_proj.weight, ckpt.state_dict["model.layers.0.mlp.down_proj.weight"])
+    if ckpt.config.tie_word_embeddings:
+        assert model.lm_head.weight is model.embed_tokens.weight
+    x = torch.randn(3, ckpt.config.hidden_size)
+    row_major = torch.nn.functional.linear(x, model.lm_head.weight.contiguous())
+    torch.testing.assert_close(model.lm_head(x), row_major)
+    use_cpu_layout(model)  # idempotent: already laid out
+    assert model.lm_head.weight.stride() == (1, model.lm_head.weight.shape[0])

@@ -35,7 +35,7 @@ from specpilot.kernels.slot_attention import kv_splits, slot_attention
 from specpilot.kernels.softmax_topk import softmax_topk
 from specpilot.kernels.step_layout import lay_out_draft
 from specpilot.models.config import ModelConfig
-from specpilot.models.linear import Linear
+from specpilot.models.linear import Linear, use_cpu_layout
 from specpilot.models.rope import RotaryTable
 from specpilot.models.transformer import MLP, RMSNorm, Transformer
 
@@ -188,6 +188,9 @@ class DFlashDrafter(Drafter):
         with torch.device("meta"):
             self.context_kv = Linear(cfg.layers.hidden_size, sum(w.shape[0] for w in kv_rows))
         self.context_kv.weight = nn.Parameter(torch.cat(kv_rows), requires_grad=False)
+        if device.type == "cpu":
+            use_cpu_layout(self.model)
+            use_cpu_layout(self.context_kv)
         # room for the block past the longest context
         self.cache = KVCache(cfg.layers.num_layers, num_slots, context_length + self.block_size,
                              cfg.layers.num_kv_heads, cfg.layers.head_dim, dtype, device)

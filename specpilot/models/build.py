@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from specpilot.models.checkpoint import Checkpoint
+from specpilot.models.linear import use_cpu_layout
 from specpilot.models.transformer import Transformer
 
 
@@ -47,5 +48,7 @@ def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> T
                           strict=True, assign=True)
     if ckpt.config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
+    if device.type == "cpu":
+        use_cpu_layout(model)
     model.eval()
     return model

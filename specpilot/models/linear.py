@@ -38,6 +38,22 @@ class Linear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"
 
 
+def use_cpu_layout(module: nn.Module) -> None:
+    """Store every Linear's weight input-major (W^T contiguous, the same values and shape): CPU BLAS
+    multiplies the few rows of a decode or verify pass against that layout faster than against HF's
+    [out, in] rows, verify's rows up to 3x (docs/RESULTS.md). A weight tied to other parameters (an
+    embedding to the LM head) is replaced everywhere it appears."""
+    relaid: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}  # id(old) -> (old, new); old kept alive
+    for _, linear in iter_linears(module):
+        w = linear.weight
+        if w.device.type == "cpu" and w.dim() == 2 and w.stride() == (w.shape[1], 1) and id(w) not in relaid:
+            relaid[id(w)] = (w, nn.Parameter(w.detach().t().contiguous().t(), requires_grad=False))
+    for name, param in list(module.named_parameters(remove_duplicate=False)):
+        if id(param) in relaid:
+            owner, _, attr = name.rpartition(".")
+            setattr(module.get_submodule(owner) if owner else module, attr, relaid[id(param)][1])
+
+
 def iter_linears(module: nn.Module) -> Iterator[tuple[str, Linear]]:
     for name, child in module.named_modules():
         if isinstance(child, Linear):
