@@ -29,8 +29,11 @@ c1 spec_c1
 "$PY" -m specpilot bench --serving --base-url "$URL" --num-prompts 64 --max-concurrency 32 --max-new-tokens 64 \
     --output-dir "$OUT/spec_c32" > "$OUT/spec_c32.txt" 2>&1
 if [ -n "${SGLANG_PYTHON:-}" ]; then
+    # ShareGPT conversations that fit the served context (SGLang's loader keeps all of them otherwise)
+    context=$(curl -s "$URL/get_model_info" | "$PY" -c "import json, sys; print(json.load(sys.stdin)['context_length'])")
     HF_HUB_OFFLINE=1 $SGLANG_PYTHON -m sglang.bench_serving --backend sglang --base-url "$URL" \
-        --dataset-name sharegpt --dataset-path "$SHAREGPT_JSON" --model "$TOKENIZER_DIR" --num-prompts 64 \
+        --dataset-name sharegpt --dataset-path "$SHAREGPT_JSON" --sharegpt-context-len "$context" \
+        --model "$TOKENIZER_DIR" --num-prompts 64 \
         --max-concurrency 32 --output-file "$OUT/sglang_bench_serving.jsonl" > "$OUT/sglang_bench_serving.txt" 2>&1
 fi
 "$PY" scripts/load_test.py --base-url "$URL" --clients 32 --duration 60 --pid "$(pgrep -P "$server" | head -1)" \

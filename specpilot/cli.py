@@ -373,6 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # one-shot generation prints only its text; the long-running commands say what they are doing
     level = args.log_level or ("WARNING" if args.command == "generate" else "INFO")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))  # a line per request
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:

@@ -18,7 +18,7 @@ from specpilot.drafters.draft_tree import TreeLayout
 from specpilot.engine.forward_batch import ForwardBatch
 from specpilot.engine.graphs import CapturedPass, EagerReplay, GraphBackend
 from specpilot.engine.kv_cache import KVCache
-from specpilot.engine.memory import KVPlan, kv_bytes_per_token, plan_kv
+from specpilot.engine.memory import KVPlan, kv_bytes_per_token, plan_kv, return_freed_memory
 from specpilot.engine.model_runner import (
     DEFAULT_GRAPH_BATCH_SIZES,
     ModelRunner,
@@ -96,6 +96,11 @@ class TokenObserver(Protocol):
     def observe(self, req: Request, tokens: list[int], rows: torch.Tensor) -> list[int]: ...
 
 
+def _build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Transformer:
+    with phase(f"building the model on {device.type} in {str(dtype).removeprefix('torch.')}"):
+        return build_model(checkpoint, device, dtype)
+
+
 def _offsets(lengths: list[int]) -> list[int]:
     out = [0]
     for n in lengths:
@@ -123,10 +128,7 @@ class Engine:
         self.checkpoint = checkpoint
         self.tokenizer = checkpoint.tokenizer
         mcfg = checkpoint.config
-        if model is None:
-            with phase(f"building the model on {self.device.type} in {str(self.dtype).removeprefix('torch.')}"):
-                model = build_model(checkpoint, self.device, self.dtype)
-        self.model = model
+        self.model = model if model is not None else _build_model(checkpoint, self.device, self.dtype)
         per_token = kv_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, self.dtype)
         if cache is None:
             self.kv_plan = plan_kv(self.device, per_token, mcfg.max_position_embeddings, config.max_running_requests,
@@ -217,12 +219,15 @@ class Engine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:
         device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
         with phase(f"loading {config.model_path or 'the embedded model'}"):
-            checkpoint = load_checkpoint(config.model_path, dtype=resolve_dtype(config.dtype, device))
-        engine = cls(checkpoint, config)
-        # the model holds its own (fused) weights now: the loader's tensors would double the footprint
+            checkpoint = load_checkpoint(config.model_path, dtype=dtype)
+        model = _build_model(checkpoint, device, dtype)
+        # the model holds its own (fused) weights: drop the loader's before the KV cache is reserved, or
+        # the footprint holds both
         checkpoint.state_dict.clear()
-        return engine
+        return_freed_memory()
+        return cls(checkpoint, config, model=model)
 
     # ---- requests ---------------------------------------------------------------------------
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, rid: str | None = None) -> Request:

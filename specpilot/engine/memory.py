@@ -8,6 +8,8 @@ requests use it; the defaults keep that small on CPU, where the cache lives in t
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -62,6 +64,17 @@ def _host_available_bytes() -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def return_freed_memory() -> None:
+    """Hand the host memory freed tensors left in the C heap back to the system. glibc keeps freed
+    blocks below its (growing) mmap threshold, so dropping a loader's weights would not lower the
+    process's footprint otherwise. A no-op where the C library is not glibc."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def plan_kv(device: torch.device, bytes_per_token: int, model_max_positions: int,
