@@ -27,7 +27,7 @@ done
     --max-new-tokens 64 --output-dir "$OUT/serving" > "$OUT/serving.out" 2>&1
 pkill -TERM -P "$server"  # the server is GNU time's child
 wait "$server" || true
-read -r kb secs < "$OUT/serve.time"
+read -r kb secs < <(tail -1 "$OUT/serve.time")
 printf '{"command": "serve (32 concurrent clients, 64 requests)", "peak_rss_mb": %.0f, "wall_s": %s}\n' \
     "$((kb / 1024))" "$secs"
 

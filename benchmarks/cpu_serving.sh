@@ -41,5 +41,5 @@ fi
 curl -s "$URL/get_server_info" > "$OUT/spec_server_info.json"
 stop
 start ar2 && c1 ar_c1_second && stop
-for f in ar1 spec ar2; do read -r kb secs < "$OUT/$f.time"; echo "$f peak_rss_mb=$((kb / 1024)) wall_s=$secs"; done
+for f in ar1 spec ar2; do read -r kb secs < <(tail -1 "$OUT/$f.time"); echo "$f peak_rss_mb=$((kb / 1024)) wall_s=$secs"; done
 grep -h "TPOT mean\|accept length\|successful\|failed" "$OUT"/*_c1_*.txt "$OUT"/spec_c1.txt "$OUT"/spec_c32.txt 2>/dev/null
