@@ -301,29 +301,6 @@ def engine_config_from_args(args: argparse.Namespace, max_running_requests: int 
                         speculative_num_draft_tokens=args.speculative_num_draft_tokens, **spec)
 
 
-def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
-    if chat:
-        if tokenizer.chat_template is None:
-            raise ValueError("--chat: this model's tokenizer has no chat template")
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
-                                                  add_generation_prompt=True, return_dict=False))
-    return tokenizer.encode(prompt)
-
-
-def meta_info(req) -> dict:
-    """SGLang's meta_info for a finished request, with the speculative fields when it speculated."""
-    info = {"id": req.rid, "prompt_tokens": len(req.prompt_ids), "completion_tokens": len(req.output_ids),
-            "finish_reason": req.finish_reason, "e2e_latency": round(req.e2e_latency, 6)}
-    if req.accept_lengths:
-        hist = [0] * (max(req.accept_lengths) + 1)
-        for n in req.accept_lengths:
-            hist[n] += 1
-        info |= {"spec_verify_ct": len(req.accept_lengths),
-                 "spec_accept_length": len(req.output_ids) / len(req.accept_lengths),
-                 "spec_accept_histogram": hist}
-    return info
-
-
 def _cmd_serve(args: argparse.Namespace) -> int:
     from specpilot.server.context import ServerArgs
     from specpilot.server.launch import serve
@@ -352,6 +329,7 @@ def _cmd_train_drafter(args: argparse.Namespace) -> int:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from specpilot.engine.engine import Engine
+    from specpilot.models.prompts import encode_prompt
 
     params = sampling_params_from_args(args)
     engine = Engine.from_config(engine_config_from_args(args, max_running_requests=1))
@@ -361,7 +339,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     [req] = engine.generate([ids], params)
     text = engine.output_text(req)
     if args.json:
-        print(json.dumps({"text": text, "output_ids": req.output_ids, "meta_info": meta_info(req)}))
+        print(json.dumps({"text": text, "output_ids": req.output_ids, "meta_info": req.meta_info()}))
     else:
         print(text)
     return 0

@@ -48,6 +48,19 @@ class Request:
         end = self.finished_time if self.finished_time is not None else time.perf_counter()
         return end - self.created
 
+    def meta_info(self) -> dict[str, Any]:
+        """SGLang's meta_info, with the speculative fields when the request speculated."""
+        info = {"id": self.rid, "prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.output_ids),
+                "finish_reason": self.finish_reason, "e2e_latency": round(self.e2e_latency, 6)}
+        if self.accept_lengths:
+            hist = [0] * (max(self.accept_lengths) + 1)
+            for n in self.accept_lengths:
+                hist[n] += 1
+            info |= {"spec_verify_ct": len(self.accept_lengths),
+                     "spec_accept_length": len(self.output_ids) / len(self.accept_lengths),
+                     "spec_accept_histogram": hist}
+        return info
+
 
 class StopChecker:
     """Decides after each appended token whether a request is done (SGLang's finish_reason)."""

@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchem
 from pydantic_core import PydanticCustomError
 
 from specpilot.bench.datasets import Prompt, apply_chat_template
-from specpilot.cli import encode_prompt
 from specpilot.config import SamplingParams
+from specpilot.models.prompts import encode_prompt
 
 # SGLang's treatment of tiny temperatures: below this, sampling is greedy (dividing logits by ~1e-40
 # would overflow to inf and poison the softmax).

@@ -10,7 +10,6 @@ from typing import Any
 
 from starlette.requests import Request as HTTPRequest
 
-from specpilot.cli import meta_info
 from specpilot.engine.request import Request
 from specpilot.server.context import ServerContext
 from specpilot.server.scheduler import Item, Submission, Update
@@ -69,7 +68,7 @@ class Output:
 
     def meta_info(self) -> dict[str, Any]:
         if self.req is not None:
-            return meta_info(self.req)
+            return self.req.meta_info()
         return {"id": self.item.rid, "finish_reason": None, "prompt_tokens": len(self.item.prompt_ids),
                 "completion_tokens": len(self.ids)}
 
