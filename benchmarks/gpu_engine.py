@@ -24,9 +24,9 @@ from common import (  # noqa: E402
     write_json,
 )
 
-from specpilot.engine.forward_batch import ForwardBatch  # noqa: E402
-from specpilot.engine.kv_cache import KVCache  # noqa: E402
-from specpilot.engine.model_runner import ModelRunner  # noqa: E402
+from specpilot.state.batch import ForwardBatch  # noqa: E402
+from specpilot.state.cache import KVCache  # noqa: E402
+from specpilot.models.runner import ModelRunner  # noqa: E402
 from specpilot.kernels.slot_attention import (  # noqa: E402
     slot_attention_reference,
     slot_attention_triton,

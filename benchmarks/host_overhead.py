@@ -1,6 +1,6 @@
 """Host work of one speculative step on the CUDA-graph path, measured on CPU.
 
-The graph paths run with the eager stand-in for CUDA graphs (specpilot.engine.graphs) and every replay
+The graph paths run with the eager stand-in for CUDA graphs (specpilot.state.graphs) and every replay
 stubbed out, so what is timed is only what the host does around the graphs on a GPU: input fills,
 context rows, tree bookkeeping, acceptance, commit. A tiny random target and DFlash drafter keep
 prefill negligible; outputs are meaningless (replays do nothing), the step count is what a GPU would do.
@@ -27,7 +27,7 @@ from tiny_models import tiny_hf_model  # noqa: E402
 from specpilot.config import SamplingParams  # noqa: E402
 from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
 from specpilot.engine import graphs  # noqa: E402
-from specpilot.engine.graphs import EagerReplay, GraphBackend, eager_capture  # noqa: E402
+from specpilot.state.graphs import EagerReplay, GraphBackend, eager_capture  # noqa: E402
 from specpilot.models.checkpoint import load_checkpoint  # noqa: E402
 
 

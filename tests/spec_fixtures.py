@@ -9,8 +9,9 @@ import torch
 from safetensors.torch import save_file
 from tiny_models import tiny_hf_model
 
-from specpilot.drafters.base import Draft, Drafter
-from specpilot.engine.request import Request
+from specpilot.drafters.base import Drafter
+from specpilot.state.draft import Draft
+from specpilot.state.request import Request
 
 
 def write_random_dflash(path: Path, hidden: int, num_target_layers: int, mask_token_id: int,

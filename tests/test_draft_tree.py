@@ -8,7 +8,8 @@ import itertools
 import pytest
 import torch
 
-from specpilot.drafters.draft_tree import MAX_DEVIATIONS, TreeBuilder, chain_layout, merge_lookup
+from specpilot.drafters.draft_tree import MAX_DEVIATIONS, TreeBuilder, merge_lookup
+from specpilot.state.tree import chain_layout
 
 
 def _paths(layout, ids, r):
@@ -97,7 +98,7 @@ def test_device_greedy_acceptance_equals_the_walk(topk):
     """Verifier.greedy (tensor work, no host) accepts what the host walk accepts, on chains and trees
     whose argmax rows are steered into drafted children so that walks go deep."""
     from specpilot.config import SamplingParams
-    from specpilot.engine.request import Request
+    from specpilot.state.request import Request
     from specpilot.engine.verify import Verifier
 
     g = torch.Generator().manual_seed(topk)

@@ -141,7 +141,7 @@ def test_embedded_smollm_matches_transformers(smollm):
 def test_graph_input_buffers_pad_into_scratch_slot(tmp_path):
     """The static inputs CUDA graphs replay from, run eagerly: a 3-request batch in a bucket of 4
     gives the same logits as the plain batch, and the padding row writes only the scratch slot."""
-    from specpilot.engine.model_runner import _StaticInputs
+    from specpilot.models.runner import _StaticInputs
 
     _, engine = tiny_engine(tmp_path, "llama", False)
     runner, cache = engine.runner, engine.cache

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from triton_interpret import interpreter_fixture, patch_bf16_cast
 
-from specpilot.engine.kv_cache import KVCache
+from specpilot.state.cache import KVCache
 from specpilot.kernels.fused import (
     rms_norm,
     rms_norm_reference,

@@ -14,7 +14,7 @@ from test_server_support import serve
 
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine, EngineConfig
-from specpilot.engine.graphs import GraphBackend, eager_capture
+from specpilot.state.graphs import GraphBackend, eager_capture
 from specpilot.models.checkpoint import load_checkpoint
 
 

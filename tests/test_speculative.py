@@ -12,7 +12,8 @@ from tiny_models import tiny_hf_model
 from specpilot.config import SamplingParams
 from specpilot.drafters.ngram import NgramIndex
 from specpilot.engine.engine import Engine, EngineConfig
-from specpilot.engine.verify import Accepted, Verifier
+from specpilot.engine.verify import Verifier
+from specpilot.state.draft import Accepted
 from specpilot.forcing import run_forcing
 from specpilot.models.checkpoint import load_checkpoint
 
@@ -128,7 +129,7 @@ def test_sampling_forcing_matches_distributions(tiny, topk):
 def test_sampling_verifier_is_exact_on_toy_distribution():
     """Point-mass drafts at T>0: the committed first token must follow the target distribution
     whatever the draft proposes (chi-square against the target probabilities)."""
-    from specpilot.engine.request import Request
+    from specpilot.state.request import Request
     from specpilot.engine.sampling import make_generator, target_probs
 
     vocab = 6
@@ -255,7 +256,7 @@ def test_warm_up_leaves_no_trace(tiny):
 def test_sampling_verifier_is_exact_on_a_toy_tree():
     """Root with two drafted children (tokens 0 and 4): the first committed token follows the target's
     root distribution, and after each child the second follows that child's row, as AR sampling would."""
-    from specpilot.engine.request import Request
+    from specpilot.state.request import Request
     from specpilot.engine.sampling import make_generator, target_probs
 
     vocab = 6

@@ -35,7 +35,7 @@ from specpilot.drafters.train import (
 )
 from specpilot.drafters.train_data import load_training_prompts
 from specpilot.engine.engine import Engine, EngineConfig
-from specpilot.engine.request import Request
+from specpilot.state.request import Request
 from specpilot.forcing import run_forcing
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import load_checkpoint

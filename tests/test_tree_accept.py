@@ -14,7 +14,8 @@ import pytest
 import torch
 from triton_interpret import interpreter_fixture
 
-from specpilot.drafters.draft_tree import TreeBuilder, chain_layout
+from specpilot.drafters.draft_tree import TreeBuilder
+from specpilot.state.tree import chain_layout
 from specpilot.kernels.tree_accept import tree_accept, tree_accept_reference
 
 

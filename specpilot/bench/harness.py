@@ -11,7 +11,7 @@ from rich.progress import Progress
 from specpilot.bench.datasets import apply_chat_template, load_prompts
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine
-from specpilot.engine.request import Request
+from specpilot.state.request import Request
 
 
 @dataclass

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specpilot.drafters.base import Draft, Drafter
+from specpilot.drafters.base import Drafter
+from specpilot.state.draft import Draft
 
 if TYPE_CHECKING:
     from specpilot.engine.engine import Engine, EngineConfig

@@ -3,28 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 
 import torch
 
-from specpilot.drafters.draft_tree import TreeLayout
-from specpilot.engine.request import Request
-
-
-@dataclass
-class Draft:
-    """Per request a row of `tokens` ([requests, block_size - 1], int64, on any device): the proposed
-    continuation after its newest committed token; and, where the drafter has them, its confidence in
-    each proposed token (probability of its argmax), same shape. Both may stay on the device: the engine
-    brings them to the host in the step's single sync. A tree drafter's `tokens` are its tree's draft
-    nodes and `tree` says how they hang together (draft_tree.TreeLayout); without it they form a chain."""
-
-    tokens: torch.Tensor
-    confidences: torch.Tensor | None = None
-    tree: TreeLayout | None = None
-    # the drafter's graph already laid the tree into the verify graph's inputs, as the engine's acceptance
-    # graph left them (ModelRunner.verify skips that work unless it refills the inputs itself)
-    placed: bool = False
+from specpilot.state.draft import Draft
+from specpilot.state.request import Request
 
 
 class Drafter(ABC):

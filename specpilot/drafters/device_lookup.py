@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from specpilot.engine.request import Request
-from specpilot.engine.transfer import to_device
-from specpilot.engine.verify import Accepted
+from specpilot.state.request import Request
+from specpilot.state.transfer import to_device
+from specpilot.state.draft import Accepted
 from specpilot.kernels.ngram_lookup import append_and_lookup, ngram_lookup
 
 

@@ -21,15 +21,17 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from specpilot.drafters.base import Draft, Drafter
+from specpilot.drafters.base import Drafter
+from specpilot.state.draft import Draft
 from specpilot.drafters.device_lookup import DeviceLookup
-from specpilot.drafters.draft_tree import TreeBuilder, TreeLayout
-from specpilot.engine.forward_batch import ForwardBatch
-from specpilot.engine.graphs import CapturedPass, EagerReplay, GraphBackend
-from specpilot.engine.kv_cache import KVCache
-from specpilot.engine.request import Request
-from specpilot.engine.transfer import to_device
-from specpilot.engine.verify import Accepted
+from specpilot.drafters.draft_tree import TreeBuilder
+from specpilot.state.tree import TreeLayout
+from specpilot.state.batch import ForwardBatch
+from specpilot.state.graphs import CapturedPass, EagerReplay, GraphBackend
+from specpilot.state.cache import KVCache
+from specpilot.state.request import Request
+from specpilot.state.transfer import to_device
+from specpilot.state.draft import Accepted
 from specpilot.kernels.fused import rope_and_cache_write
 from specpilot.kernels.slot_attention import kv_splits, slot_attention
 from specpilot.kernels.softmax_topk import softmax_topk

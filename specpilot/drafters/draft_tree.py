@@ -20,7 +20,6 @@ ancestors and itself; node 0 sees itself).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import combinations, product
 
 import torch
@@ -29,28 +28,11 @@ import torch.nn.functional as F
 from specpilot.kernels.softmax_topk import top_k_indices
 from specpilot.kernels.tree_build import tree_build_triton
 from specpilot.kernels.triton_support import pick_backend
+from specpilot.state.tree import TreeLayout
 
 MAX_DEVIATIONS = 2
 MAX_TREE_NODES = 63  # ancestor sets are int64 bit masks over node 0 .. num_nodes
 TIE_MARGIN = 1e-3  # per depth, in log probability (TreeBuilder)
-
-
-@dataclass
-class TreeLayout:
-    """Per request (rows): draft node tokens, their parents and depths [n, K]; ancestor bit sets [n, K+1]."""
-
-    tokens: torch.Tensor
-    parents: torch.Tensor
-    depths: torch.Tensor
-    ancestors: torch.Tensor
-
-
-def chain_layout(tokens: torch.Tensor) -> TreeLayout:
-    """The tree of a chain: node j's parent is j-1."""
-    n, k = tokens.shape
-    nodes = torch.arange(k + 1, device=tokens.device)
-    ancestors = (torch.ones_like(nodes) << (nodes + 1)) - 1
-    return TreeLayout(tokens, nodes[:-1].expand(n, k), nodes[1:].expand(n, k), ancestors.expand(n, k + 1))
 
 
 def merge_lookup(probs: torch.Tensor, token_ids: torch.Tensor, hint: torch.Tensor, prob: float) -> tuple[torch.Tensor, torch.Tensor]:

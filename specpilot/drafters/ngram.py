@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from specpilot.drafters.base import Draft, Drafter
-from specpilot.engine.request import Request
+from specpilot.drafters.base import Drafter
+from specpilot.state.draft import Draft
+from specpilot.state.request import Request
 
 
 class NgramIndex:

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import torch
 
-from specpilot.drafters.base import Draft, Drafter
+from specpilot.drafters.base import Drafter
+from specpilot.state.draft import Draft
 from specpilot.drafters.device_lookup import DeviceLookup
 from specpilot.drafters.ngram import NgramDrafter
-from specpilot.engine.forward_batch import ForwardBatch
-from specpilot.engine.request import Request
-from specpilot.engine.transfer import to_device
-from specpilot.engine.verify import Accepted
+from specpilot.state.batch import ForwardBatch
+from specpilot.state.request import Request
+from specpilot.state.transfer import to_device
+from specpilot.state.draft import Accepted
 
 
 class NgramAssistedDrafter(Drafter):

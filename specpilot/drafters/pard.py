@@ -10,10 +10,11 @@ from pathlib import Path
 
 import torch
 
-from specpilot.drafters.base import Draft, Drafter
-from specpilot.engine.kv_cache import KVCache
-from specpilot.engine.model_runner import ModelRunner
-from specpilot.engine.request import Request
+from specpilot.drafters.base import Drafter
+from specpilot.state.draft import Draft
+from specpilot.state.cache import KVCache
+from specpilot.models.runner import ModelRunner
+from specpilot.state.request import Request
 from specpilot.kernels.softmax_topk import softmax_topk
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import load_checkpoint

@@ -21,7 +21,7 @@ from rich.progress import Progress
 
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine
-from specpilot.engine.forward_batch import ForwardBatch
+from specpilot.state.batch import ForwardBatch
 
 DATA_FILE = "data.pt"
 VALIDATION_FILE = "validation.pt"

@@ -13,22 +13,24 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from specpilot.config import SamplingParams
-from specpilot.drafters.base import Draft
-from specpilot.drafters.draft_tree import TreeLayout
-from specpilot.engine.forward_batch import ForwardBatch
-from specpilot.engine.graphs import CapturedPass, EagerReplay, GraphBackend
-from specpilot.engine.kv_cache import KVCache
+from specpilot.state.draft import Draft
+from specpilot.state.tree import TreeLayout
+from specpilot.state.batch import ForwardBatch
+from specpilot.state.graphs import CapturedPass, EagerReplay, GraphBackend
+from specpilot.state.cache import KVCache
 from specpilot.engine.memory import KVPlan, kv_bytes_per_token, plan_kv, return_freed_memory
-from specpilot.engine.model_runner import (
+from specpilot.models.runner import (
     DEFAULT_GRAPH_BATCH_SIZES,
     ModelRunner,
     RunOutput,
 )
-from specpilot.engine.request import Request, StopChecker
+from specpilot.engine.stops import StopChecker
+from specpilot.state.request import Request
 from specpilot.engine.sampling import choose_tokens, make_generator, suppress
 from specpilot.engine.spec_stats import SpecStats, StepClock
-from specpilot.engine.transfer import HostCopy, to_device
-from specpilot.engine.verify import Accepted, Verifier
+from specpilot.state.transfer import HostCopy, to_device
+from specpilot.engine.verify import Verifier
+from specpilot.state.draft import Accepted
 from specpilot.kernels.softmax_topk import row_argmax
 from specpilot.kernels.step_layout import lay_out_next_verify
 from specpilot.models.build import build_model

@@ -12,14 +12,13 @@ fixed shape, so the host need not see the argmax before the next draft is launch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from specpilot.drafters.draft_tree import TreeLayout
-from specpilot.engine.request import Request
+from specpilot.state.tree import TreeLayout
+from specpilot.state.request import Request
 from specpilot.engine.sampling import target_probs
 from specpilot.kernels.tree_accept import tree_accept
+from specpilot.state.draft import Accepted
 
 
 class Verifier:
@@ -63,20 +62,3 @@ class Verifier:
             nodes = torch.arange(q, device=argmax.device).repeat(n, 1)
             return Accepted(accepted + 1, nodes, argmax, starts)
         return Accepted(*tree_accept(argmax, drafts, tree.parents, tree.depths, tree.ancestors), starts)
-
-
-@dataclass
-class Accepted:
-    """Device-side acceptance of n requests: `counts` [n] tokens committed (accepted drafts + the bonus),
-    `nodes` [n, q] the verify rows that decided them (0, then the accepted draft nodes; padded with 0),
-    `tokens` [n, q] the committed tokens (the first counts[i] of row i), `starts` [n] the committed
-    lengths before them."""
-
-    counts: torch.Tensor
-    nodes: torch.Tensor
-    tokens: torch.Tensor
-    starts: torch.Tensor
-
-    def bonus(self) -> torch.Tensor:
-        """[n] each request's newest committed token (the target's own, after the accepted drafts)."""
-        return self.tokens.gather(1, (self.counts - 1)[:, None]).squeeze(1)

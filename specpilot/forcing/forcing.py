@@ -26,7 +26,7 @@ from rich.progress import Progress
 
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine
-from specpilot.engine.request import Request
+from specpilot.state.request import Request
 from specpilot.engine.sampling import target_probs
 
 NEAR_TIE = 1e-3  # fp32 logit margin under which float reordering may flip the argmax (fp32 CPU)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specpilot.engine.forward_batch import ForwardBatch
-from specpilot.engine.kv_cache import KVCache
+from specpilot.state.batch import ForwardBatch
+from specpilot.state.cache import KVCache
 from specpilot.kernels.fused import rms_norm, rope_and_cache_write, silu_and_mul
 from specpilot.kernels.slot_attention import slot_attention
 from specpilot.models.config import ModelConfig

@@ -20,7 +20,7 @@ from typing import Any
 
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine
-from specpilot.engine.request import Request
+from specpilot.state.request import Request
 
 log = logging.getLogger(__name__)
 

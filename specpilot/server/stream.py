@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.requests import Request as HTTPRequest
 
-from specpilot.engine.request import Request
+from specpilot.state.request import Request
 from specpilot.server.context import ServerContext
 from specpilot.server.scheduler import Item, Submission, Update
 

@@ -1,65 +1,11 @@
-"""One generation request's state as it moves through the engine."""
+"""When a request is done: stop ids, stop strings, lengths (SGLang's finish_reason)."""
 
 from __future__ import annotations
 
-import itertools
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from specpilot.config import SamplingParams
-
-_ids = itertools.count()
-
-
-@dataclass
-class Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    rid: str = field(default_factory=lambda: f"req-{next(_ids)}")
-    output_ids: list[int] = field(default_factory=list)
-    slot: int | None = None
-    finish_reason: dict[str, Any] | None = None
-    generator: torch.Generator | None = None
-    created: float = field(default_factory=time.perf_counter)
-    first_token_time: float | None = None
-    finished_time: float | None = None
-    # speculative decoding statistics: tokens committed per verify pass
-    accept_lengths: list[int] = field(default_factory=list)
-    stop_ids: frozenset[int] | None = field(default=None, repr=False)  # StopChecker's, on first use
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def cached_len(self) -> int:
-        """Tokens whose K/V are in the cache: everything but the newest sampled token."""
-        return len(self.prompt_ids) + max(len(self.output_ids) - 1, 0)
-
-    @property
-    def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
-    @property
-    def e2e_latency(self) -> float:
-        end = self.finished_time if self.finished_time is not None else time.perf_counter()
-        return end - self.created
-
-    def meta_info(self) -> dict[str, Any]:
-        """SGLang's meta_info, with the speculative fields when the request speculated."""
-        info = {"id": self.rid, "prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.output_ids),
-                "finish_reason": self.finish_reason, "e2e_latency": round(self.e2e_latency, 6)}
-        if self.accept_lengths:
-            hist = [0] * (max(self.accept_lengths) + 1)
-            for n in self.accept_lengths:
-                hist[n] += 1
-            info |= {"spec_verify_ct": len(self.accept_lengths),
-                     "spec_accept_length": len(self.output_ids) / len(self.accept_lengths),
-                     "spec_accept_histogram": hist}
-        return info
+from specpilot.state.request import Request
 
 
 class StopChecker:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from specpilot.drafters.draft_tree import TreeLayout
+    from specpilot.state.tree import TreeLayout
 
 
 @dataclass

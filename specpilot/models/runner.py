@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specpilot.drafters.draft_tree import TreeLayout, chain_layout
-from specpilot.engine.forward_batch import ForwardBatch
-from specpilot.engine.graphs import CapturedPass, EagerReplay, GraphBackend
-from specpilot.engine.kv_cache import KVCache
+from specpilot.state.tree import TreeLayout, chain_layout
+from specpilot.state.batch import ForwardBatch
+from specpilot.state.graphs import CapturedPass, EagerReplay, GraphBackend
+from specpilot.state.cache import KVCache
 from specpilot.kernels.slot_attention import kv_splits
 from specpilot.models.transformer import Transformer
 from specpilot.progress import bar
