@@ -24,13 +24,13 @@ from common import (  # noqa: E402
     write_json,
 )
 
-from specpilot.state.batch import ForwardBatch  # noqa: E402
-from specpilot.state.cache import KVCache  # noqa: E402
-from specpilot.models.runner import ModelRunner  # noqa: E402
 from specpilot.kernels.slot_attention import (  # noqa: E402
     slot_attention_reference,
     slot_attention_triton,
 )
+from specpilot.models.runner import ModelRunner  # noqa: E402
+from specpilot.state.batch import ForwardBatch  # noqa: E402
+from specpilot.state.cache import KVCache  # noqa: E402
 
 BATCHES = (1, 8, 32)
 VERIFY_Q = 16

@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import LLAMA31_8B, out_dir, synthetic_model, time_cuda, write_json  # noqa: E402
 
 from specpilot.config import SamplingParams  # noqa: E402
-from specpilot.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashModel  # noqa: E402
+from specpilot.drafters.dflash import DFlashDrafter  # noqa: E402
+from specpilot.drafters.dflash_model import DFlashConfig, DFlashModel  # noqa: E402
 from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
 from specpilot.engine.spec_stats import SpecStats  # noqa: E402
 from specpilot.models.checkpoint import Checkpoint  # noqa: E402

@@ -15,7 +15,7 @@ import torch
 
 from specpilot.bench.datasets import BENCH_DATASETS, TRAIN_DATASETS, apply_chat_template, load_prompts
 from specpilot.config import SamplingParams
-from specpilot.drafters.dflash import load_dflash_model, read_dflash_config
+from specpilot.drafters.dflash_model import load_dflash_model, read_dflash_config
 from specpilot.drafters.ngram import NgramIndex
 from specpilot.drafters.train import ValidationStats, block_targets, draft_hidden
 from specpilot.drafters.train_data import Sample, make_batch, pad_features, tap_features

@@ -98,8 +98,8 @@ def test_device_greedy_acceptance_equals_the_walk(topk):
     """Verifier.greedy (tensor work, no host) accepts what the host walk accepts, on chains and trees
     whose argmax rows are steered into drafted children so that walks go deep."""
     from specpilot.config import SamplingParams
-    from specpilot.state.request import Request
     from specpilot.engine.verify import Verifier
+    from specpilot.state.request import Request
 
     g = torch.Generator().manual_seed(topk)
     n, depth, vocab = 64, 7, 12

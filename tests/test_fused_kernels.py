@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 from triton_interpret import interpreter_fixture, patch_bf16_cast
 
-from specpilot.state.cache import KVCache
 from specpilot.kernels.fused import (
     rms_norm,
     rms_norm_reference,
@@ -28,6 +27,7 @@ from specpilot.kernels.fused import (
 )
 from specpilot.models.rope import RotaryTable
 from specpilot.models.transformer import RMSNorm
+from specpilot.state.cache import KVCache
 
 EPS = 1e-5
 MAX_POS = 64

@@ -8,8 +8,8 @@ from test_engine import assert_rollback_reproduces
 from test_speculative import GREEDY, mixed_prompts, tiny  # noqa: F401  (module fixture)
 
 from specpilot.engine.engine import Engine, EngineConfig
-from specpilot.state.graphs import EagerReplay, GraphBackend, eager_capture
 from specpilot.forcing import run_forcing
+from specpilot.state.graphs import EagerReplay, GraphBackend, eager_capture
 
 
 @pytest.fixture

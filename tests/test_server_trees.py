@@ -14,8 +14,8 @@ from test_server_support import serve
 
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine, EngineConfig
-from specpilot.state.graphs import GraphBackend, eager_capture
 from specpilot.models.checkpoint import load_checkpoint
+from specpilot.state.graphs import GraphBackend, eager_capture
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ from specpilot.config import SamplingParams
 from specpilot.drafters.ngram import NgramIndex
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.engine.verify import Verifier
-from specpilot.state.draft import Accepted
 from specpilot.forcing import run_forcing
 from specpilot.models.checkpoint import load_checkpoint
+from specpilot.state.draft import Accepted
 
 GREEDY = SamplingParams(max_new_tokens=40, ignore_eos=True)
 
@@ -129,8 +129,8 @@ def test_sampling_forcing_matches_distributions(tiny, topk):
 def test_sampling_verifier_is_exact_on_toy_distribution():
     """Point-mass drafts at T>0: the committed first token must follow the target distribution
     whatever the draft proposes (chi-square against the target probabilities)."""
-    from specpilot.state.request import Request
     from specpilot.engine.sampling import make_generator, target_probs
+    from specpilot.state.request import Request
 
     vocab = 6
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 0.3], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]])
@@ -256,8 +256,8 @@ def test_warm_up_leaves_no_trace(tiny):
 def test_sampling_verifier_is_exact_on_a_toy_tree():
     """Root with two drafted children (tokens 0 and 4): the first committed token follows the target's
     root distribution, and after each child the second follows that child's row, as AR sampling would."""
-    from specpilot.state.request import Request
     from specpilot.engine.sampling import make_generator, target_probs
+    from specpilot.state.request import Request
 
     vocab = 6
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, 1.5, 0.3], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],

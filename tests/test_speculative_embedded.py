@@ -8,10 +8,10 @@ from spec_fixtures import OracleDrafter, write_random_dflash, write_random_pard
 from specpilot.config import SamplingParams
 from specpilot.drafters import DFLASH_CPU_BLOCK
 from specpilot.engine.engine import Engine, EngineConfig
-from specpilot.state.graphs import GraphBackend, eager_capture
 from specpilot.forcing import run_forcing, run_stock
 from specpilot.forcing.forcing import NEAR_TIE
 from specpilot.models.checkpoint import load_checkpoint
+from specpilot.state.graphs import GraphBackend, eager_capture
 
 PROMPTS = [
     "Write a haiku about the sea.",

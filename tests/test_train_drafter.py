@@ -15,11 +15,8 @@ from tiny_models import tiny_hf_model
 
 from specpilot.cli import main
 from specpilot.config import SamplingParams
-from specpilot.drafters.dflash import (
-    DFlashDrafter,
-    load_dflash_model,
-    read_dflash_config,
-)
+from specpilot.drafters.dflash import DFlashDrafter
+from specpilot.drafters.dflash_model import load_dflash_model, read_dflash_config
 from specpilot.drafters.train import (
     STATE_FILE,
     TrainConfig,
@@ -35,11 +32,11 @@ from specpilot.drafters.train import (
 )
 from specpilot.drafters.train_data import load_training_prompts
 from specpilot.engine.engine import Engine, EngineConfig
-from specpilot.state.request import Request
 from specpilot.forcing import run_forcing
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import load_checkpoint
 from specpilot.models.rope import RotaryTable
+from specpilot.state.request import Request
 
 CPU = torch.device("cpu")
 

@@ -15,8 +15,8 @@ import torch
 from triton_interpret import interpreter_fixture
 
 from specpilot.drafters.draft_tree import TreeBuilder
-from specpilot.state.tree import chain_layout
 from specpilot.kernels.tree_accept import tree_accept, tree_accept_reference
+from specpilot.state.tree import chain_layout
 
 
 @dataclass(frozen=True)

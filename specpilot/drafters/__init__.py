@@ -78,7 +78,8 @@ def build_drafter(config: EngineConfig, engine: Engine) -> Drafter:
 def _model_drafter(config: EngineConfig, engine: Engine, alg: str, block: int | None) -> Drafter:
     path = default_draft_model_path(config, engine, alg)
     if alg == "dflash":
-        from specpilot.drafters.dflash import DFlashDrafter, read_dflash_config
+        from specpilot.drafters.dflash import DFlashDrafter
+        from specpilot.drafters.dflash_model import read_dflash_config
 
         if block is None and engine.device.type == "cpu" and config.speculative_eagle_topk == 1:
             block = min(DFLASH_CPU_BLOCK, read_dflash_config(Path(path)).block_size)

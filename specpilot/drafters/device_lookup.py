@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
+from specpilot.kernels.ngram_lookup import append_and_lookup, ngram_lookup
+from specpilot.state.draft import Accepted
 from specpilot.state.request import Request
 from specpilot.state.transfer import to_device
-from specpilot.state.draft import Accepted
-from specpilot.kernels.ngram_lookup import append_and_lookup, ngram_lookup
 
 
 class DeviceLookup:

@@ -16,13 +16,12 @@ from __future__ import annotations
 import torch
 
 from specpilot.drafters.base import Drafter
-from specpilot.state.draft import Draft
 from specpilot.drafters.device_lookup import DeviceLookup
 from specpilot.drafters.ngram import NgramDrafter
 from specpilot.state.batch import ForwardBatch
+from specpilot.state.draft import Accepted, Draft
 from specpilot.state.request import Request
 from specpilot.state.transfer import to_device
-from specpilot.state.draft import Accepted
 
 
 class NgramAssistedDrafter(Drafter):

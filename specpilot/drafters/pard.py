@@ -11,14 +11,14 @@ from pathlib import Path
 import torch
 
 from specpilot.drafters.base import Drafter
-from specpilot.state.draft import Draft
-from specpilot.state.cache import KVCache
-from specpilot.models.runner import ModelRunner
-from specpilot.state.request import Request
 from specpilot.kernels.softmax_topk import softmax_topk
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import load_checkpoint
 from specpilot.models.config import ModelConfig
+from specpilot.models.runner import ModelRunner
+from specpilot.state.cache import KVCache
+from specpilot.state.draft import Draft
+from specpilot.state.request import Request
 
 
 def read_pard_token(path: Path) -> int:

@@ -41,7 +41,7 @@ from rich.progress import (
 from safetensors.torch import save_file
 from torch.utils.checkpoint import checkpoint
 
-from specpilot.drafters.dflash import DFlashConfig, DFlashLayer, DFlashModel
+from specpilot.drafters.dflash_model import DFlashConfig, DFlashLayer, DFlashModel
 from specpilot.drafters.train_data import (
     VALIDATION_FILE,
     Batch,

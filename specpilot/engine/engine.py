@@ -13,30 +13,29 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from specpilot.config import SamplingParams
-from specpilot.state.draft import Draft
-from specpilot.state.tree import TreeLayout
-from specpilot.state.batch import ForwardBatch
-from specpilot.state.graphs import CapturedPass, EagerReplay, GraphBackend
-from specpilot.state.cache import KVCache
 from specpilot.engine.memory import KVPlan, kv_bytes_per_token, plan_kv, return_freed_memory
+from specpilot.engine.sampling import choose_tokens, make_generator, suppress
+from specpilot.engine.spec_stats import SpecStats, StepClock
+from specpilot.engine.stops import StopChecker
+from specpilot.engine.verify import Verifier
+from specpilot.kernels.softmax_topk import row_argmax
+from specpilot.kernels.step_layout import lay_out_next_verify
+from specpilot.models.build import build_model
+from specpilot.models.checkpoint import Checkpoint, load_checkpoint
 from specpilot.models.runner import (
     DEFAULT_GRAPH_BATCH_SIZES,
     ModelRunner,
     RunOutput,
 )
-from specpilot.engine.stops import StopChecker
-from specpilot.state.request import Request
-from specpilot.engine.sampling import choose_tokens, make_generator, suppress
-from specpilot.engine.spec_stats import SpecStats, StepClock
-from specpilot.state.transfer import HostCopy, to_device
-from specpilot.engine.verify import Verifier
-from specpilot.state.draft import Accepted
-from specpilot.kernels.softmax_topk import row_argmax
-from specpilot.kernels.step_layout import lay_out_next_verify
-from specpilot.models.build import build_model
-from specpilot.models.checkpoint import Checkpoint, load_checkpoint
 from specpilot.models.transformer import Transformer
 from specpilot.progress import phase
+from specpilot.state.batch import ForwardBatch
+from specpilot.state.cache import KVCache
+from specpilot.state.draft import Accepted, Draft
+from specpilot.state.graphs import CapturedPass, EagerReplay, GraphBackend
+from specpilot.state.request import Request
+from specpilot.state.transfer import HostCopy, to_device
+from specpilot.state.tree import TreeLayout
 
 if TYPE_CHECKING:
     from specpilot.drafters.base import Drafter
@@ -64,6 +63,12 @@ class EngineConfig:
     speculative_num_draft_tokens: int | None = None  # tokens per verify pass (block size); default from the drafter
     speculative_ngram_assist: int = 0  # dflash/pard: prompt lookup's block where an n-gram this long repeats (0: off)
     speculative_eagle_topk: int = 1  # dflash: > 1 drafts a tree from each slot's top-k (SGLang's flag name)
+    speculative_lookup_prob: float = 0.9  # dflash trees: the probability prompt lookup's tokens enter the tree at
+    cuda_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)  # graph buckets
+    attention_kv_splits: int = 0  # key splits of decode/verify attention; 0: the kernel's choice per batch
+    # the speed mechanisms in effect (engine/registry.py): None = every one whose precondition holds,
+    # an empty set = stock
+    mechanisms: frozenset[str] | None = None
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

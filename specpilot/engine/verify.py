@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from specpilot.state.tree import TreeLayout
-from specpilot.state.request import Request
 from specpilot.engine.sampling import target_probs
 from specpilot.kernels.tree_accept import tree_accept
 from specpilot.state.draft import Accepted
+from specpilot.state.request import Request
+from specpilot.state.tree import TreeLayout
 
 
 class Verifier:

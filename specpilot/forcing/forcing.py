@@ -26,8 +26,8 @@ from rich.progress import Progress
 
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine
-from specpilot.state.request import Request
 from specpilot.engine.sampling import target_probs
+from specpilot.state.request import Request
 
 NEAR_TIE = 1e-3  # fp32 logit margin under which float reordering may flip the argmax (fp32 CPU)
 NEAR_TIE_BF16 = 0.1  # bf16 logits are much coarser

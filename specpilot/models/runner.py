@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import torch
 
-from specpilot.state.tree import TreeLayout, chain_layout
-from specpilot.state.batch import ForwardBatch
-from specpilot.state.graphs import CapturedPass, EagerReplay, GraphBackend
-from specpilot.state.cache import KVCache
 from specpilot.kernels.slot_attention import kv_splits
 from specpilot.models.transformer import Transformer
 from specpilot.progress import bar
+from specpilot.state.batch import ForwardBatch
+from specpilot.state.cache import KVCache
+from specpilot.state.graphs import CapturedPass, EagerReplay, GraphBackend
+from specpilot.state.tree import TreeLayout, chain_layout
 
 DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specpilot.state.batch import ForwardBatch
-from specpilot.state.cache import KVCache
 from specpilot.kernels.fused import rms_norm, rope_and_cache_write, silu_and_mul
 from specpilot.kernels.slot_attention import slot_attention
 from specpilot.models.config import ModelConfig
 from specpilot.models.linear import Linear
 from specpilot.models.rope import RotaryTable
+from specpilot.state.batch import ForwardBatch
+from specpilot.state.cache import KVCache
 
 
 class RMSNorm(nn.Module):

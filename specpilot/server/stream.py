@@ -10,9 +10,9 @@ from typing import Any
 
 from starlette.requests import Request as HTTPRequest
 
-from specpilot.state.request import Request
 from specpilot.server.context import ServerContext
 from specpilot.server.scheduler import Item, Submission, Update
+from specpilot.state.request import Request
 
 SSE_DONE = "data: [DONE]\n\n"
 DISCONNECTED = object()  # queued by a follower's disconnect watcher
