@@ -34,5 +34,7 @@ serve: install
 generate: install
 	$(PYTHON) -m specpilot generate --chat --prompt "$(PROMPT)"
 
+# the suite, then the import layers (pyproject.toml's import-linter contracts)
 test: install
 	$(PYTHON) -m pytest -q
+	$(dir $(PYTHON))lint-imports

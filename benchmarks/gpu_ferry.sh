@@ -4,6 +4,8 @@
 # with the working tree, and runs a command with it installed.
 #
 # Here, once:        bash benchmarks/gpu_ferry.sh prepare          (fills .ferry/, which git ignores)
+# To compare with an older commit (benchmarks/gpu_compare.sh): bash benchmarks/gpu_ferry.sh old COMMIT
+#   (its code, without the shipped drafter's weights, rides with part 1 and lands in /tmp/ferry/old)
 # On the device, in back-to-back calls (the machine is given back ~30 s after a call returns):
 #   call 1 (carry .ferry/part1):          bash benchmarks/gpu_ferry.sh stage 1
 #   call 2 (carry .ferry/part2):          bash benchmarks/gpu_ferry.sh stage 2
@@ -34,9 +36,16 @@ prepare)
     rm -rf "$FERRY/model"
     du -sh "$FERRY"/*
     ;;
+old)
+    git archive "$2" -- . ':(exclude)specpilot/drafters/assets' > "$FERRY/part1/old.tar"
+    du -sh "$FERRY/part1/old.tar"
+    ;;
 stage)
     mkdir -p /tmp/ferry
     cp "$FERRY/part$2"/*.part "/tmp/ferry/part$2"
+    if [ -f "$FERRY/part$2/old.tar" ]; then
+        rm -rf /tmp/ferry/old && mkdir -p /tmp/ferry/old && tar -xf "$FERRY/part$2/old.tar" -C /tmp/ferry/old
+    fi
     ls -la /tmp/ferry
     ;;
 run)

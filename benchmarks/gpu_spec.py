@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import LLAMA31_8B, out_dir, synthetic_model, time_cuda, write_json  # noqa: E402
 
 from specpilot.config import SamplingParams  # noqa: E402
+from specpilot.drafters.base import DrafterContext  # noqa: E402
 from specpilot.drafters.dflash import DFlashDrafter  # noqa: E402
 from specpilot.drafters.dflash_model import DFlashConfig, DFlashModel  # noqa: E402
 from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
@@ -38,17 +39,17 @@ def even_taps(num_layers: int, n: int) -> list[int]:
 
 
 def dflash_factory(target_cfg: ModelConfig, layers: int, block: int):
-    def build(config: EngineConfig, engine: Engine) -> DFlashDrafter:
+    def build(config: EngineConfig, ctx: DrafterContext) -> DFlashDrafter:
         lc = replace(target_cfg, architecture="qwen3", num_layers=layers, qk_norm=True)
         cfg = DFlashConfig(lc, even_taps(target_cfg.num_layers, 5), mask_token_id=target_cfg.vocab_size - 1,
                            block_size=block)
         torch.manual_seed(1)
-        with torch.device(engine.device):
-            model = DFlashModel(cfg).to(engine.dtype)
+        with torch.device(ctx.device):
+            model = DFlashModel(cfg).to(ctx.dtype)
         for name, p in model.named_parameters():
             p.data.uniform_(0.8, 1.2) if name.endswith("norm.weight") else p.data.normal_(0.0, 0.02)
-        return DFlashDrafter(model.eval(), cfg, engine.model, config.max_running_requests, engine.context_length,
-                             engine.device, engine.dtype)
+        return DFlashDrafter(model.eval(), cfg, ctx.model, ctx.num_slots, ctx.context_length,
+                             ctx.device, ctx.dtype)
     return build
 
 

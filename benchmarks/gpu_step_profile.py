@@ -116,9 +116,11 @@ def profile(topk: int, assist: int, prompts: list[list[int]], params: SamplingPa
     stats = engine.spec_stats
     drafter = engine.drafter.model if assist else engine.drafter  # under the lookup wrapper
     draft = drafter.graphs[1]
+    step = engine.speculation
     graphs = {"ar_graph": engine.runner.graphs[(1, 1)].graph, "verify_graph": engine.runner.graphs[(BLOCK, 1)].graph,
-              "acceptance_graph": engine.acceptance_graphs[1].graph, "draft_prep_graph": draft.prep,
-              "draft_body_graph": draft.graph, "draft_tree_graph": draft.tree_graph}
+              "acceptance_graph": step.acceptance[1].graph, "draft_prep_graph": draft.prep,
+              "draft_body_graph": draft.graph, "draft_tree_graph": draft.tree_graph,
+              "tree_placement_graph": step.placement.get(1)}
     bare = {k: replay_ms(g) if g is not None else 0.0 for k, g in graphs.items()}
     step_graphs = [g for k, g in graphs.items() if k != "ar_graph" and g is not None]
     chained = chain_ms(step_graphs)

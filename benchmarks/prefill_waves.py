@@ -15,8 +15,8 @@ import json
 import time
 
 from specpilot.config import SamplingParams
-from specpilot.drafters.train_data import load_training_prompts
 from specpilot.engine.engine import Engine, EngineConfig
+from specpilot.training.data import load_training_prompts
 
 
 def run(args: argparse.Namespace, prompts: list[list[int]], wave: int) -> dict:

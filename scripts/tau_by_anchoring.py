@@ -17,10 +17,10 @@ from specpilot.bench.datasets import BENCH_DATASETS, TRAIN_DATASETS, apply_chat_
 from specpilot.config import SamplingParams
 from specpilot.drafters.dflash_model import load_dflash_model, read_dflash_config
 from specpilot.drafters.ngram import NgramIndex
-from specpilot.drafters.train import ValidationStats, block_targets, draft_hidden
-from specpilot.drafters.train_data import Sample, make_batch, pad_features, tap_features
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.models.rope import RotaryTable
+from specpilot.training.data import Sample, make_batch, pad_features, tap_features
+from specpilot.training.train import ValidationStats, block_targets, draft_hidden
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from specpilot.drafters import ALGORITHMS
+from specpilot.engine.config import EngineConfig
 
 DEFAULT_PROMPT = "Write a haiku about the sea."
 
@@ -28,7 +29,18 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                         "CUDA, 8 on CPU; generate: 1; bench: --batch-size), fewer if the free memory holds fewer")
     g.add_argument("--max-total-tokens", type=_positive_int, default=None,
                    help="KV positions of all slots together: caps --max-running-requests at this / --context-length")
-    g.add_argument("--disable-cuda-graph", action="store_true", help="run decode eagerly on CUDA")
+    g.add_argument("--max-prefill-tokens", type=_positive_int, default=None,
+                   help=f"prompt tokens admitted in one prefill pass (default {EngineConfig.max_prefill_tokens})")
+    g.add_argument("--min-prefill-batch", type=_positive_int, default=None, metavar="N",
+                   help="while requests run, admit waiting ones only once N slots are free (or all of them fit), "
+                        f"so prefills come in waves (default {EngineConfig.min_prefill_batch})")
+    g.add_argument("--disable-cuda-graph", dest="cuda_graphs", action="store_false", default=None,
+                   help="run decode eagerly on CUDA")
+    g.add_argument("--cuda-graph-bs", dest="cuda_graph_batch_sizes", type=_positive_int, nargs="+", default=None,
+                   metavar="BS", help="batch sizes captured as CUDA graphs (default: "
+                                      f"{' '.join(map(str, EngineConfig.cuda_graph_batch_sizes))})")
+    g.add_argument("--attention-kv-splits", type=_nonneg_int, default=None, metavar="N",
+                   help="key splits of decode and verify attention; 0: the kernel's choice per batch (default)")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--speculative-algorithm", default=None, type=str.lower, choices=["none", *ALGORITHMS],
                    help="drafter; default none (plain AR decoding)")
@@ -45,6 +57,15 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="dflash: K > 1 verifies a draft tree instead of a chain: the likeliest paths through "
                         "each slot's top-K tokens, as many nodes as the block has drafts; 1: chain (default: 4 "
                         "on CUDA, 1 on CPU)")
+    s.add_argument("--speculative-lookup-prob", type=float, default=None, metavar="P",
+                   help="dflash trees with --speculative-ngram-assist: the probability prompt lookup's tokens "
+                        f"enter the tree at (default {EngineConfig.speculative_lookup_prob})")
+    r = p.add_argument_group("speed settings (specpilot registry lists them)")
+    r.add_argument("--mechanisms", default=None, metavar="LIST",
+                   help="comma-separated mechanisms of the speculative step, or 'stock' for none (default: every "
+                        "one that applies)")
+    r.add_argument("--profile", default=None, metavar="FILE",
+                   help='JSON {"mechanisms": [...] or "stock", "tunables": {name: value}}; the flags given win')
 
 
 def _sampling_args(p: argparse.ArgumentParser, with_length: bool = True) -> None:
@@ -124,6 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
                                        "features and writes a checkpoint that --speculative-draft-model-path loads.")
     _train_drafter_args(train)
     train.set_defaults(func=_cmd_train_drafter)
+
+    registry = sub.add_parser("registry", help="the settings that change speed but never output",
+                              description="Every tunable (its flag, domain, default and the stages it changes) "
+                                          "and every mechanism of the speculative step.")
+    registry.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                          help="whose defaults to show (default: cuda if available)")
+    registry.add_argument("--speculative-algorithm", default=None, type=str.lower, choices=["none", *ALGORITHMS],
+                          help="the drafter whose defaults to show (default: none)")
+    registry.add_argument("--json", action="store_true", help="print one JSON object {tunables, mechanisms}")
+    registry.set_defaults(func=_cmd_registry)
     for command in sub.choices.values():
         command.add_argument("--log-level", default=None, type=str.upper,
                              choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -135,7 +166,7 @@ def _train_drafter_args(p: argparse.ArgumentParser) -> None:
     from dataclasses import fields
 
     from specpilot.bench.datasets import TRAIN_DATASETS
-    from specpilot.drafters.train import TrainConfig
+    from specpilot.training.train import TrainConfig
 
     defaults = {f.name: f.default for f in fields(TrainConfig)}
 
@@ -218,12 +249,14 @@ def _dataset_args(p: argparse.ArgumentParser, default_prompts: int, default_toke
 def _cmd_force(args: argparse.Namespace) -> int:
     from specpilot.bench.datasets import apply_chat_template, load_prompts
     from specpilot.engine.engine import Engine
+    from specpilot.engine.registry import ar_changes
     from specpilot.forcing import run_forcing
     from specpilot.progress import progress_bars
 
     config = engine_config_from_args(args)
     candidate = Engine.from_config(config)
-    stock = candidate.twin(speculative_algorithm=None)  # the same weights and KV cache, taking turns
+    # the same weights and KV cache, taking turns
+    stock = candidate.twin(**ar_changes(candidate.config))
     prompts = [apply_chat_template(candidate.tokenizer, p) for p in load_prompts(args.dataset, args.num_prompts)]
     params = sampling_params_from_args(args)
     with progress_bars() as progress:
@@ -247,6 +280,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from specpilot.bench.output import bench_output_dir
     from specpilot.config import SamplingParams
     from specpilot.engine.engine import Engine
+    from specpilot.engine.registry import in_effect
 
     config = engine_config_from_args(args, max_running_requests=args.batch_size)
     engine = Engine.from_config(config)
@@ -256,9 +290,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                    for d in args.dataset]
     out = bench_output_dir(args.output_dir)
     name = f"bench_{config.speculative_algorithm or 'ar'}_{engine.device.type}"
-    report = {"config": vars(engine.config), "device": engine.device.type, "dtype": str(engine.dtype),
-              "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "results": results}
-    (out / f"{name}.json").write_text(json.dumps(report, indent=2))
+    report = {"config": vars(engine.config), "speed": in_effect(engine.config, engine.mechanisms),
+              "device": engine.device.type, "dtype": str(engine.dtype), "batch_size": args.batch_size,
+              "max_new_tokens": args.max_new_tokens, "results": results}
+    # default: the config's mechanisms, a frozenset, as a sorted list
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2, default=sorted))
     table = Table(title=f"specpilot bench ({config.speculative_algorithm or 'AR only'}, {engine.device.type})")
     for col in ("dataset", "prompts", "tau", "TPOT AR ms", "TPOT spec ms", "speedup"):
         table.add_column(col)
@@ -283,22 +319,37 @@ def sampling_params_from_args(args: argparse.Namespace):
     )
 
 
-def engine_config_from_args(args: argparse.Namespace, max_running_requests: int | None = None):
-    """`max_running_requests`: the command's own default, where --max-running-requests is not given."""
-    from specpilot.drafters import device_defaults
-    from specpilot.engine.engine import EngineConfig, resolve_device
+def _algorithm(args: argparse.Namespace) -> str | None:
+    return None if args.speculative_algorithm in (None, "none") else args.speculative_algorithm
 
-    algorithm = None if args.speculative_algorithm in (None, "none") else args.speculative_algorithm
-    spec = device_defaults(algorithm, resolve_device(args.device).type)
-    for name in spec:
-        if getattr(args, name) is not None:
-            spec[name] = getattr(args, name)
-    return EngineConfig(model_path=args.model_path, device=args.device, dtype=args.dtype,
-                        context_length=args.context_length, max_total_tokens=args.max_total_tokens,
-                        max_running_requests=args.max_running_requests or max_running_requests,
-                        cuda_graphs=not args.disable_cuda_graph, speculative_algorithm=algorithm,
-                        speculative_draft_model_path=args.speculative_draft_model_path,
-                        speculative_num_draft_tokens=args.speculative_num_draft_tokens, **spec)
+
+def engine_config_from_args(args: argparse.Namespace, max_running_requests: int | None = None) -> EngineConfig:
+    """`max_running_requests`: the command's own default, where --max-running-requests is not given. The
+    tunables: a flag given, else the --profile's value, else the registry's default for the device."""
+    from dataclasses import replace
+
+    from specpilot.engine.config import resolve_device
+    from specpilot.engine.registry import (
+        TUNABLES,
+        Profile,
+        open_defaults,
+        parse_mechanisms,
+    )
+
+    algorithm = _algorithm(args)
+    config = EngineConfig(model_path=args.model_path, device=args.device, dtype=args.dtype,
+                          context_length=args.context_length, max_total_tokens=args.max_total_tokens,
+                          max_running_requests=max_running_requests, speculative_algorithm=algorithm,
+                          speculative_draft_model_path=args.speculative_draft_model_path,
+                          **open_defaults(resolve_device(args.device).type, algorithm))
+    if args.profile is not None:
+        config = Profile.load(args.profile).apply(config)
+    given = {t.field: getattr(args, t.field) for t in TUNABLES if getattr(args, t.field) is not None}
+    if "cuda_graph_batch_sizes" in given:
+        given["cuda_graph_batch_sizes"] = tuple(given["cuda_graph_batch_sizes"])
+    if args.mechanisms is not None:
+        given["mechanisms"] = parse_mechanisms(args.mechanisms)
+    return replace(config, **given)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -314,7 +365,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_train_drafter(args: argparse.Namespace) -> int:
     from dataclasses import fields
 
-    from specpilot.drafters.train import TrainConfig, train_drafter
+    from specpilot.training.train import TrainConfig, train_drafter
 
     names = {f.name for f in fields(TrainConfig)}
     config = TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
@@ -325,6 +376,39 @@ def _cmd_train_drafter(args: argparse.Namespace) -> int:
     tau = f", validation tau {report['validation'][-1]['tau']:.2f}" if report["validation"] else ""
     print(f"{state}: loss {last.get('loss', float('nan')):.4f}{tau}; wrote {config.out}")
     return 0
+
+
+def _cmd_registry(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from specpilot.engine.config import resolve_device
+    from specpilot.engine.registry import catalog
+
+    algorithm = _algorithm(args)
+    device = resolve_device(args.device).type
+    entries = catalog(device, algorithm)
+    if args.json:
+        print(json.dumps(entries, indent=2))
+        return 0
+    console = Console()
+    for kind, columns in (("tunables", ("name", "flag", "domain", "default", "stages")),
+                          ("mechanisms", ("name", "stages", "needs", "summary"))):
+        title = f"{kind} (defaults: {device}, {algorithm or 'no drafter'})" if kind == "tunables" else kind
+        table = Table(title=title)
+        for col in columns:
+            table.add_column(col, overflow="fold")
+        for entry in entries[kind]:
+            table.add_row(*(_cell(entry[col]) for col in columns))
+        console.print(table)
+    return 0
+
+
+def _cell(value: object) -> str:
+    """Names (stages, needs) as a list to read; values as JSON, as a profile spells them."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return ", ".join(value)
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:

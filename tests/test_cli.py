@@ -40,6 +40,9 @@ def test_generate_speculative_meta_info_and_same_tokens(capsys, tiny_dir):
     (["generate", "--speculative-algorithm", "medusa"], "--speculative-algorithm"),
     (["generate", "--speculative-num-draft-tokens", "1"], "--speculative-num-draft-tokens"),
     (["generate", "--speculative-eagle-topk", "0"], "--speculative-eagle-topk"),
+    (["generate", "--mechanisms", "bogus"], "--mechanisms"),
+    (["generate", "--profile", "/nonexistent/profile.json"], "--profile"),
+    (["generate", "--attention-kv-splits", "-1"], "--attention-kv-splits"),
     (["generate", "--model-path", "/nonexistent/model"], "/nonexistent/model"),
     (["generate", "--top-p", "0"], "top_p"),
 ])
@@ -55,6 +58,7 @@ def test_bench_writes_json_with_the_settings_in_effect(tiny_dir, tmp_path):
                  "--max-new-tokens", "8", "--speculative-algorithm", "ngram", "--output-dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench_ngram_cpu.json").read_text())
     assert report["config"]["speculative_num_draft_tokens"] == 8  # the n-gram default, resolved
+    assert report["speed"]["tunables"]["block-size"] == 8 and "device-acceptance" in report["speed"]["mechanisms"]
     [result] = report["results"]
     assert result["dataset"] == "math" and result["tau"] >= 1 and result["verify_passes"] > 0
     assert (tmp_path / "bench_ngram_cpu.png").is_file()

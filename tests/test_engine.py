@@ -141,7 +141,7 @@ def test_embedded_smollm_matches_transformers(smollm):
 def test_graph_input_buffers_pad_into_scratch_slot(tmp_path):
     """The static inputs CUDA graphs replay from, run eagerly: a 3-request batch in a bucket of 4
     gives the same logits as the plain batch, and the padding row writes only the scratch slot."""
-    from specpilot.models.runner import _StaticInputs
+    from specpilot.state.static_batch import StaticBatch
 
     _, engine = tiny_engine(tmp_path, "llama", False)
     runner, cache = engine.runner, engine.cache
@@ -151,12 +151,12 @@ def test_graph_input_buffers_pad_into_scratch_slot(tmp_path):
     starts = [len(p) for p in prompts]
     verify = [[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]]
     plain = runner.forward(slots, starts, verify).logits
-    inputs = _StaticInputs(4, 4, cache, engine.device)
+    inputs = StaticBatch(4, 4, engine.device, cache.scratch_slot, cache.max_len)
     other_slot = cache.allocate()
     before = cache.k[0][other_slot].clone()
     inputs.fill(slots, starts, verify, 4)
     with torch.inference_mode():
-        padded, _ = runner._run(inputs.batch(4, num_kv_splits=1))
+        padded = runner.run(inputs.batch(4, num_kv_splits=1)).logits
     torch.testing.assert_close(padded[:12], plain)
     assert torch.equal(cache.k[0][other_slot], before)
 

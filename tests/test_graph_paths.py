@@ -52,23 +52,26 @@ def test_graph_paths_decode_like_eager(tiny, replays, topk, assist):  # noqa: F8
 
     def early(reqs, verify, accepted, taps):  # must take the graphs: verify batch and acceptance are theirs
         launches["early"] += 1
-        assert graphed.acceptance_graphs[verify.batch_size].batch is verify
+        assert graphed.speculation.acceptance[verify.batch_size].batch is verify
         launch_next(reqs, verify, accepted, taps)
         assert drafter._launched[1] is drafter.graphs[verify.batch_size]
 
     drafter.launch_next = early
-    inputs = graphed.runner.static_inputs[6]
+    inputs = graphed.runner.static[6]
     fills, fill = [], inputs.fill
     inputs.fill = lambda *args: (fills.append(args[3]), fill(*args))
-    placed, verify = [], graphed.runner.verify
-    graphed.runner.verify = lambda *args, **kw: (placed.append(kw["placed"]), verify(*args, **kw))[1]
+    placed = []
+    for b, graph in graphed.speculation.placement.items():
+        graph.replay = lambda replay=graph.replay: (placed.append(1), replay())[1]
     assert [r.output_ids for r in graphed.generate(prompts, GREEDY)] == eager
     # drafts launched early are used; a draft is made afresh only when requests join the batch
     assert launches["early"] > 3 * launches["pending"] > 0
     # the host fills a verify graph's inputs only when the batch changed; else the device laid them out
     assert 0 < len(fills) < launches["early"] / 2
-    # with prompt lookup on the device, an early launch builds the tree and lays it into the verify inputs
-    assert sum(placed) > launches["early"] / 2 if assist and topk > 1 else not any(placed)
+    # a tree from the drafter's graphs is laid into the verify inputs by one placement replay
+    assert graphed.mechanisms >= {"device-acceptance", "early-launch", "layout-ahead"}
+    assert (sum(placed) > launches["early"] / 2) if topk > 1 else not graphed.speculation.placement
+    assert ("device-lookup" in graphed.mechanisms) == (assist > 0 and topk > 1)
 
 
 @pytest.mark.parametrize("assist", [0, 2])
@@ -91,7 +94,7 @@ def test_graph_paths_of_other_drafters_decode_like_eager(tiny, replays, algorith
                 speculative_draft_model_path=str(paths[path]) if path else None)
     prompts = mixed_prompts(ckpt.config.vocab_size, 5, seed=4)
     graphed = _engine(ckpt, True, **spec)
-    assert graphed.acceptance_graphs
+    assert graphed.speculation.acceptance
     verdict = run_forcing(_engine(ckpt, True), graphed, prompts, GREEDY, algorithm)
     assert verdict.passed, verdict.as_dict()
     eager = [r.output_ids for r in _engine(ckpt, False, **spec).generate(prompts, GREEDY)]

@@ -10,7 +10,6 @@ import torch
 
 from specpilot.cli import build_parser, engine_config_from_args, main
 from specpilot.config import SamplingParams
-from specpilot.drafters import device_defaults
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.engine.memory import (
     DEFAULT_CONTEXT_LENGTH,
@@ -19,6 +18,7 @@ from specpilot.engine.memory import (
     kv_bytes_per_token,
     plan_kv,
 )
+from specpilot.engine.registry import open_defaults
 from specpilot.forcing import run_forcing
 from specpilot.models.checkpoint import load_checkpoint
 
@@ -71,8 +71,8 @@ def test_cli_defaults_per_command_and_device(tiny_dir):
     config = engine_config_from_args(gen, max_running_requests=1)
     assert config.max_running_requests == 1 and config.context_length is None
     assert (config.speculative_eagle_topk, config.speculative_ngram_assist) == (1, 2)  # CPU: chains + assist
-    assert device_defaults("dflash", "cuda") == {"speculative_eagle_topk": 4, "speculative_ngram_assist": 2}
-    assert device_defaults("pard", "cuda") == {"speculative_eagle_topk": 1, "speculative_ngram_assist": 0}
+    assert open_defaults("cuda", "dflash") == {"speculative_eagle_topk": 4, "speculative_ngram_assist": 2}
+    assert open_defaults("cuda", "pard") == {"speculative_eagle_topk": 1, "speculative_ngram_assist": 0}
     explicit = parser.parse_args(["serve", "--speculative-algorithm", "dflash", "--speculative-ngram-assist", "0",
                                   "--max-running-requests", "5"])
     config = engine_config_from_args(explicit, max_running_requests=1)

@@ -40,7 +40,7 @@ def _generate(server, prompt: list[int], n: int, rid: str | None = None) -> dict
 
 
 def test_concurrent_tree_requests_match_greedy_ar(tree_server, tiny_dir):
-    assert tree_server.ctx.engine.acceptance_graphs  # the graph paths are the ones served
+    assert tree_server.ctx.engine.speculation.acceptance  # the graph paths are the ones served
     rng = random.Random(0)
     # repetitive prompts, so that prompt lookup's paths join the trees too
     jobs = [([rng.randrange(3, 300) for _ in range(rng.randrange(3, 9))] * rng.randrange(1, 4),

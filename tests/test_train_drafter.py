@@ -17,7 +17,15 @@ from specpilot.cli import main
 from specpilot.config import SamplingParams
 from specpilot.drafters.dflash import DFlashDrafter
 from specpilot.drafters.dflash_model import load_dflash_model, read_dflash_config
-from specpilot.drafters.train import (
+from specpilot.engine.engine import Engine, EngineConfig
+from specpilot.forcing import run_forcing
+from specpilot.models.build import build_model
+from specpilot.models.checkpoint import load_checkpoint
+from specpilot.models.rope import RotaryTable
+from specpilot.models.transformer import DecoderLayer
+from specpilot.state.request import Request
+from specpilot.training.data import load_training_prompts
+from specpilot.training.train import (
     STATE_FILE,
     TrainConfig,
     build_target_layer_ids,
@@ -27,16 +35,10 @@ from specpilot.drafters.train import (
     export_dflash,
     init_draft_model,
     lm_head_loss,
+    published_state_dict,
     slot_sources,
     train_drafter,
 )
-from specpilot.drafters.train_data import load_training_prompts
-from specpilot.engine.engine import Engine, EngineConfig
-from specpilot.forcing import run_forcing
-from specpilot.models.build import build_model
-from specpilot.models.checkpoint import load_checkpoint
-from specpilot.models.rope import RotaryTable
-from specpilot.state.request import Request
 
 CPU = torch.device("cpu")
 
@@ -112,6 +114,18 @@ def test_train_forward_matches_inference(target_dir, tmp_path):
     other = tokens.clone()
     other[0, anchors[0, 0]] = (other[0, anchors[0, 0]] + 1) % 319
     assert torch.equal(logits_with(tokens_=other)[0, 1:], train_logits[0, 1:])
+
+
+def test_draft_model_is_made_of_target_layers_and_exports_what_it_loads(tmp_path):
+    """The DFlash model's layers are the target's DecoderLayer (nothing a second layer class could
+    drift from), and the export mapping undoes the load mapping: the published tensors come back."""
+    path = write_random_dflash(tmp_path / "d", hidden=64, num_target_layers=3, mask_token_id=0)
+    cfg = read_dflash_config(path)
+    model = load_dflash_model(path, cfg, CPU, torch.float32)
+    assert len(model.layers) == cfg.layers.num_layers and all(isinstance(x, DecoderLayer) for x in model.layers)
+    raw = load_file(str(path / "model.safetensors"))
+    exported = published_state_dict(model, cfg)
+    assert exported.keys() == raw.keys() and all(torch.equal(exported[k], raw[k]) for k in raw)
 
 
 # ---------------------------------------------------------------- defaults

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specpilot.drafters.base import Drafter
+from specpilot.drafters.base import Drafter, DrafterContext
 from specpilot.state.draft import Draft
 
 if TYPE_CHECKING:
-    from specpilot.engine.engine import Engine, EngineConfig
+    from specpilot.engine.config import EngineConfig
 
 ALGORITHMS = ("dflash", "pard", "ngram")
 DEFAULT_BLOCK = {"pard": 9, "ngram": 8}
@@ -21,16 +21,7 @@ DFLASH_CPU_BLOCK = 4
 EMBEDDED_DRAFTER = Path(__file__).parent / "assets" / "smollm2-135m-dflash"
 
 
-def device_defaults(algorithm: str | None, device_type: str) -> dict[str, int]:
-    """Tree top-k and n-gram assist where the user leaves them open (the CLI): the settings measured
-    fastest on each device (docs/RESULTS.md). DFlash drafts top-4 trees on CUDA and chains on CPU, where
-    a tree's wide verify pass costs more than it gains; prompt lookup assists it on both."""
-    if algorithm != "dflash":
-        return {"speculative_eagle_topk": 1, "speculative_ngram_assist": 0}
-    return {"speculative_eagle_topk": 4 if device_type == "cuda" else 1, "speculative_ngram_assist": 2}
-
-
-def default_draft_model_path(config: EngineConfig, engine: Engine, alg: str) -> str:
+def default_draft_model_path(config: EngineConfig, engine: DrafterContext, alg: str) -> str:
     """--speculative-draft-model-path, else the shipped drafter when the target is the embedded model."""
     if config.speculative_draft_model_path is not None:
         return config.speculative_draft_model_path
@@ -43,7 +34,7 @@ def default_draft_model_path(config: EngineConfig, engine: Engine, alg: str) -> 
     raise ValueError(f"--speculative-algorithm {alg} needs --speculative-draft-model-path{embedded}")
 
 
-def _is_embedded(engine: Engine) -> bool:
+def _is_embedded(engine: DrafterContext) -> bool:
     from specpilot.models.checkpoint import embedded_default_path
 
     try:
@@ -52,18 +43,14 @@ def _is_embedded(engine: Engine) -> bool:
         return False
 
 
-def build_drafter(config: EngineConfig, engine: Engine) -> Drafter:
+def build_drafter(config: EngineConfig, engine: DrafterContext) -> Drafter:
     alg = (config.speculative_algorithm or "").lower()
     if alg not in ALGORITHMS:
         raise ValueError(f"--speculative-algorithm must be one of {', '.join(ALGORITHMS)}, got {alg!r}")
     block = config.speculative_num_draft_tokens
-    if config.speculative_eagle_topk < 1:
-        raise ValueError(f"--speculative-eagle-topk must be >= 1, got {config.speculative_eagle_topk}")
-    if config.speculative_eagle_topk > 1 and alg != "dflash":
-        raise ValueError("--speculative-eagle-topk > 1 (draft trees) needs --speculative-algorithm dflash")
+    # the tunables' domains and preconditions (tree top-k, n-gram assist) are the registry's, checked
+    # by the engine before it builds the drafter (engine/registry.py check_tunables)
     if alg == "ngram":
-        if config.speculative_ngram_assist:
-            raise ValueError("--speculative-ngram-assist assists a model drafter (dflash or pard), not ngram")
         from specpilot.drafters.ngram import NgramDrafter
 
         return NgramDrafter(block or DEFAULT_BLOCK["ngram"])
@@ -71,11 +58,13 @@ def build_drafter(config: EngineConfig, engine: Engine) -> Drafter:
     if config.speculative_ngram_assist:
         from specpilot.drafters.ngram_assist import NgramAssistedDrafter
 
-        return NgramAssistedDrafter(drafter, config.speculative_ngram_assist)
+        # a tree drafter looks prompt lookup up on the device unless the mechanisms asked for leave it out
+        on_device = config.mechanisms is None or "device-lookup" in config.mechanisms
+        return NgramAssistedDrafter(drafter, config.speculative_ngram_assist, on_device=on_device)
     return drafter
 
 
-def _model_drafter(config: EngineConfig, engine: Engine, alg: str, block: int | None) -> Drafter:
+def _model_drafter(config: EngineConfig, engine: DrafterContext, alg: str, block: int | None) -> Drafter:
     path = default_draft_model_path(config, engine, alg)
     if alg == "dflash":
         from specpilot.drafters.dflash import DFlashDrafter
@@ -83,17 +72,19 @@ def _model_drafter(config: EngineConfig, engine: Engine, alg: str, block: int | 
 
         if block is None and engine.device.type == "cpu" and config.speculative_eagle_topk == 1:
             block = min(DFLASH_CPU_BLOCK, read_dflash_config(Path(path)).block_size)
-        drafter = DFlashDrafter.from_pretrained(path, engine.model, config.max_running_requests,
-                                                engine.context_length, engine.device, engine.dtype, block_size=block,
-                                                topk=config.speculative_eagle_topk)
+        drafter = DFlashDrafter.from_pretrained(path, engine.model, engine.num_slots, engine.context_length,
+                                                engine.device, engine.dtype, block_size=block,
+                                                topk=config.speculative_eagle_topk,
+                                                lookup_prob=config.speculative_lookup_prob,
+                                                num_kv_splits=config.attention_kv_splits)
     else:
         from specpilot.drafters.pard import PardDrafter
 
-        drafter = PardDrafter(path, engine.checkpoint.config, config.max_running_requests, engine.context_length,
+        drafter = PardDrafter(path, engine.checkpoint.config, engine.num_slots, engine.context_length,
                               engine.device, engine.dtype, block_size=block or DEFAULT_BLOCK["pard"])
     drafter.source = str(path)
     return drafter
 
 
 __all__ = ["ALGORITHMS", "DFLASH_CPU_BLOCK", "EMBEDDED_DRAFTER", "Draft", "Drafter", "build_drafter",
-           "default_draft_model_path", "device_defaults"]
+           "default_draft_model_path"]

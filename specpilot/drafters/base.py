@@ -3,11 +3,47 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from specpilot.state.draft import Draft
+from specpilot.models.checkpoint import Checkpoint
+from specpilot.models.transformer import Transformer
+from specpilot.state.batch import ForwardBatch
+from specpilot.state.draft import Accepted, Draft
 from specpilot.state.request import Request
+
+if TYPE_CHECKING:
+    from specpilot.drafters.device_lookup import DeviceLookup
+
+# what a drafter's graphs read of the engine's verify and acceptance graphs of one bucket
+VerifySource = tuple[ForwardBatch, Accepted, torch.Tensor | None]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a drafter offers beyond `propose` / `commit`, declared so the engine and the registry's
+    preconditions (engine/registry.py) never probe for methods."""
+
+    early_launch: bool = False  # `launch_next` / `cancel_launch`: the next draft starts before the host syncs
+    trees: bool = False  # its drafts may carry a TreeLayout
+    confidences: bool = False  # its drafts carry per-token confidences
+    device_lookup: bool = False  # `attach_lookup`: takes prompt lookup on the device into its trees
+    graphs: bool = False  # `capture`: its passes run as CUDA graphs
+
+
+@dataclass(frozen=True)
+class DrafterContext:
+    """What a drafter is built against: the target's model and checkpoint, where it runs, and the
+    request slots and context length its own caches must hold."""
+
+    model: Transformer
+    checkpoint: Checkpoint
+    device: torch.device
+    dtype: torch.dtype
+    num_slots: int
+    context_length: int
 
 
 class Drafter(ABC):
@@ -22,9 +58,7 @@ class Drafter(ABC):
     name: str = "drafter"
     tap_layers: tuple[int, ...] = ()  # target layers whose outputs the drafter consumes
     source: str | None = None  # the checkpoint directory it was loaded from, if any
-    # True: offers `launch_next(reqs, verify_batch, accepted, verify_taps)` (the next draft launched on
-    # the device after a greedy verify, in place of `commit`) and `cancel_launch()` (DFlashDrafter's)
-    launches_early: bool = False
+    capabilities = Capabilities()
 
     def __init__(self, block_size: int) -> None:
         if block_size < 2:
@@ -48,3 +82,31 @@ class Drafter(ABC):
 
     def release(self, req: Request) -> None:
         """Free whatever the drafter holds for this request."""
+
+    # ---- declared by `capabilities` -----------------------------------------------------------------
+    def launch_next(self, reqs: list[Request], verify: ForwardBatch, accepted: Accepted,
+                    verify_taps: torch.Tensor | None) -> None:
+        """early_launch: instead of `commit` after a device acceptance, start the next draft on the device
+        before the host has seen this step's tokens. `verify`: the verify pass's batch (its first
+        len(reqs) requests are `reqs`), `accepted` its acceptance, `verify_taps` its taps with accepted
+        rows first. The next `propose` for these requests finishes this draft instead of drafting anew."""
+        raise NotImplementedError(f"{self.name} does not launch early")
+
+    def cancel_launch(self) -> None:
+        """early_launch: the host committed other tokens than the launched draft assumed; draft anew."""
+        raise NotImplementedError(f"{self.name} does not launch early")
+
+    def attach_lookup(self, min_n: int, max_n: int) -> DeviceLookup:
+        """device_lookup: look up n-grams of min_n..max_n tokens on the device and merge the lookup's
+        proposal into the draft trees; returns the lookup (its owner releases requests from it)."""
+        raise NotImplementedError(f"{self.name} takes no device lookup")
+
+    def capture(self, batch_sizes: tuple[int, ...], sources: dict[int, VerifySource]) -> None:
+        """graphs: capture the drafter's passes per batch-size bucket; `sources` (bucket -> the static
+        verify batch, acceptance and ordered taps of the engine's graphs) lets an early launch read them."""
+        raise NotImplementedError(f"{self.name} has no CUDA graphs")
+
+    def static_draft(self, bucket: int) -> Draft | None:
+        """graphs: the outputs of a bucket's graph as a Draft of all its rows (the step's placement graph
+        reads them), where its drafts are such outputs; None otherwise."""
+        raise NotImplementedError(f"{self.name} has no CUDA graphs")

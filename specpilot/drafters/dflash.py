@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specpilot.drafters.base import Drafter
+from specpilot.drafters.base import Capabilities, Drafter, VerifySource
 from specpilot.drafters.device_lookup import DeviceLookup
 from specpilot.drafters.dflash_model import DFlashConfig, DFlashModel, load_dflash_model, read_dflash_config
 from specpilot.drafters.draft_tree import TreeBuilder
@@ -29,16 +29,11 @@ from specpilot.models.transformer import Transformer
 from specpilot.state.batch import ForwardBatch
 from specpilot.state.cache import KVCache
 from specpilot.state.draft import Accepted, Draft
-from specpilot.state.graphs import CapturedPass, EagerReplay, GraphBackend
+from specpilot.state.graphs import CapturedPass, EagerReplay, GraphBackend, capture_buckets, pick_bucket
 from specpilot.state.request import Request
+from specpilot.state.static_batch import StaticBatch
 from specpilot.state.transfer import to_device
 from specpilot.state.tree import TreeLayout
-
-# The probability a tree gives prompt lookup's tokens when it merges them into the slots' top-k: above
-# most of the drafter's second choices, so the lookup's path is kept whenever a context repeats.
-# Embedded model, shipped drafter, top-4, HumanEval 12 prompts on CPU: tau 3.18 / 3.20 / 3.13 at
-# 0.8 / 0.9 / 0.99 (0.5: 3.03; replacing the whole tree by the lookup's chain: 3.04).
-LOOKUP_PROB = 0.9
 
 
 class DFlashDrafter(Drafter):
@@ -47,12 +42,16 @@ class DFlashDrafter(Drafter):
     are the verify rows of the previous step; rows that were not committed write to the scratch slot."""
 
     name = "dflash"
-    launches_early = True
 
     def __init__(self, model: DFlashModel, cfg: DFlashConfig, target: Transformer, num_slots: int,
                  context_length: int, device: torch.device, dtype: torch.dtype, block_size: int | None = None,
-                 topk: int = 1) -> None:
+                 topk: int = 1, lookup_prob: float = 0.9, num_kv_splits: int = 0) -> None:
+        """`lookup_prob`: the probability a tree gives prompt lookup's tokens when it merges them into the
+        slots' top-k; `num_kv_splits`: attention's key splits in the drafter's graphs (0: the kernel's)."""
         super().__init__(block_size or cfg.block_size)
+        self.capabilities = Capabilities(early_launch=True, trees=topk > 1, confidences=topk == 1,
+                                         device_lookup=topk > 1, graphs=True)
+        self.num_kv_splits = num_kv_splits
         tcfg = target.config
         if cfg.layers.hidden_size != tcfg.hidden_size:
             raise ValueError(f"DFlash drafter hidden size {cfg.layers.hidden_size} != target's {tcfg.hidden_size}")
@@ -63,7 +62,7 @@ class DFlashDrafter(Drafter):
         self.cfg, self.target, self.model, self.device = cfg, target, model, device
         self.tap_layers = tuple(cfg.target_layer_ids)
         # every layer's k/v rows of qkv_proj stacked: the context rows' K/V of all layers in one projection
-        kv_rows = [layer.qkv_proj.weight[layer.q_size :] for layer in model.layers]
+        kv_rows = [layer.self_attn.qkv_proj.weight[layer.self_attn.q_size :] for layer in model.layers]
         with torch.device("meta"):
             self.context_kv = Linear(cfg.layers.hidden_size, sum(w.shape[0] for w in kv_rows))
         self.context_kv.weight = nn.Parameter(torch.cat(kv_rows), requires_grad=False)
@@ -76,27 +75,29 @@ class DFlashDrafter(Drafter):
         self.rope = RotaryTable(cfg.layers.head_dim, cfg.layers.rope_theta, cfg.layers.rope_scaling,
                                 context_length + self.block_size, device)
         self.pending: dict[str, tuple[torch.Tensor, int]] = {}  # rid -> (verify-row taps, rows committed)
-        self.graphs: dict[int, _DraftGraph] = {}
+        self.graphs: dict[int, DraftGraph] = {}
         # launch_next's draft: (its requests' ids, the graph that ran it or None, its outputs, its tree if built)
-        self._launched: tuple[list[str], _DraftGraph | None, tuple[torch.Tensor, ...], TreeLayout | None] | None = None
+        self._launched: tuple[list[str], DraftGraph | None, tuple[torch.Tensor, ...], TreeLayout | None] | None = None
         # topk > 1: the block's slots' top-k become a tree of block_size - 1 nodes (same verify width)
         k = self.num_proposals
         self.tree = TreeBuilder(topk, k, k, device) if topk > 1 else None
-        # a tree takes prompt lookup's proposal as one more path (NgramAssistedDrafter sets device_lookup)
-        self.merges_hints = self.tree is not None
-        self.lookup_prob = LOOKUP_PROB
-        # set by NgramAssistedDrafter before capture: prompt lookup on the device, so an early launch builds
-        # the tree too
+        self.lookup_prob = lookup_prob
+        # `attach_lookup` (before capture): prompt lookup on the device, so an early launch builds the tree too
         self.device_lookup: DeviceLookup | None = None
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target: Transformer, num_slots: int, context_length: int,
-                        device: torch.device, dtype: torch.dtype, block_size: int | None = None,
-                        topk: int = 1) -> DFlashDrafter:
+                        device: torch.device, dtype: torch.dtype, **settings: float | int | None) -> DFlashDrafter:
+        """`settings`: the constructor's block_size, topk, lookup_prob and num_kv_splits."""
         path = Path(path)
         cfg = read_dflash_config(path)
         return cls(load_dflash_model(path, cfg, device, dtype), cfg, target, num_slots, context_length, device,
-                   dtype, block_size, topk)
+                   dtype, **settings)
+
+    def attach_lookup(self, min_n: int, max_n: int) -> DeviceLookup:
+        self.device_lookup = DeviceLookup(self.cache.num_slots, self.cache.max_len, self.num_proposals, min_n, max_n,
+                                          self.device)
+        return self.device_lookup
 
     # ---- protocol ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -122,8 +123,7 @@ class DFlashDrafter(Drafter):
         len(reqs) requests are `reqs`), `accepted` its device-side acceptance, `verify_taps` its taps
         with accepted rows first. The next `propose` for these requests (or the ones still running)
         finishes this draft instead of drafting anew. After a verify graph, two graph replays; a tree drafter
-        with a device lookup builds the tree too (a third), and its graph lays the tree into the verify
-        graph's inputs (`Draft.placed`)."""
+        with a device lookup builds the tree too (a third)."""
         b = verify.batch_size
         graph = self.graphs.get(b)
         early_tree = self.tree is not None and self.device_lookup is not None
@@ -137,7 +137,7 @@ class DFlashDrafter(Drafter):
                 graph.tree_graph.replay()
                 tree = TreeLayout(*graph.tree_graph.outputs)
         else:
-            graph, inputs = None, _DraftInputs(self, b)
+            graph, inputs = None, DraftInputs(self, b)
             hint = self._prep(inputs, b, verify, accepted, verify_taps)
             outputs = self._body_pass(inputs, b)
             if early_tree:
@@ -165,14 +165,13 @@ class DFlashDrafter(Drafter):
             else:
                 self.device_lookup.sync(reqs)
                 hint = self.device_lookup.lookup(reqs)
-        placed = tree is not None and graph is not None
         if tree is None:
             tree = self._tree_pass(*(t[:n] for t in outputs), hint) if graph is None else TreeLayout(*graph.replay_tree(hint, n))
         tree = TreeLayout(*(t[:n] for t in vars(tree).values()))
-        return Draft(tree.tokens, tree=tree, placed=placed)
+        return Draft(tree.tokens, tree=tree, bucket=None if graph is None else graph.bucket)
 
     # ---- the pass -----------------------------------------------------------------------------
-    def _take_launched(self, reqs: list[Request]) -> tuple[_DraftGraph | None, tuple[torch.Tensor, ...], TreeLayout | None] | None:
+    def _take_launched(self, reqs: list[Request]) -> tuple[DraftGraph | None, tuple[torch.Tensor, ...], TreeLayout | None] | None:
         """The launched draft's outputs (and tree, if built) with rows for `reqs`, if it covered every one
         of them (requests that finished since are dropped: their rows are gathered out, in place)."""
         launched, self._launched = self._launched, None
@@ -189,7 +188,7 @@ class DFlashDrafter(Drafter):
                 t[: len(rows)] = t.index_select(0, index)
         return graph, outputs, tree
 
-    def _launch_pending(self, reqs: list[Request]) -> tuple[_DraftGraph | None, tuple[torch.Tensor, ...]]:
+    def _launch_pending(self, reqs: list[Request]) -> tuple[DraftGraph | None, tuple[torch.Tensor, ...]]:
         """Draft from the committed rows `commit` left (per request: its verify rows' taps and how many of
         them were committed; nothing for requests whose context is already written)."""
         n, B = len(reqs), self.block_size
@@ -203,9 +202,9 @@ class DFlashDrafter(Drafter):
             elif taps.shape[0] < B:  # a verify pass shorter than the block (e.g. requests near their end)
                 taps = torch.cat([taps, taps.new_zeros(B - taps.shape[0], width)])
             feats.append(taps[:B])
-        bucket = next((b for b in sorted(self.graphs) if b >= n), 0)
+        bucket = pick_bucket(self.graphs, n)
         graph = self.graphs.get(bucket)
-        inputs = graph.inputs if graph is not None else _DraftInputs(self, n)
+        inputs = graph.inputs if graph is not None else DraftInputs(self, n)
         pad = (bucket or n) - n  # padding requests: the scratch slot, nothing committed
         meta = to_device([[r.cached_len - c for r, c in zip(reqs, counts)] + [0] * pad,
                           [r.slot for r in reqs] + [self.cache.scratch_slot] * pad, counts + [0] * pad,
@@ -217,7 +216,7 @@ class DFlashDrafter(Drafter):
         graph.graph.replay()
         return graph, graph.outputs
 
-    def _lay_out(self, inputs: _DraftInputs, b: int, starts: torch.Tensor, slots: torch.Tensor, counts: torch.Tensor,
+    def _lay_out(self, inputs: DraftInputs, b: int, starts: torch.Tensor, slots: torch.Tensor, counts: torch.Tensor,
                  first: torch.Tensor) -> None:
         """Device-side (graph-capturable) inputs of a pass for b requests: request i wrote counts[i]
         context rows at starts[i] + j (its first counts[i] feature rows; the rest go to the scratch
@@ -227,7 +226,7 @@ class DFlashDrafter(Drafter):
                       inputs.kv_lens[:b], inputs.slot_ids[:b], inputs.input_ids[:n], starts, slots, counts, first,
                       self.cache.max_len, self.cache.scratch_slot)
 
-    def _prep(self, inputs: _DraftInputs, b: int, verify: ForwardBatch, accepted: Accepted,
+    def _prep(self, inputs: DraftInputs, b: int, verify: ForwardBatch, accepted: Accepted,
               verify_taps: torch.Tensor | None) -> torch.Tensor | None:
         """On the device, from a verify batch of b requests and its acceptance: the next pass's inputs,
         and with a device lookup, the accepted tokens appended to its history and the lookup's hint."""
@@ -242,9 +241,9 @@ class DFlashDrafter(Drafter):
         ctx = self.model.hidden_norm(self.model.fc(feats))
         kv = self.context_kv(ctx)
         for layer, part in zip(self.model.layers, kv.split(2 * self.cfg.layers.kv_size, dim=-1)):
-            layer.write_context(part, positions, rows, self.cache, self.rope)
+            layer.self_attn.write_context(part, positions, rows, self.cache, self.rope)
 
-    def _body_pass(self, inputs: _DraftInputs, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _body_pass(self, inputs: DraftInputs, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Append context K/V, then draft the block: per draft slot [b, B-1] the argmax token and its
         probability, or with a tree builder the top-k probabilities and tokens, [b, B-1, k]."""
         B = self.block_size
@@ -264,90 +263,78 @@ class DFlashDrafter(Drafter):
 
     # ---- CUDA graphs --------------------------------------------------------------------------
     @torch.inference_mode()
-    def capture(self, batch_sizes: tuple[int, ...],
-                sources: dict[int, tuple[ForwardBatch, Accepted, torch.Tensor | None]] | None = None) -> None:
+    def capture(self, batch_sizes: tuple[int, ...], sources: dict[int, VerifySource]) -> None:
         """Graphs per bucket; `sources` (verify bucket -> the static batch, acceptance and ordered taps
         of the engine's verify and acceptance graphs) adds the graphs that lay out an early launch."""
         max_b = min(max(batch_sizes), self.cache.num_slots)
         pool = GraphBackend.pool(self.device)
-        inputs = _DraftInputs(self, max_b)
-        for b in sorted({min(b, max_b) for b in batch_sizes}, reverse=True):
-            self.graphs[b] = _DraftGraph.capture(self, inputs, b, pool, (sources or {}).get(b))
+        inputs = DraftInputs(self, max_b)
+        for b in capture_buckets(batch_sizes, max_b):
+            self.graphs[b] = DraftGraph.capture(self, inputs, b, pool, sources.get(b))
         GraphBackend.synchronize(self.device)
 
+    def static_draft(self, bucket: int) -> Draft | None:
+        """The tree graph's outputs of a bucket, as a Draft of all its rows (what `propose` returns rows of)."""
+        graph = self.graphs.get(bucket)
+        if graph is None or graph.tree_graph is None:
+            return None
+        tree = TreeLayout(*graph.tree_graph.outputs)
+        return Draft(tree.tokens, tree=tree, bucket=bucket)
 
-class _DraftInputs:
+
+class DraftInputs:
     """Static inputs of the drafter's passes for up to max_b requests (a bucket of b uses the first b):
-    the block batch, the context rows' positions, cache rows and features. Laid out by `_lay_out`;
-    until then every row points at the scratch slot."""
+    the block's batch (a StaticBatch of the mask token), the context rows' positions, cache rows and
+    features. Laid out on the device by `_lay_out`; until then every row points at the scratch slot."""
 
     def __init__(self, drafter: DFlashDrafter, max_b: int) -> None:
-        B, dev = drafter.block_size, drafter.device
-        n = max_b * B
-        ids = torch.full((max_b, B), drafter.cfg.mask_token_id, dtype=torch.int64, device=dev)
-        self.input_ids = ids.view(-1)
-        self.positions, self.write_index, self.ctx_positions, self.ctx_rows = torch.zeros(4, n, dtype=torch.int64, device=dev)
-        self.slot_ids = torch.zeros(max_b, dtype=torch.int32, device=dev)
-        self.kv_lens = torch.zeros(max_b, dtype=torch.int32, device=dev)
-        self.q_starts = torch.arange(0, n, B, dtype=torch.int32, device=dev)
-        self.q_lens = torch.full((max_b,), B, dtype=torch.int32, device=dev)
-        self.kv_heads = drafter.cfg.layers.num_kv_heads
+        B, dev, cache = drafter.block_size, drafter.device, drafter.cache
+        self.block = StaticBatch(max_b, B, dev, cache.scratch_slot, cache.max_len, causal=False)
+        self.block.input_ids.fill_(drafter.cfg.mask_token_id)
+        self.input_ids, self.positions, self.write_index = self.block.input_ids, self.block.positions, self.block.write_index
+        self.slot_ids, self.kv_lens = self.block.slot_ids, self.block.kv_lens
+        self.ctx_positions, self.ctx_rows = torch.zeros(2, max_b * B, dtype=torch.int64, device=dev)
+        self.kv_heads, self.num_kv_splits = drafter.cfg.layers.num_kv_heads, drafter.num_kv_splits
         width = len(drafter.tap_layers) * drafter.cfg.layers.hidden_size
-        self.feats = torch.zeros(n, width, dtype=drafter.cache.k[0].dtype, device=dev)
+        self.feats = torch.zeros(max_b * B, width, dtype=cache.k[0].dtype, device=dev)
         zeros = torch.zeros(max_b, dtype=torch.int64, device=dev)
-        drafter._lay_out(self, max_b, zeros, zeros + drafter.cache.scratch_slot, zeros, zeros)
+        drafter._lay_out(self, max_b, zeros, zeros + cache.scratch_slot, zeros, zeros)
 
     def batch(self, b: int) -> ForwardBatch:
-        B = self.input_ids.shape[0] // self.slot_ids.shape[0]
-        return ForwardBatch(
-            input_ids=self.input_ids[: b * B], positions=self.positions[: b * B], write_index=self.write_index[: b * B],
-            slot_ids=self.slot_ids[:b], q_starts=self.q_starts[:b], q_lens=self.q_lens[:b], kv_lens=self.kv_lens[:b],
-            max_q_len=B, causal=False, num_kv_splits=kv_splits(self.input_ids.device, b, self.kv_heads))
+        return self.block.batch(b, self.num_kv_splits or kv_splits(self.input_ids.device, b, self.kv_heads))
 
 
-class _DraftGraph:
+class DraftGraph:
     """The drafter's graphs for a bucket of b requests: the body (context rows + the block's layers);
     for tree drafts the tree build, a separate graph so that a body can take a hint prompt lookup found
     on the host; and with a source (the engine's verify and acceptance graphs of the bucket), `prep`,
-    which lays out the next body's inputs from them on the device (with a device lookup, its hint too),
-    while the tree graph also lays each tree into that verify graph's inputs."""
+    which lays out the next body's inputs from them on the device (with a device lookup, its hint too)."""
 
-    def __init__(self, body: CapturedPass | EagerReplay, inputs: _DraftInputs) -> None:
-        self.graph, self.inputs = body, inputs
+    def __init__(self, body: CapturedPass | EagerReplay, inputs: DraftInputs, bucket: int) -> None:
+        self.graph, self.inputs, self.bucket = body, inputs, bucket
         self.outputs: tuple[torch.Tensor, ...] = body.outputs
         self.tree_graph: CapturedPass | EagerReplay | None = None
         self.hint: torch.Tensor | None = None
         self.prep: CapturedPass | EagerReplay | None = None
-        self.source: tuple[ForwardBatch, Accepted, torch.Tensor | None] | None = None
+        self.source: VerifySource | None = None
 
     @classmethod
-    def capture(cls, drafter: DFlashDrafter, inputs: _DraftInputs, b: int, pool: tuple,
-                source: tuple[ForwardBatch, Accepted, torch.Tensor | None] | None) -> _DraftGraph:
-        g = cls(GraphBackend.capture(lambda: drafter._body_pass(inputs, b), pool), inputs)
+    def capture(cls, drafter: DFlashDrafter, inputs: DraftInputs, b: int, pool: tuple,
+                source: VerifySource | None) -> DraftGraph:
+        g = cls(GraphBackend.capture(lambda: drafter._body_pass(inputs, b), pool), inputs, b)
         if drafter.tree is not None:
             # prompt lookup's hint rows (use flag + tokens), all unused unless a step fills them
-            g.hint = torch.zeros(b, drafter.block_size, dtype=torch.int64, device=drafter.device) if drafter.merges_hints else None
-            g.tree_graph = GraphBackend.capture(lambda: g._tree(drafter, source), pool)
+            g.hint = torch.zeros(b, drafter.block_size, dtype=torch.int64, device=drafter.device)
+            g.tree_graph = GraphBackend.capture(lambda: tuple(vars(drafter._tree_pass(*g.outputs, g.hint)).values()), pool)
         if source is not None:
             g.source = source
             g.prep = GraphBackend.capture(lambda: g._prep(drafter, b, source), pool)
         return g
 
-    def _prep(self, drafter: DFlashDrafter, b: int, source: tuple[ForwardBatch, Accepted, torch.Tensor | None]) -> None:
+    def _prep(self, drafter: DFlashDrafter, b: int, source: VerifySource) -> None:
         hint = drafter._prep(self.inputs, b, *source)
         if hint is not None:
             self.hint.copy_(hint)
-
-    def _tree(self, drafter: DFlashDrafter, source: tuple[ForwardBatch, Accepted, torch.Tensor | None] | None) -> tuple:
-        """The tree build (TreeLayout's fields); with a source, also laid into that verify graph's inputs,
-        which the engine's acceptance graph laid out for the same requests (the runner lays it again
-        wherever it fills them itself)."""
-        tree = drafter._tree_pass(*self.outputs, self.hint)
-        if source is not None:
-            verify = source[0]
-            verify.input_ids.view(verify.batch_size, -1)[:, 1:].copy_(tree.tokens)
-            verify.place_tree(tree)
-        return tuple(vars(tree).values())
 
     def replay_tree(self, hint: torch.Tensor | None, n: int) -> tuple[torch.Tensor, ...]:
         """`hint`: the device lookup's rows for n requests (without one the hint rows stay unused)."""

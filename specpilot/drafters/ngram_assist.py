@@ -13,9 +13,11 @@ follow the committed tokens).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from specpilot.drafters.base import Drafter
+from specpilot.drafters.base import Drafter, VerifySource
 from specpilot.drafters.device_lookup import DeviceLookup
 from specpilot.drafters.ngram import NgramDrafter
 from specpilot.state.batch import ForwardBatch
@@ -25,7 +27,9 @@ from specpilot.state.transfer import to_device
 
 
 class NgramAssistedDrafter(Drafter):
-    def __init__(self, model: Drafter, min_match: int, max_ngram: int = 4) -> None:
+    def __init__(self, model: Drafter, min_match: int, max_ngram: int = 4, on_device: bool = True) -> None:
+        """`on_device`: a tree drafter that can (Capabilities.device_lookup) looks up on the device; without
+        it a tree drafter is not assisted (a chain's tokens would not fit its tree)."""
         if not 1 <= min_match <= max_ngram:
             raise ValueError(f"--speculative-ngram-assist must be between 1 and {max_ngram}, got {min_match}")
         super().__init__(model.block_size)
@@ -33,17 +37,16 @@ class NgramAssistedDrafter(Drafter):
         self.lookup = NgramDrafter(model.block_size, max_ngram=max_ngram, min_ngram=min_match)
         self.name = f"{model.name}+ngram"
         self.tap_layers, self.source = model.tap_layers, model.source
-        self.launches_early = model.launches_early
         self.device_lookup: DeviceLookup | None = None
-        if getattr(model, "merges_hints", False):
-            self.device_lookup = model.device_lookup = DeviceLookup(
-                model.cache.num_slots, model.cache.max_len, model.num_proposals, min_match, max_ngram, model.device)
+        if on_device and model.capabilities.device_lookup:
+            self.device_lookup = model.attach_lookup(min_match, max_ngram)
+        self.capabilities = replace(model.capabilities, device_lookup=self.device_lookup is not None)
 
     def start(self, reqs: list[Request], prompt_taps: list[torch.Tensor | None]) -> None:
         self.model.start(reqs, prompt_taps)
 
     def propose(self, reqs: list[Request]) -> Draft:
-        if self.device_lookup is not None:  # the tree drafter looks up on the device itself
+        if self.device_lookup is not None or self.model.capabilities.trees:  # the device looks up, or nobody
             return self.model.propose(reqs)
         draft = self.model.propose(reqs)  # launched first: the lookup overlaps it
         rows, found = [], []
@@ -76,6 +79,8 @@ class NgramAssistedDrafter(Drafter):
         if self.device_lookup is not None:
             self.device_lookup.release(req)
 
-    def capture(self, batch_sizes: tuple[int, ...], sources: dict | None = None) -> None:
-        if hasattr(self.model, "capture"):
-            self.model.capture(batch_sizes, sources)
+    def capture(self, batch_sizes: tuple[int, ...], sources: dict[int, VerifySource]) -> None:
+        self.model.capture(batch_sizes, sources)
+
+    def static_draft(self, bucket: int) -> Draft | None:
+        return self.model.static_draft(bucket)

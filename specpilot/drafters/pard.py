@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from specpilot.drafters.base import Drafter
+from specpilot.drafters.base import Capabilities, Drafter
 from specpilot.kernels.softmax_topk import softmax_topk
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import load_checkpoint
@@ -33,6 +33,7 @@ def read_pard_token(path: Path) -> int:
 
 class PardDrafter(Drafter):
     name = "pard"
+    capabilities = Capabilities(confidences=True)
 
     def __init__(self, path: str | Path, target_config: ModelConfig, num_slots: int, context_length: int,
                  device: torch.device, dtype: torch.dtype, block_size: int = 9) -> None:

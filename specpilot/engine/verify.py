@@ -27,8 +27,6 @@ class Verifier:
     token if there is one. Every committed token is thus the target's own decision given the committed
     prefix - exactly AR decoding, whatever was drafted (drafts are point masses; siblings are distinct)."""
 
-    name = "exact"
-
     def accept(self, req: Request, rows: torch.Tensor, draft: list[int], argmax: list[int],
                parents: list[int] | None = None) -> tuple[list[int], list[int]]:
         children: dict[tuple[int, int], int] = {}  # (parent node, token) -> child node

@@ -51,10 +51,10 @@ class SkinnyConfig:
     num_stages: int  # tiles in flight per program (capped to fit shared memory at large M)
 
 
-# Sized for H100/H200 (132 SMs, 60 MB L2) on N, K in {4096, 6144, 14336, 28672, 128256}. On an H200 the depth of
-# each program's pipeline (w bytes in flight) mattered more than covering every SM: 64x128 tiles 6-8 deep lead for
-# N <= 14336 even at 64 programs, 128x128 for N >= 28672; 32-row and BLOCK_K 512 tiles only keep up at M <= 16
-# (the padded x tile crowds out stages); split-K won only down_proj at M = 64, by 4%.
+# Sized for H100/H200 on Llama-8B's N, K. On an H200 the depth of each program's pipeline (weight bytes in flight)
+# mattered more than covering every SM: 64-wide tiles deep in stages for the smaller N, 128-wide for the larger;
+# 32-row and BLOCK_K 512 tiles only keep up at small M (the padded x tile crowds out stages); split-K rarely won
+# (docs/RESULTS.md: the skinny-GEMM sweeps).
 CANDIDATE_CONFIGS: list[SkinnyConfig] = [
     SkinnyConfig(64, 128, 1, 4, 6),
     SkinnyConfig(64, 128, 1, 4, 8),
@@ -206,8 +206,8 @@ def _fit_stages(config: SkinnyConfig, block_m: int, elt: int) -> int:
 
 
 def default_config(m: int, n: int, k: int) -> SkinnyConfig:
-    """An untuned choice, within 5% of the best candidate on every Llama-3.1-8B shape and M <= 64 on an H200:
-    128-row blocks once N gives >= 1.5 waves of them on 132 SMs, else 64-row blocks 8 deep."""
+    """An untuned choice, close to the best candidate on every Llama-3.1-8B shape at small M on an H200
+    (docs/RESULTS.md): 128-row blocks once N gives one and a half waves of them, else 64-row blocks 8 deep."""
     if triton.cdiv(n, 128) >= 200:
         return SkinnyConfig(block_n=128, block_k=128, split_k=1, num_warps=4, num_stages=4)
     return SkinnyConfig(block_n=64, block_k=128, split_k=1, num_warps=4, num_stages=8)

@@ -1,12 +1,12 @@
 """The one seam every projection goes through.
 
-All weight matmuls of the target (and drafters) are `Linear` modules. A faster kernel or a different
-weight format (B12) replaces them with `swap_linears`, without touching model code.
+All weight matmuls of the target (and drafters) are `Linear` modules, so a faster kernel or a
+different weight format (B12) changes this module, not model code.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +41,7 @@ class Linear(nn.Module):
 def use_cpu_layout(module: nn.Module) -> None:
     """Store every Linear's weight input-major (W^T contiguous, the same values and shape): CPU BLAS
     multiplies the few rows of a decode or verify pass against that layout faster than against HF's
-    [out, in] rows, verify's rows up to 3x (docs/RESULTS.md). A weight tied to other parameters (an
+    [out, in] rows (docs/RESULTS.md). A weight tied to other parameters (an
     embedding to the LM head) is replaced everywhere it appears."""
     relaid: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}  # id(old) -> (old, new); old kept alive
     for _, linear in iter_linears(module):
@@ -58,13 +58,3 @@ def iter_linears(module: nn.Module) -> Iterator[tuple[str, Linear]]:
     for name, child in module.named_modules():
         if isinstance(child, Linear):
             yield name, child
-
-
-def swap_linears(module: nn.Module, factory: Callable[[Linear], nn.Module]) -> int:
-    """Replace every `Linear` in `module` by `factory(linear)`; returns how many were replaced."""
-    targets = list(iter_linears(module))
-    for name, linear in targets:
-        parent_name, _, attr = name.rpartition(".")
-        parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, attr, factory(linear))
-    return len(targets)

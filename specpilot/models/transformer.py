@@ -1,4 +1,5 @@
-"""Dense decoder-only transformer (Llama, Qwen2, Qwen3) over the shared slot KV cache.
+"""Dense decoder-only transformer (Llama, Qwen2, Qwen3) over the shared slot KV cache; its layers also
+make up the DFlash draft model (drafters/dflash_model.py).
 
 Tokens of all requests in a pass are flat ([T, hidden]); only attention needs the per-request layout,
 which it takes from the ForwardBatch.
@@ -47,16 +48,27 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
+    def _rope_and_write(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                        rows: torch.Tensor, cache: KVCache, rope: RotaryTable) -> torch.Tensor:
+        """One kernel: q/k norm (Qwen3), RoPE, and the K/V write into this layer's cache rows; returns q."""
+        T = k.shape[0]
+        qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None else (None, None, 1e-6)
+        # -1: as many heads as q has (none in a K/V-only write)
+        return rope_and_cache_write(q.view(T, -1, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim),
+                                    v.view(T, self.num_kv_heads, self.head_dim), rope.cos, rope.sin, positions, rows,
+                                    cache.k[self.layer], cache.v[self.layer], *qk_norm)
+
+    def write_context(self, kv: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, cache: KVCache,
+                      rope: RotaryTable) -> None:
+        """K/V without queries (a block drafter's context features): `kv`, their projection by the k/v rows of
+        qkv_proj, [T, 2 * kv_size]."""
+        k, v = kv.split(self.kv_size, dim=-1)
+        self._rope_and_write(kv.new_empty(kv.shape[0], 0), k, v, positions, rows, cache, rope)
+
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, rope: RotaryTable) -> torch.Tensor:
         T = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(T, self.num_heads, self.head_dim)
-        k = k.view(T, self.num_kv_heads, self.head_dim)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
-        qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None else (None, None, 1e-6)
-        # one kernel: q/k norm (Qwen3), RoPE, and the K/V write into this layer's cache
-        q = rope_and_cache_write(q, k, v, rope.cos, rope.sin, batch.positions, batch.write_index,
-                                 cache.k[self.layer], cache.v[self.layer], *qk_norm)
+        q = self._rope_and_write(q, k, v, batch.positions, batch.write_index, cache, rope)
         o = slot_attention(
             q, cache.k[self.layer], cache.v[self.layer], batch.slot_ids, batch.q_starts, batch.q_lens,
             batch.kv_lens, scale=self.scale, causal=batch.causal, max_q_len=batch.max_q_len,

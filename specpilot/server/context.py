@@ -13,6 +13,7 @@ from starlette.requests import Request
 
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine
+from specpilot.engine.registry import in_effect
 from specpilot.server.scheduler import (
     Item,
     NotAccepting,
@@ -78,8 +79,10 @@ class ServerContext:
         return sub
 
     def server_args(self) -> dict[str, Any]:
-        return asdict(self.engine.config) | asdict(self.args) | {"max_queued_requests": self.max_queued_requests,
-                                                                 "kv_cache": self.engine.kv_plan.as_dict()}
+        """The settings in effect; `speed`: the mechanisms on and every tunable's value (engine/registry.py)."""
+        return asdict(self.engine.config) | asdict(self.args) | {
+            "max_queued_requests": self.max_queued_requests, "kv_cache": self.engine.kv_plan.as_dict(),
+            "speed": in_effect(self.engine.config, self.engine.mechanisms)}
 
 
 def context(request: Request) -> ServerContext:

@@ -8,9 +8,30 @@ running request; `num_slots * max_len` is sized from the memory budget at start 
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from specpilot.kernels.kv_compact import compact_accepted
+
+
+class CacheState(Protocol):
+    """What the speculative step needs of a request's cached state, whatever holds it (this slot cache
+    today; a paged cache or a recurrent state later): slots to run requests in, and the commit of a
+    verify pass's accepted draft nodes (a chain's are in place already; a tree's move)."""
+
+    num_slots: int
+    max_len: int
+    scratch_slot: int
+
+    @property
+    def num_free(self) -> int: ...
+
+    def allocate(self) -> int: ...
+
+    def free(self, slot: int) -> None: ...
+
+    def commit_accepted(self, base: torch.Tensor, counts: torch.Tensor, nodes: torch.Tensor) -> None: ...
 
 
 class KVCache:
@@ -44,7 +65,7 @@ class KVCache:
         self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, rows, k)
         self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, rows, v)
 
-    def compact_accepted(self, base: torch.Tensor, counts: torch.Tensor, nodes: torch.Tensor) -> None:
+    def commit_accepted(self, base: torch.Tensor, counts: torch.Tensor, nodes: torch.Tensor) -> None:
         """Tree verification: in every layer, request i's accepted draft nodes (`nodes[i, 1:counts[i]]`,
         one per depth) move from flat row base[i] + node to base[i] + depth (flat rows: slot * max_len +
         position; base[i]: its newest committed token's row). Device-side, one launch on CUDA."""

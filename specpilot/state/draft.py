@@ -11,18 +11,38 @@ from specpilot.state.tree import TreeLayout
 
 @dataclass
 class Draft:
-    """Per request a row of `tokens` ([requests, block_size - 1], int64, on any device): the proposed
-    continuation after its newest committed token; and, where the drafter has them, its confidence in
-    each proposed token (probability of its argmax), same shape. Both may stay on the device: the engine
-    brings them to the host in the step's single sync. A tree drafter's `tokens` are its tree's draft
-    nodes and `tree` says how they hang together (draft_tree.TreeLayout); without it they form a chain."""
+    """Per request a row of `tokens` ([requests, K], int64, on any device): the proposed continuation
+    after its newest committed token; and, where the drafter declares `confidences`, its confidence in
+    each proposed token (probability of its argmax), same shape. Both may stay on the device: the step
+    brings them to the host in its single sync. A tree drafter's `tokens` are its tree's draft nodes and
+    `tree` says how they hang together; without it they form a chain."""
 
     tokens: torch.Tensor
     confidences: torch.Tensor | None = None
     tree: TreeLayout | None = None
-    # the drafter's graph already laid the tree into the verify graph's inputs, as the engine's acceptance
-    # graph left them (ModelRunner.verify skips that work unless it refills the inputs itself)
-    placed: bool = False
+    # per request, how many of its K tokens to verify (None: all): verify widths may differ per request
+    lengths: list[int] | None = None
+    # the tensors are the first rows of the drafter's graph outputs for this batch-size bucket (what the
+    # step's placement graph of the bucket reads); None: tensors of their own
+    bucket: int | None = None
+
+    def widths(self) -> list[int]:
+        """Verify rows per request: its newest committed token and its drafts."""
+        k = self.tokens.shape[1]
+        if self.lengths is None:
+            return [k + 1] * self.tokens.shape[0]
+        if self.tree is not None:
+            raise ValueError("a draft tree verifies all of its nodes: per-request lengths are for chains")
+        return [min(max(n, 0), k) + 1 for n in self.lengths]
+
+
+@dataclass
+class Decision:
+    """One request's outcome of a verify pass: the tokens to commit (accepted drafts, then the target's
+    own bonus token) and the verify rows that decided them (0, then the accepted draft nodes)."""
+
+    tokens: list[int]
+    rows: list[int]
 
 
 @dataclass
@@ -40,3 +60,17 @@ class Accepted:
     def bonus(self) -> torch.Tensor:
         """[n] each request's newest committed token (the target's own, after the accepted drafts)."""
         return self.tokens.gather(1, (self.counts - 1)[:, None]).squeeze(1)
+
+    # The host reads an acceptance as one flat int64 buffer: counts [b], then tokens and nodes [b, q] each.
+    @staticmethod
+    def packed_size(b: int, q: int) -> int:
+        return b * (2 * q + 1)
+
+    def pack(self) -> torch.Tensor:
+        return torch.cat([self.counts, self.tokens.flatten(), self.nodes.flatten()])
+
+    @staticmethod
+    def unpack(values: list[int], b: int, q: int, n: int) -> list[Decision]:
+        """The first n requests' decisions from `pack`'s values for b requests of q rows."""
+        counts, tokens, nodes = values[:b], values[b : b + b * q], values[b + b * q :]
+        return [Decision(tokens[i * q : i * q + c], nodes[i * q : i * q + c]) for i, c in enumerate(counts[:n])]

@@ -11,7 +11,7 @@ graph (input fills, bucket padding, in-place edits before replay) is exercised e
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import fields, is_dataclass
 from typing import Any
 
@@ -97,3 +97,14 @@ class GraphBackend:
     def synchronize(device: torch.device) -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
+
+
+def capture_buckets(batch_sizes: tuple[int, ...], max_b: int) -> list[int]:
+    """The batch sizes to capture graphs for, at most `max_b`; largest first, so smaller graphs reuse the
+    largest one's memory pool."""
+    return sorted({min(b, max_b) for b in batch_sizes}, reverse=True)
+
+
+def pick_bucket(captured: Iterable[int], n: int) -> int:
+    """The smallest captured batch size that holds n requests; 0 when none does (run eagerly)."""
+    return min((b for b in captured if b >= n), default=0)

@@ -12,9 +12,11 @@ The training forward reproduces inference exactly (tests/test_train_drafter.py p
 forms the block [x_a, mask x (B-1)] at positions a..a+B-1; its queries see the context K/V of positions
 < a (hidden_norm(fc(taps)), as the engine caches them for committed tokens) and the whole block, never
 another block; slot k is scored against x_{a+k} through the drafter's own final norm and the target's
-frozen LM head. All blocks of a batch go through one SDPA call with a boolean mask. The math is written
-with plain torch ops on the DFlashModel's weights (the inference layers call fused, non-differentiable
-kernels on CUDA), so the trained modules are exactly the ones inference loads.
+frozen LM head. The forward composes the DFlashModel's own modules (norms, projections, MLPs on their
+torch path), so the trained modules are exactly the ones inference loads; only attention is the
+trainer's: RoPE and one SDPA call over all blocks of a batch with a boolean mask, since inference's
+cache-write and slot-attention kernels are not differentiable. (Linear computes F.linear on these
+batched [N, S, *] inputs; its Triton path is for 2-D decode rows.)
 """
 
 from __future__ import annotations
@@ -41,8 +43,15 @@ from rich.progress import (
 from safetensors.torch import save_file
 from torch.utils.checkpoint import checkpoint
 
-from specpilot.drafters.dflash_model import DFlashConfig, DFlashLayer, DFlashModel
-from specpilot.drafters.train_data import (
+from specpilot.drafters.dflash_model import DFlashConfig, DFlashModel
+from specpilot.engine.engine import Engine, EngineConfig, resolve_device, resolve_dtype
+from specpilot.kernels.fused import silu_and_mul
+from specpilot.models.build import unfuse_layer_weights
+from specpilot.models.checkpoint import chat_template_text, load_checkpoint
+from specpilot.models.config import ModelConfig
+from specpilot.models.rope import RotaryTable
+from specpilot.models.transformer import MLP, Attention, Transformer
+from specpilot.training.data import (
     VALIDATION_FILE,
     Batch,
     DataStats,
@@ -53,11 +62,6 @@ from specpilot.drafters.train_data import (
     make_batch,
     prompts_digest,
 )
-from specpilot.engine.engine import Engine, EngineConfig, resolve_device, resolve_dtype
-from specpilot.models.checkpoint import chat_template_text, load_checkpoint
-from specpilot.models.config import ModelConfig
-from specpilot.models.rope import RotaryTable
-from specpilot.models.transformer import MLP, Transformer
 
 STATE_FILE = "trainer_state.pt"
 INIT_STD = 0.02
@@ -195,36 +199,40 @@ def block_attention_mask(anchors: torch.Tensor, context_len: int, block_size: in
     return torch.cat([sees_context, sees_block], dim=-1).unsqueeze(1)
 
 
-def _keys_values(layer: DFlashLayer, kv: torch.Tensor, positions: torch.Tensor,
+def _keys_values(attn: Attention, kv: torch.Tensor, positions: torch.Tensor,
                  rope: RotaryTable) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, S, 2*kv] -> k (k_norm, RoPE at `positions`) and v, each [N, kv_heads, S, head_dim]."""
     n, s, _ = kv.shape
-    k, v = kv.split(layer.kv_size, dim=-1)
-    k = rope.apply(layer.k_norm(k.reshape(n * s, layer.kv_heads, layer.head_dim)), positions.reshape(-1))
-    return (k.view(n, s, layer.kv_heads, layer.head_dim).transpose(1, 2),
-            v.reshape(n, s, layer.kv_heads, layer.head_dim).transpose(1, 2))
+    heads, dim = attn.num_kv_heads, attn.head_dim
+    k, v = kv.split(attn.kv_size, dim=-1)
+    k = rope.apply(attn.k_norm(k.reshape(n * s, heads, dim)), positions.reshape(-1))
+    return k.view(n, s, heads, dim).transpose(1, 2), v.reshape(n, s, heads, dim).transpose(1, 2)
 
 
-def _attention(layer: DFlashLayer, h: torch.Tensor, ctx: torch.Tensor, q_pos: torch.Tensor,
+def _attention(attn: Attention, h: torch.Tensor, ctx: torch.Tensor, q_pos: torch.Tensor,
                ctx_pos: torch.Tensor, mask: torch.Tensor, rope: RotaryTable) -> torch.Tensor:
+    """The layer's attention over dense masked K/V instead of the slot cache: its projections and q/k
+    norms, with RoPE and SDPA in differentiable torch ops."""
     n, t, _ = h.shape
-    w = layer.qkv_proj.weight
-    q, kv = F.linear(h, w).split([layer.q_size, 2 * layer.kv_size], dim=-1)
-    q = rope.apply(layer.q_norm(q.reshape(n * t, layer.heads, layer.head_dim)), q_pos.reshape(-1))
-    q = q.view(n, t, layer.heads, layer.head_dim).transpose(1, 2)
-    k_ctx, v_ctx = _keys_values(layer, F.linear(ctx, w[layer.q_size :]), ctx_pos, rope)
-    k_blk, v_blk = _keys_values(layer, kv, q_pos, rope)
+    q, kv = attn.qkv_proj(h).split([attn.q_size, 2 * attn.kv_size], dim=-1)
+    q = rope.apply(attn.q_norm(q.reshape(n * t, attn.num_heads, attn.head_dim)), q_pos.reshape(-1))
+    q = q.view(n, t, attn.num_heads, attn.head_dim).transpose(1, 2)
+    # the context's K/V through the k/v rows of qkv_proj, as the drafter's context_kv computes them
+    k_ctx, v_ctx = _keys_values(attn, F.linear(ctx, attn.qkv_proj.weight[attn.q_size :]), ctx_pos, rope)
+    k_blk, v_blk = _keys_values(attn, kv, q_pos, rope)
     # K/V heads expanded explicitly: with a mask, SDPA's memory-efficient kernel takes no enable_gqa
-    group = layer.heads // layer.kv_heads
+    group = attn.num_heads // attn.num_kv_heads
     k = torch.cat([k_ctx, k_blk], dim=2).repeat_interleave(group, dim=1)
     v = torch.cat([v_ctx, v_blk], dim=2).repeat_interleave(group, dim=1)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=layer.scale)
-    return F.linear(o.transpose(1, 2).reshape(n, t, layer.q_size), layer.o_proj.weight)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scale)
+    return attn.o_proj(o.transpose(1, 2).reshape(n, t, attn.q_size))
 
 
 def _mlp(mlp: MLP, h: torch.Tensor) -> torch.Tensor:
-    gate, up = F.linear(h, mlp.gate_up_proj.weight).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, mlp.down_proj.weight)
+    """The layer's MLP with its activation on the torch path: on CUDA the default is a Triton kernel,
+    which autograd cannot go through (the activation takes rows, [T, 2I])."""
+    act = silu_and_mul(mlp.gate_up_proj(h).flatten(0, -2), backend="torch")
+    return mlp.down_proj(act.view(*h.shape[:-1], -1))
 
 
 def draft_hidden(model: DFlashModel, target: Transformer, rope: RotaryTable, feats: torch.Tensor,
@@ -237,11 +245,12 @@ def draft_hidden(model: DFlashModel, target: Transformer, rope: RotaryTable, fea
     ids = torch.full((n, a, b), mask_token_id, dtype=torch.long, device=tokens.device)
     ids[:, :, 0] = tokens.gather(1, anchors)
     x = target.embed(ids.view(n, a * b))
-    ctx = model.hidden_norm(F.linear(feats, model.fc.weight))
+    ctx = model.hidden_norm(model.fc(feats))
     ctx_pos = torch.arange(length, device=tokens.device).expand(n, length)
     mask = block_attention_mask(anchors, length, b)
+    # the residual unfused: the fused norm is a Triton kernel on CUDA, which autograd cannot go through
     for layer in model.layers:
-        x = x + _attention(layer, layer.input_layernorm(x), ctx, q_pos, ctx_pos, mask, rope)
+        x = x + _attention(layer.self_attn, layer.input_layernorm(x), ctx, q_pos, ctx_pos, mask, rope)
         x = x + _mlp(layer.mlp, layer.post_attention_layernorm(x))
     return model.norm(x).view(n, a, b, -1)
 
@@ -555,24 +564,7 @@ class DraftTrainer:
 
 def published_state_dict(model: DFlashModel, cfg: DFlashConfig) -> dict[str, torch.Tensor]:
     """Our fused qkv / gate_up split back into the published (z-lab) tensor names."""
-    sd = {k: v.detach() for k, v in model.state_dict().items()}
-    out = {k: sd[k] for k in ("fc.weight", "hidden_norm.weight", "norm.weight")}
-    lc = cfg.layers
-    for i in range(lc.num_layers):
-        p = f"layers.{i}."
-        q, k, v = sd[p + "qkv_proj.weight"].split([lc.q_size, lc.kv_size, lc.kv_size])
-        gate, up = sd[p + "mlp.gate_up_proj.weight"].chunk(2)
-        out |= {
-            p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k, p + "self_attn.v_proj.weight": v,
-            p + "self_attn.o_proj.weight": sd[p + "o_proj.weight"],
-            p + "self_attn.q_norm.weight": sd[p + "q_norm.weight"],
-            p + "self_attn.k_norm.weight": sd[p + "k_norm.weight"],
-            p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-            p + "mlp.down_proj.weight": sd[p + "mlp.down_proj.weight"],
-            p + "input_layernorm.weight": sd[p + "input_layernorm.weight"],
-            p + "post_attention_layernorm.weight": sd[p + "post_attention_layernorm.weight"],
-        }
-    return out
+    return unfuse_layer_weights({k: v.detach() for k, v in model.state_dict().items()}, cfg.layers)
 
 
 def export_dflash(model: DFlashModel, cfg: DFlashConfig, num_target_layers: int, out: Path) -> None:

@@ -1,0 +1,56 @@
+"""The engine's settings (SGLang's server-argument names where SGLang has one) and their device and dtype."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class EngineConfig:
+    model_path: str | None = None  # None: the embedded default
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16
+    # None: the device's default within the free memory (engine/memory.py); the engine's own config
+    # holds the values in effect
+    max_running_requests: int | None = None
+    context_length: int | None = None  # KV positions per request slot
+    max_total_tokens: int | None = None  # cap on all slots' positions together (SGLang's flag)
+    cuda_graphs: bool = True
+    max_prefill_tokens: int = 16384  # tokens of prompts admitted in one prefill pass
+    # Offline throughput: while requests run, admit waiting ones only once this many slots are free (or
+    # every waiting one fits), so prefills come in waves instead of one eager pass per finished request.
+    min_prefill_batch: int = 1
+    speculative_algorithm: str | None = None  # None | dflash | pard | ngram
+    speculative_draft_model_path: str | None = None
+    speculative_num_draft_tokens: int | None = None  # tokens per verify pass (block size); default from the drafter
+    speculative_ngram_assist: int = 0  # dflash/pard: prompt lookup's block where an n-gram this long repeats (0: off)
+    speculative_eagle_topk: int = 1  # dflash: > 1 drafts a tree from each slot's top-k (SGLang's flag name)
+    speculative_lookup_prob: float = 0.9  # dflash trees: the probability prompt lookup's tokens enter the tree at
+    cuda_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)  # graph buckets
+    attention_kv_splits: int = 0  # key splits of decode/verify attention; 0: the kernel's choice per batch
+    # the speed mechanisms in effect (engine/registry.py): None = every one whose precondition holds,
+    # an empty set = stock
+    mechanisms: frozenset[str] | None = None
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but no CUDA device is available")
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be auto, cpu or cuda, got {name!r}")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"--dtype must be auto or one of {', '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]

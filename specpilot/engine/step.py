@@ -1,0 +1,331 @@
+"""One speculative step, as stages: propose → plan → verify → accept → commit → prepare.
+
+- **propose**: the drafter's draft for every running request (a chain or a tree per request; a draft
+  launched early by the previous step is finished here).
+- **plan**: lays the verify pass out: a graph's static inputs (filled from the host, or kept where the
+  previous step's acceptance graph laid them out on the device), the drafts and trees written into them.
+  This stage alone writes the runner's graph inputs.
+- **verify**: one target pass over every request's block.
+- **accept**: the tokens each request commits and the verify rows that decided them: on the device for
+  greedy batches (`device-acceptance`), else the verifier's walk on the host (any sampling). Where
+  `early-launch` is on, the drafter starts the next draft before the host reads the result.
+- **commit**: appends the tokens (token forcing sees them first), records statistics.
+- **prepare**: hands the committed rows to the drafter (unless it launched early) and records which
+  requests' next verify inputs the device already laid out (`layout-ahead`).
+
+The mechanisms in effect (engine/registry.py) are properties of these stages; with none (`stock`) the
+step is propose → plan → verify → host walk → commit. Verify widths are per request (a drafter may
+propose fewer tokens for some requests); graphs and device acceptance take uniform widths, so a ragged
+step runs eagerly and accepts on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from specpilot.engine.sampling import suppress
+from specpilot.engine.spec_stats import StepClock
+from specpilot.kernels.softmax_topk import row_argmax
+from specpilot.kernels.step_layout import lay_out_next_verify
+from specpilot.models.runner import Graph, RunOutput
+from specpilot.state.batch import ForwardBatch
+from specpilot.state.draft import Accepted, Decision, Draft
+from specpilot.state.graphs import CapturedPass, EagerReplay, GraphBackend
+from specpilot.state.request import Request
+from specpilot.state.transfer import HostCopy, to_device
+from specpilot.state.tree import TreeLayout
+
+if TYPE_CHECKING:
+    from specpilot.engine.engine import Engine
+
+
+@dataclass
+class VerifyPlan:
+    reqs: list[Request]
+    draft: Draft
+    widths: list[int]  # verify rows per request: its newest token and its drafts
+    batch: ForwardBatch  # what the verify pass runs (a graph's static batch, padding rows included)
+    graph: Graph | None = None  # None: an eager pass
+
+    @property
+    def offsets(self) -> list[int]:
+        """Request i's verify rows are offsets[i] : offsets[i + 1]."""
+        out = [0]
+        for w in self.widths:
+            out.append(out[-1] + w)
+        return out
+
+
+@dataclass
+class Acceptance:
+    decisions: list[Decision]
+    taps: torch.Tensor | None  # the verify taps, each request's accepted rows first (trees reordered)
+    launched: bool = False  # the drafter launched the next draft from the device's acceptance
+    graphed: bool = False  # the acceptance graph ran (it laid out the next verify of the same requests)
+
+
+@dataclass
+class Commits:
+    committed: list[int]  # tokens appended per request
+    finished: list[Request]
+    redraft: bool  # token forcing committed other tokens than accepted: a launched draft no longer fits
+
+
+@dataclass
+class _LaidOut:
+    """The next verify of these requests is laid out in their bucket's static inputs (until a host fill)."""
+
+    rids: list[str]
+    bucket: int
+    fills: int
+
+
+@dataclass
+class _AcceptanceGraph:
+    graph: CapturedPass | EagerReplay  # outputs: (Accepted, taps in accepted order, packed values)
+    batch: ForwardBatch  # the static batch of the verify graph it follows
+    host: torch.Tensor  # pinned: where the graph copies the packed values the host reads
+
+
+class SpeculativeStep:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.runner, self.cache, self.device = engine.runner, engine.cache, engine.device
+        self.mechanisms = engine.mechanisms
+        self.acceptance: dict[int, _AcceptanceGraph] = {}  # verify bucket -> its acceptance graph
+        self.placement: dict[int, CapturedPass | EagerReplay] = {}  # bucket -> lays the drafter's static tree in
+        self._laid_out: _LaidOut | None = None
+
+    def __call__(self, reqs: list[Request]) -> list[Request]:
+        clock = StepClock(self.device)
+        draft = self.propose(reqs)
+        clock.mark()
+        plan = self.plan(reqs, draft)
+        out = self.verify(plan)
+        acceptance = self.accept(plan, out, clock)
+        clock.synced()
+        commits = self.commit(plan, out, acceptance)
+        self.prepare(plan, acceptance, commits)
+        self.engine.retire(commits.finished)
+        clock.done()
+        self.engine.spec_stats.add_clock(clock)
+        return commits.finished
+
+    # ---- stages -------------------------------------------------------------------------------
+    def propose(self, reqs: list[Request]) -> Draft:
+        return self.engine.drafter.propose(reqs)
+
+    def plan(self, reqs: list[Request], draft: Draft) -> VerifyPlan:
+        widths = draft.widths()
+        q, n = max(widths), len(reqs)
+        slots, starts = [r.slot for r in reqs], [r.cached_len for r in reqs]
+        firsts = [r.output_ids[-1] for r in reqs]
+        laid, self._laid_out = self._laid_out, None
+        graph = self.runner.graph_for(q, n) if len(set(widths)) == 1 else None
+        if graph is None:
+            lists = [[t, *d[: w - 1]] for t, d, w in zip(firsts, draft.tokens.tolist(), widths)]
+            batch = ForwardBatch.build(slots, starts, lists, self.cache.max_len, self.device)
+            if draft.tree is not None:
+                batch.tree_mask, batch.tree_parents = torch.empty_like(batch.positions), torch.zeros_like(batch.positions)
+                batch.place_tree(TreeLayout(*(t.to(self.device) for t in vars(draft.tree).values())))
+            return VerifyPlan(reqs, draft, widths, batch)
+        if draft.tree is not None and graph.batch.tree_mask is None:
+            raise RuntimeError(f"the verify graphs for {q} tokens were captured without tree masks")
+        b, inputs = graph.batch.batch_size, self.runner.static[q]
+        if laid is None or (laid.rids, laid.bucket, laid.fills) != ([r.rid for r in reqs], b, inputs.fills):
+            inputs.fill(slots, starts, [[t] * q for t in firsts], b)
+        if draft.bucket == b and b in self.placement:  # the drafter's graph outputs: one replay lays them in
+            self.placement[b].replay()
+        else:
+            graph.batch.input_ids[: n * q].view(n, q)[:, 1:].copy_(draft.tokens, non_blocking=True)
+            if draft.tree is not None:
+                graph.batch.place_tree(draft.tree)
+        return VerifyPlan(reqs, draft, widths, graph.batch, graph)
+
+    def verify(self, plan: VerifyPlan) -> RunOutput:
+        if plan.graph is None:
+            return self.runner.run(plan.batch)
+        return self.runner.replay(plan.graph, len(plan.reqs))
+
+    def accept(self, plan: VerifyPlan, out: RunOutput, clock: StepClock) -> Acceptance:
+        """Device acceptance where it applies (greedy, uniform widths, nothing banned), else the walk."""
+        reqs, tree = plan.reqs, plan.draft.tree
+        banned = self._banned_rows(plan)
+        on_device = ("device-acceptance" in self.mechanisms and all(r.params.greedy for r in reqs)
+                     and len(set(plan.widths)) == 1 and not any(banned))
+        if on_device:
+            accepted, taps, host, graphed = self._accept_on_device(out)
+            clock.mark()
+            launched = "early-launch" in self.mechanisms
+            if launched:
+                self.engine.drafter.launch_next(reqs, out.batch, accepted, taps)
+                clock.mark()
+            # the one sync: rows of the bucket's requests, of which the first len(reqs) are ours
+            decisions = Accepted.unpack(host.tolist(), out.batch.batch_size, plan.widths[0], len(reqs))
+            return Acceptance(decisions, taps, launched, graphed)
+        decisions = self._walk(plan, suppress(out.logits, banned))  # syncs
+        clock.mark()
+        taps = out.taps
+        if tree is not None:  # per request: its count, then its rows padded to q
+            q = plan.widths[0]
+            walked = to_device([[len(d.tokens), *d.rows, *[0] * (q - len(d.rows))] for d in decisions], self.device)
+            base = out.batch.write_index.view(-1, q)[: len(reqs), 0]
+            taps = self._arrange_accepted(base, walked[:, 0], walked[:, 1:], taps)
+        return Acceptance(decisions, taps)
+
+    def commit(self, plan: VerifyPlan, out: RunOutput, acceptance: Acceptance) -> Commits:
+        engine, offsets = self.engine, plan.offsets
+        committed, finished, redraft = [], [], False
+        for i, (req, decision) in enumerate(zip(plan.reqs, acceptance.decisions)):
+            rows = out.logits[offsets[i] : offsets[i + 1]]
+            if engine.forcing is not None:
+                rows = rows[decision.rows]
+            n, done = engine.commit_tokens(req, decision.tokens, rows)
+            # token forcing may commit stock's tokens instead: a draft launched for ours no longer fits
+            redraft |= not done and req.output_ids[-n:] != decision.tokens
+            req.accept_lengths.append(n)
+            engine.spec_stats.record(n)
+            committed.append(n)
+            if done:
+                finished.append(req)
+        return Commits(committed, finished, redraft)
+
+    def prepare(self, plan: VerifyPlan, acceptance: Acceptance, commits: Commits) -> None:
+        drafter = self.engine.drafter
+        if not acceptance.launched:
+            taps = acceptance.taps
+            offsets = plan.offsets
+            drafter.commit(plan.reqs, commits.committed,
+                           [None if taps is None else taps[a:b] for a, b in zip(offsets, offsets[1:])])
+        elif commits.redraft:
+            drafter.cancel_launch()
+        if acceptance.graphed and "layout-ahead" in self.mechanisms and not (commits.finished or commits.redraft):
+            q = plan.widths[0]
+            self._laid_out = _LaidOut([r.rid for r in plan.reqs], plan.batch.batch_size, self.runner.static[q].fills)
+
+    def invalidate(self) -> None:
+        """What the device prepared for the next step no longer holds (a rollback changed a length)."""
+        self._laid_out = None
+        if "early-launch" in self.mechanisms:
+            self.engine.drafter.cancel_launch()
+
+    # ---- acceptance -----------------------------------------------------------------------------
+    def _accept_on_device(self, out: RunOutput) -> tuple[Accepted, torch.Tensor | None, HostCopy, bool]:
+        """Replays the acceptance graph of the verify graph that ran, or runs `_acceptance` eagerly.
+        Returns the acceptance, the verify taps with accepted rows first, the packed values on their way
+        to the host, and whether the graph ran."""
+        graph = self.acceptance.get(out.batch.batch_size)
+        if graph is not None and graph.batch is out.batch:
+            graph.graph.replay()
+            accepted, taps, _ = graph.graph.outputs
+            return accepted, taps, HostCopy(graph.host), True
+        accepted, taps, values = self._acceptance(out.batch, out.logits, out.taps)
+        return accepted, taps, HostCopy.of(values), False
+
+    def _acceptance(self, batch: ForwardBatch, logits: torch.Tensor, verify_taps: torch.Tensor | None,
+                    host: torch.Tensor | None = None) -> tuple[Accepted, torch.Tensor | None, torch.Tensor]:
+        """Fixed-shape device work over a verify batch (graph-capturable): greedy acceptance, a tree's
+        K/V compaction, the taps in accepted order, and the packed values the host reads. The graph form
+        (`host`: the pinned buffer it copies them into) also lays out the next verify in the graph's
+        static batch under `layout-ahead`; an eager batch is not reused, so it is left as it is."""
+        b, q = batch.batch_size, batch.max_q_len
+        ids, positions = batch.input_ids.view(b, q), batch.positions.view(b, q)
+        tree = None
+        if batch.tree_mask is not None:
+            tree = TreeLayout(ids[:, 1:], batch.tree_parents.view(b, q)[:, 1:], positions[:, 1:] - positions[:, :1],
+                              batch.tree_mask.view(b, q))
+        starts = positions[:, 0].clone()  # the layout below moves them on
+        accepted = self.engine.verifier.greedy(row_argmax(logits).view(b, q), ids[:, 1:], starts, tree)
+        taps = verify_taps
+        if tree is not None:
+            taps = self._arrange_accepted(batch.write_index.view(b, q)[:, 0], accepted.counts, accepted.nodes, taps)
+        values = accepted.pack()
+        if host is not None:
+            host.copy_(values, non_blocking=True)
+            if "layout-ahead" in self.mechanisms:
+                # in place: the batch becomes the next verify of the same requests (its block starts where
+                # this step's commits end, the bonus token first; drafts and a tree are placed by `plan`)
+                lay_out_next_verify(batch.positions, batch.write_index, batch.kv_lens, batch.input_ids,
+                                    batch.slot_ids, accepted.starts, accepted.counts, accepted.bonus(),
+                                    self.cache.scratch_slot)
+        return accepted, taps, values
+
+    def _walk(self, plan: VerifyPlan, logits: torch.Tensor) -> list[Decision]:
+        """The verifier's walk on the host (any sampling): per request the tokens to commit and the
+        verify rows that decided them (0, then the accepted draft nodes)."""
+        draft, offsets = plan.draft, plan.offsets
+        k = draft.tokens.shape[1]
+        parts = [row_argmax(logits), draft.tokens.to(logits.device).flatten()]
+        if draft.tree is not None:
+            parts.append(draft.tree.parents.to(logits.device).flatten())
+        host = torch.cat(parts).tolist()
+        rows, n_drafted = offsets[-1], len(plan.reqs) * k
+        flat, parents = host[rows : rows + n_drafted], host[rows + n_drafted :]
+        decisions = []
+        for i, (req, w) in enumerate(zip(plan.reqs, plan.widths)):
+            drafted = slice(i * k, i * k + w - 1)
+            lo, hi = offsets[i], offsets[i + 1]
+            tokens, path = self.engine.verifier.accept(req, logits[lo:hi], flat[drafted], host[lo:hi],
+                                                       parents[drafted] if draft.tree is not None else None)
+            decisions.append(Decision(tokens, [0, *path]))
+        return decisions
+
+    def _banned_rows(self, plan: VerifyPlan) -> list[list[int]]:
+        """Ids banned per verify row: row j decides the token at depth (its node's depth) + 1."""
+        stops = self.engine.stops
+        per_req = [stops.banned(r, w) for r, w in zip(plan.reqs, plan.widths)]
+        tree = plan.draft.tree
+        if tree is None or not any(row for rows in per_req for row in rows):
+            return [row for rows in per_req for row in rows]
+        depths = tree.depths.tolist()  # rare (min_new_tokens not reached yet): worth a sync
+        return [rows[d] for rows, ds in zip(per_req, depths) for d in (0, *ds)]
+
+    def _arrange_accepted(self, base: torch.Tensor, counts: torch.Tensor, nodes: torch.Tensor,
+                          taps: torch.Tensor | None) -> torch.Tensor | None:
+        """Trees only (a chain is in order already). Device-side, per request (cache row `base` of its
+        newest token): the accepted nodes' K/V move from their node rows to the positions they now hold
+        (depth d at base + d), for all layers at once; returns the verify taps with each request's
+        accepted rows first, in order (what the drafter takes as committed rows)."""
+        n, q = nodes.shape
+        self.cache.commit_accepted(base, counts, nodes)
+        order = torch.arange(0, n * q, q, device=nodes.device)[:, None] + nodes
+        return None if taps is None else taps.index_select(0, order.flatten())
+
+    # ---- CUDA graphs ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """After the runner's verify graphs: one acceptance graph per verify graph (reading its static
+        batch, logits and taps); the drafter's graphs over them; then, for tree drafts, one placement
+        graph per bucket that lays the drafter's static tree into that bucket's verify inputs."""
+        drafter, pool = self.engine.drafter, GraphBackend.pool(self.device)
+        q = drafter.block_size
+        if "device-acceptance" in self.mechanisms:
+            for (gq, b), g in self.runner.graphs.items():
+                if gq != q:
+                    continue
+                host = torch.zeros(Accepted.packed_size(b, q), dtype=torch.int64, pin_memory=self.device.type == "cuda")
+                graph = GraphBackend.capture(lambda g=g, host=host: self._acceptance(g.batch, g.logits, g.taps, host), pool)
+                self.acceptance[b] = _AcceptanceGraph(graph, g.batch, host)
+                # a graph's outputs hold nothing until it runs, and the drafter's graphs are captured
+                # over these: run both once (the static inputs aim at the scratch slot)
+                g.graph.replay()
+                graph.replay()
+            GraphBackend.synchronize(self.device)
+        if not drafter.capabilities.graphs:
+            return
+        drafter.capture(self.engine.config.cuda_graph_batch_sizes,
+                        {b: (g.batch, *g.graph.outputs[:2]) for b, g in self.acceptance.items()})
+        for (gq, b), g in self.runner.graphs.items():
+            static = drafter.static_draft(b) if gq == q and g.batch.tree_mask is not None else None
+            if static is not None and static.tree is not None:
+                self.placement[b] = GraphBackend.capture(lambda g=g, s=static: _place(g.batch, s), pool)
+        GraphBackend.synchronize(self.device)
+
+
+def _place(batch: ForwardBatch, draft: Draft) -> None:
+    """A bucket's drafts and tree into its verify batch's inputs (every row: padding rows are harmless)."""
+    batch.input_ids.view(batch.batch_size, -1)[:, 1:].copy_(draft.tokens)
+    batch.place_tree(draft.tree)
