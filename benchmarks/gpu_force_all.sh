@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # H200: token forcing of every drafter on the embedded model (chain, tree, n-gram assist on each, PARD,
-# n-gram), one dtype, HumanEval prompts; one JSON verdict per drafter under $OUT/force/. PARD has no
+# n-gram), one dtype, HumanEval prompts; one JSON verdict per drafter, packed as $OUT/force-DTYPE.tgz. PARD has no
 # shipped checkpoint: a random one of the target's family and vocabulary stands in (forcing checks the
 # output, whatever the drafter proposes).
 #   bash benchmarks/gpu_force_all.sh [DTYPE] [PROMPTS] [TOKENS]     (inside gpu_ferry.sh run)
@@ -19,7 +19,10 @@ run() {  # name, flags...
     local name=$1; shift
     local t0=$SECONDS
     python3 -m specpilot force $common "$@" > "$out/$name.json" 2> "$out/$name.log"
-    echo "$name rc=$? $((SECONDS - t0))s $(python3 -c "import json,sys; d=json.load(open('$out/$name.json')); print({k: d.get(k) for k in ('passed','positions_checked','non_tie_mismatches','tie_mismatches','stock_noise','tau')})" 2>&1 | tail -1)"
+    local rc=$?
+    echo "$name rc=$rc $((SECONDS - t0))s $(python3 -c "
+import json; t = open('$out/$name.json').read(); d = json.loads(t[t.index('{'):])
+print({k: d.get(k) for k in ('passed', 'positions_checked', 'non_tie_mismatches', 'tie_mismatches', 'stock_noise', 'tau')})" 2>&1 | tail -1)"
 }
 run chain --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 1 --speculative-ngram-assist 0
 run chain-assist --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 1 --speculative-ngram-assist 2
@@ -28,3 +31,4 @@ run tree-assist --speculative-algorithm dflash --speculative-num-draft-tokens 16
 run pard --speculative-algorithm pard --speculative-draft-model-path $pard --speculative-num-draft-tokens 8
 run pard-assist --speculative-algorithm pard --speculative-draft-model-path $pard --speculative-num-draft-tokens 8 --speculative-ngram-assist 2
 run ngram --speculative-algorithm ngram --speculative-num-draft-tokens 8
+tar czf "${OUT:-/tmp/out}/force-$dtype.tgz" -C "$out" .
