@@ -100,8 +100,8 @@ def main() -> None:
                "tau_random_weights": stats.tau,
                "spec_step_over_ar_step": spec_step / ar_step}
         if device.type == "cuda":
-            row["graph_verify_ms"] = time_cuda(engine.runner.graphs[(16, engine.runner._bucket(b, 16))].graph.replay)
-            row["graph_decode_ms"] = time_cuda(engine.runner.graphs[(1, engine.runner._bucket(b, 1))].graph.replay)
+            row["graph_verify_ms"] = time_cuda(engine.runner.graph_for(16, b).graph.replay)
+            row["graph_decode_ms"] = time_cuda(engine.runner.graph_for(1, b).graph.replay)
             draft_graph = engine.drafter.graphs[next(x for x in sorted(engine.drafter.graphs) if x >= b)]
             row["graph_draft_ms"] = time_cuda(draft_graph.graph.replay)
             row["graph_ratio"] = (row["graph_draft_ms"] + row["graph_verify_ms"]) / row["graph_decode_ms"]
