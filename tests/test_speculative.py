@@ -129,17 +129,17 @@ def test_sampling_forcing_matches_distributions(tiny, topk):
 def test_sampling_verifier_is_exact_on_toy_distribution():
     """Point-mass drafts at T>0: the committed first token must follow the target distribution
     whatever the draft proposes (chi-square against the target probabilities)."""
-    from specpilot.engine.sampling import make_generator, target_probs
+    from specpilot.engine.sampling import target_probs
     from specpilot.state.request import Request
 
     vocab = 6
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 0.3], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]])
     params = SamplingParams(temperature=1.0, max_new_tokens=4)
-    req = Request([1], params, generator=make_generator(0, torch.device("cpu")))
     n = 20000
     for draft_token in (0, 4):  # a likely and an unlikely draft
         counts = torch.zeros(vocab)
-        for _ in range(n):
+        for seed in range(n):  # keyed sampling: one seed, one draw per position
+            req = Request([1], params, sampling_seed=seed)
             tokens, _ = Verifier().accept(req, logits, [draft_token], [0, 0])
             counts[tokens[0]] += 1
         expected = target_probs(logits[:1], params)[0] * n
@@ -257,18 +257,18 @@ def test_warm_up_leaves_no_trace(tiny):
 def test_sampling_verifier_is_exact_on_a_toy_tree():
     """Root with two drafted children (tokens 0 and 4): the first committed token follows the target's
     root distribution, and after each child the second follows that child's row, as AR sampling would."""
-    from specpilot.engine.sampling import make_generator, target_probs
+    from specpilot.engine.sampling import target_probs
     from specpilot.state.request import Request
 
     vocab = 6
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, 1.5, 0.3], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
                            [1.0, -1.0, 0.0, 2.0, 0.0, 0.5]])
     params = SamplingParams(temperature=1.0, max_new_tokens=4)
-    req = Request([1], params, generator=make_generator(1, torch.device("cpu")))
     n = 20000
     first = torch.zeros(vocab)
     second = {1: torch.zeros(vocab), 2: torch.zeros(vocab)}
-    for _ in range(n):
+    for seed in range(n):
+        req = Request([1], params, sampling_seed=seed)
         tokens, path = Verifier().accept(req, logits, [0, 4], [0, 0, 0], parents=[0, 0])
         first[tokens[0]] += 1
         if path:

@@ -122,3 +122,17 @@ def test_stock_noise_keeps_the_fp32_tie_floor(smol):
     """fp32 decode and teacher-forced logits agree far below the tie floor, so it is the floor that counts."""
     *_, stock = smol
     assert stock.noise < NEAR_TIE / 10
+
+
+def test_embedded_seeded_sampling_is_identical_with_and_without_speculation(smol):
+    """Keyed sampling on the embedded model with its shipped drafter at make serve's CPU settings (chain
+    of 4 + assist 2) and as a tree: per-request seeds give AR's exact text at T=0.8, top-p 0.95."""
+    ckpt, prompts, stock_engine, _ = smol
+    prompts = prompts[1:4]  # code, a list, a repetition: the drafter and the lookup both get accepted
+    params = [SamplingParams(max_new_tokens=32, temperature=0.8, top_p=0.95, seed=7 + i) for i in range(len(prompts))]
+    ar = [r.output_ids for r in stock_engine.generate(prompts, params)]
+    for topk, block in ((1, DFLASH_CPU_BLOCK), (4, 16)):
+        candidate = engine(ckpt, speculative_algorithm="dflash", speculative_num_draft_tokens=block,
+                           speculative_ngram_assist=2, speculative_eagle_topk=topk)
+        assert [r.output_ids for r in candidate.generate(prompts, params)] == ar
+        assert candidate.spec_stats.tau > 1.2

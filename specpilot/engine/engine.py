@@ -4,6 +4,7 @@ prefill), then advances every running request by one decode step per `step()` ca
 from __future__ import annotations
 
 import logging
+import random
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from specpilot.drafters.base import DrafterContext
 from specpilot.engine.config import EngineConfig, resolve_device, resolve_dtype
 from specpilot.engine.memory import KVPlan, kv_bytes_per_token, plan_kv, return_freed_memory
 from specpilot.engine.registry import Deployment, check_tunables, resolve_mechanisms
-from specpilot.engine.sampling import choose_tokens, make_generator, suppress
+from specpilot.engine.sampling import choose_tokens, suppress
 from specpilot.engine.spec_stats import SpecStats
 from specpilot.engine.step import SpeculativeStep
 from specpilot.engine.stops import StopChecker
@@ -179,7 +180,7 @@ class Engine:
             raise ValueError(f"prompt token ids must lie in [0, {vocab})")
         req = Request(prompt, params) if rid is None else Request(prompt, params, rid=rid)
         if not params.greedy:
-            req.generator = make_generator(params.seed, self.device)
+            req.sampling_seed = params.seed if params.seed is not None else random.getrandbits(63)
         if params.max_new_tokens == 0:
             req.finish_reason = {"type": "length", "length": 0}
         else:
@@ -248,7 +249,7 @@ class Engine:
 
     def _sample_and_commit(self, reqs: list[Request], logits: torch.Tensor) -> list[Request]:
         logits = suppress(logits, [self.stops.banned(r, 1)[0] for r in reqs])
-        tokens = choose_tokens(logits, [r.params for r in reqs], [r.generator for r in reqs])
+        tokens = choose_tokens(logits, reqs)
         finished = [r for i, (r, t) in enumerate(zip(reqs, tokens)) if self.commit_tokens(r, [t], logits[i : i + 1])[1]]
         self.retire(finished)
         return finished

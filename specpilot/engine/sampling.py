@@ -1,4 +1,4 @@
-"""Turning logits into tokens: greedy, temperature, top-k, top-p, min-p, per-request seeded RNG."""
+"""Turning logits into tokens: greedy, temperature, top-k, top-p, min-p, keyed sampling."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 
 from specpilot.config import SamplingParams
 from specpilot.kernels.softmax_topk import row_argmax
+from specpilot.state.request import Request
 
 
 def suppress(logits: torch.Tensor, row_banned: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -37,21 +38,58 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs / probs.sum(-1, keepdim=True)
 
 
-def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
-    gen = torch.Generator(device=device)
-    if seed is None:
-        gen.seed()
-    else:
-        gen.manual_seed(seed)
-    return gen
+# Keyed sampling: the token sampled at an output position is a function of (the request's seed, the
+# position, the target's distribution there) alone: Gumbel-max over noise from a counter-based hash of
+# (seed, position, token id). AR and verification then draw the same token for the same distribution,
+# whatever the batch, the step or the drafts, so a seed gives the same text with speculation on or off.
+_MASK64 = (1 << 64) - 1
 
 
-def choose_tokens(logits: torch.Tensor, row_params: Sequence[SamplingParams],
-                  generators: Sequence[torch.Generator | None]) -> list[int]:
-    """One token per row; greedy rows in one argmax, sampled rows from target_probs."""
+def _as_int64(value: int) -> int:
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN, _MIX1, _MIX2 = (_as_int64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix64(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser: int64 arithmetic wraps the same way on every device."""
+    x = (x ^ _shr(x, 30)) * _MIX1
+    x = (x ^ _shr(x, 27)) * _MIX2
+    return x ^ _shr(x, 31)
+
+
+def keyed_gumbel(seed: int, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[N, V] float64 Gumbel noise for output positions `positions` [N] of the request keyed by `seed`."""
+    key = _mix64(torch.tensor(_as_int64(seed), dtype=torch.int64, device=positions.device) + _GOLDEN)
+    row = _mix64(key ^ (positions.long() * _GOLDEN))
+    ids = torch.arange(vocab, dtype=torch.int64, device=positions.device)
+    bits = _shr(_mix64(row[:, None] + ids * _MIX1), 11)  # 53 random bits per (position, token)
+    uniform = (bits.double() + 0.5) * 2.0**-53  # in (0, 1)
+    return -torch.log(-torch.log(uniform))
+
+
+def keyed_sample(logits: torch.Tensor, params: SamplingParams, seed: int, positions: torch.Tensor) -> torch.Tensor:
+    """[N] the keyed sample of each row's target distribution (row i decides output position
+    positions[i]): the argmax of log p + Gumbel noise, first index on ties."""
+    probs = target_probs(logits, params)
+    scores = torch.where(probs > 0, probs.double().log() + keyed_gumbel(seed, positions, probs.shape[-1]),
+                         float("-inf"))
+    return row_argmax(scores)
+
+
+def choose_tokens(logits: torch.Tensor, reqs: Sequence[Request]) -> list[int]:
+    """One token per row (row i: request i's next output position); greedy rows in one argmax,
+    sampled rows by their keyed sample."""
     out = row_argmax(logits)
-    sampled = [i for i, p in enumerate(row_params) if not p.greedy]
-    for i in sampled:
-        probs = target_probs(logits[i : i + 1], row_params[i])
-        out[i] = torch.multinomial(probs, 1, generator=generators[i]).squeeze()
+    for i, req in enumerate(reqs):
+        if not req.params.greedy:
+            position = torch.tensor([len(req.output_ids)], device=logits.device)
+            out[i] = keyed_sample(logits[i : i + 1], req.params, req.sampling_seed, position)[0]
     return out.tolist()

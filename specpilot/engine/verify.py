@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from specpilot.engine.sampling import target_probs
+from specpilot.engine.sampling import keyed_sample
 from specpilot.kernels.tree_accept import tree_accept
 from specpilot.state.draft import Accepted
 from specpilot.state.request import Request
@@ -23,8 +23,8 @@ from specpilot.state.tree import TreeLayout
 
 class Verifier:
     """Walk from the newest committed token: at each node the target decides the next token (greedy:
-    its argmax; T>0: a sample of its distribution), and the walk moves to the child drafted with that
-    token if there is one. Every committed token is thus the target's own decision given the committed
+    its argmax; T>0: the keyed sample of its distribution at that output position, the very token AR
+    would draw there), and the walk moves to the child drafted with that token if there is one. Every committed token is thus the target's own decision given the committed
     prefix - exactly AR decoding, whatever was drafted (drafts are point masses; siblings are distinct)."""
 
     def accept(self, req: Request, rows: torch.Tensor, draft: list[int], argmax: list[int],
@@ -38,9 +38,9 @@ class Verifier:
         while True:
             if req.params.greedy:
                 token = argmax[node]
-            else:
-                probs = target_probs(rows[node : node + 1], req.params)
-                token = int(torch.multinomial(probs, 1, generator=req.generator))
+            else:  # the node at depth len(tokens) decides output position len(output_ids) + len(tokens)
+                position = torch.tensor([len(req.output_ids) + len(tokens)], device=rows.device)
+                token = int(keyed_sample(rows[node : node + 1], req.params, req.sampling_seed, position)[0])
             tokens.append(token)
             child = children.get((node, token))
             if child is None:

@@ -11,14 +11,17 @@
    the first divergence. A near-tie is a margin below the dtype's floor or below twice stock's own
    reordering noise: the largest difference between stock's decode logits and its teacher-forced logits
    for the same position (its top tokens), since a third evaluation (the candidate's) may move each of
-   the two top logits by that much. T>0 verdict: at each committed position, the total-variation
-   distance between the distribution the candidate's own target pass gave (the one its verifier sampled
-   from) and stock's.
+   the two top logits by that much. At T>0 sampling is keyed (engine/sampling.py: the token at an
+   output position is a function of the seed, the position and the distribution), so the candidate
+   must commit stock's very tokens: a mismatch is excused only where stock's top-2 keyed scores (log p
+   plus the position's Gumbel noise, in logit units) are that close, and the total-variation distance
+   between the candidate's target distribution and stock's is bounded too.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import random
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -26,7 +29,7 @@ from rich.progress import Progress
 
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine
-from specpilot.engine.sampling import target_probs
+from specpilot.engine.sampling import keyed_gumbel, target_probs
 from specpilot.state.request import Request
 
 NEAR_TIE = 1e-3  # fp32 logit margin under which float reordering may flip the argmax (fp32 CPU)
@@ -62,9 +65,7 @@ class ForcingVerdict:
     def passed(self) -> bool:
         if self.positions_checked == 0:
             return False
-        if self.greedy:
-            return self.non_tie_mismatches == 0
-        return self.max_tv_distance <= TV_TOLERANCE
+        return self.non_tie_mismatches == 0 and (self.greedy or self.max_tv_distance <= TV_TOLERANCE)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -75,7 +76,8 @@ class ForcingVerdict:
 @dataclass
 class StockRun:
     tokens: list[list[int]]
-    margins: list[list[float]]  # greedy: top-1 minus top-2 logit at each output position
+    # top-1 minus top-2 at each output position: logits (greedy) or keyed scores in logit units (T>0)
+    margins: list[list[float]]
     probs: list[torch.Tensor | None] = field(default_factory=list)  # T>0: [n, V] target distributions
     noise: float = 0.0  # greedy: max |decode - teacher-forced| over each position's top decode logits
 
@@ -113,8 +115,7 @@ class ForcingObserver:
                 tv = float(0.5 * (mine[0] - self.stock.probs[i][pos]).abs().sum())
                 self.verdict.max_tv_distance = max(self.verdict.max_tv_distance, tv)
             if token != ref[pos]:
-                if req.params.greedy:
-                    self._mismatch(i, pos, ref[pos], token, margins[pos])
+                self._mismatch(i, pos, ref[pos], token, margins[pos])
                 break  # the rest of this step was computed from a token stock did not produce
         return forced
 
@@ -163,17 +164,27 @@ def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams,
         if passes is not None:
             progress.advance(passes)
         logits = teacher_forced_logits(engine, prompt, out)
+        if top := recorder.top.get(req.rid):
+            values, ids = (torch.stack(t) for t in zip(*top))
+            noise = max(noise, float((values - logits[: len(top)].float().gather(1, ids)).abs().max()))
         if params.greedy:
             top2 = torch.topk(logits, 2, dim=-1).values
             margins.append((top2[:, 0] - top2[:, 1]).tolist())
             probs.append(None)
-            if top := recorder.top.get(req.rid):
-                values, ids = (torch.stack(t) for t in zip(*top))
-                noise = max(noise, float((values - logits[: len(top)].float().gather(1, ids)).abs().max()))
         else:
-            margins.append([])
+            margins.append(keyed_margins(logits, params, req.sampling_seed))
             probs.append(target_probs(logits, params).cpu())
     return StockRun(tokens, margins, probs, noise)
+
+
+def keyed_margins(logits: torch.Tensor, params: SamplingParams, seed: int) -> list[float]:
+    """Per output position, top-1 minus top-2 of the keyed scores (log p + Gumbel noise), times the
+    temperature: in logit units, so the greedy tie band applies."""
+    probs = target_probs(logits, params)
+    noise = keyed_gumbel(seed, torch.arange(logits.shape[0], device=logits.device), logits.shape[-1])
+    scores = torch.where(probs > 0, probs.double().log() + noise, float("-inf"))
+    top2 = torch.topk(scores, 2, dim=-1).values
+    return ((top2[:, 0] - top2[:, 1]).nan_to_num(posinf=1e30) * params.temperature).tolist()
 
 
 def run_forcing(stock_engine: Engine, candidate: Engine, prompts: list[list[int]], params: SamplingParams,
@@ -184,6 +195,8 @@ def run_forcing(stock_engine: Engine, candidate: Engine, prompts: list[list[int]
     The two engines may share a KV cache (Engine.twin): they run one after the other."""
     if stock_engine.drafter is not None:
         raise ValueError("the stock engine must decode autoregressively (no drafter)")
+    if not params.greedy and params.seed is None:  # keyed sampling: both runs draw with the same seed
+        params = replace(params, seed=random.getrandbits(63))
     if stock is None:
         stock = run_stock(stock_engine, prompts, params, progress)
     if tie_epsilon is None:

@@ -7,8 +7,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from specpilot.config import SamplingParams
 
 _ids = itertools.count()
@@ -22,7 +20,8 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     slot: int | None = None
     finish_reason: dict[str, Any] | None = None
-    generator: torch.Generator | None = None
+    # keyed sampling's seed (engine/sampling.py): the request's, or one drawn for it (meta_info reports it)
+    sampling_seed: int = 0
     created: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finished_time: float | None = None
@@ -52,6 +51,8 @@ class Request:
         """SGLang's meta_info, with the speculative fields when the request speculated."""
         info = {"id": self.rid, "prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.output_ids),
                 "finish_reason": self.finish_reason, "e2e_latency": round(self.e2e_latency, 6)}
+        if not self.params.greedy:
+            info["sampling_seed"] = self.sampling_seed
         if self.accept_lengths:
             hist = [0] * (max(self.accept_lengths) + 1)
             for n in self.accept_lengths:

@@ -1,0 +1,87 @@
+"""Keyed sampling: the same seed gives the same text with speculation on or off, at any sampling
+settings, and token forcing at T>0 compares the sampled tokens, so planted samplers fail it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_speculative import AcceptEverything, engine_for, mixed_prompts, tiny  # noqa: F401  (module fixture)
+
+from specpilot.config import SamplingParams
+from specpilot.engine.sampling import keyed_gumbel, keyed_sample
+from specpilot.engine.verify import Verifier
+from specpilot.forcing import run_forcing
+
+SAMPLED = SamplingParams(max_new_tokens=32, temperature=0.8, top_p=0.95, seed=11, ignore_eos=True)
+
+
+def test_keyed_noise_depends_on_seed_and_position_only():
+    positions = torch.tensor([0, 5, 5, 9])
+    noise = keyed_gumbel(3, positions, 50)
+    assert torch.equal(noise[1], noise[2])  # same (seed, position): same noise, whatever the row
+    assert not torch.equal(noise[0], noise[1])
+    assert torch.equal(keyed_gumbel(3, positions[1:2], 50)[0], noise[1])  # batch-independent
+    assert not torch.equal(keyed_gumbel(4, positions, 50), noise)
+
+
+def test_keyed_sample_follows_the_distribution():
+    """Over seeds, the keyed sample of a fixed row is distributed as the target (chi-square)."""
+    logits = torch.tensor([[1.0, 0.2, -0.5, 2.0, 0.0]])
+    params = SamplingParams(temperature=0.7, max_new_tokens=1)
+    from specpilot.engine.sampling import target_probs
+
+    n = 20000
+    counts = torch.zeros(5)
+    for seed in range(n):
+        counts[keyed_sample(logits, params, seed, torch.tensor([3]))] += 1
+    expected = target_probs(logits, params)[0] * n
+    assert float(((counts - expected) ** 2 / expected).sum()) < 18.5  # 4 dof, p = 0.001
+
+
+@pytest.mark.parametrize("algorithm,block,assist,topk", [
+    ("ngram", 4, 0, 1), ("dflash", None, 0, 1), ("dflash", 6, 2, 4), ("pard", 5, 0, 1)])
+def test_the_same_seed_gives_the_same_text_with_speculation_on_or_off(tiny, algorithm, block, assist, topk):  # noqa: F811
+    ckpt, paths = tiny
+    prompts = mixed_prompts(ckpt.config.vocab_size, 5, seed=8)
+    params = [SamplingParams(max_new_tokens=32, temperature=t, top_p=p, top_k=k, seed=100 + i, ignore_eos=True)
+              for i, (t, p, k) in enumerate([(0.8, 0.95, -1), (1.0, 1.0, -1), (0.5, 0.9, 20), (1.3, 1.0, 8),
+                                             (0.8, 0.95, -1)])]
+    ar = [r.output_ids for r in engine_for(ckpt).generate(prompts, params)]
+    spec = engine_for(ckpt, algorithm, paths.get(algorithm), block, assist=assist, topk=topk)
+    assert [r.output_ids for r in spec.generate(prompts, params)] == ar
+    assert spec.spec_stats.steps > 0 and (spec.spec_stats.tau > 1.0 or algorithm != "ngram")
+
+
+def test_forcing_at_t_above_zero_compares_tokens(tiny):  # noqa: F811
+    ckpt, paths = tiny
+    prompts = mixed_prompts(ckpt.config.vocab_size, 4)
+    verdict = run_forcing(engine_for(ckpt), engine_for(ckpt, "dflash", paths["dflash"]), prompts, SAMPLED, "dflash")
+    assert verdict.passed and verdict.non_tie_mismatches == 0, verdict.as_dict()
+    assert verdict.positions_checked == 4 * 32
+
+
+def test_planted_accept_everything_fails_forcing_at_t_above_zero(tiny):  # noqa: F811
+    ckpt, paths = tiny
+    cand = engine_for(ckpt, "dflash", paths["dflash"])
+    cand.verifier = AcceptEverything()
+    verdict = run_forcing(engine_for(ckpt), cand, mixed_prompts(ckpt.config.vocab_size, 4), SAMPLED, "hack")
+    assert not verdict.passed and verdict.non_tie_mismatches > 0
+
+
+class OtherStream(Verifier):
+    """A planted sampler: draws from a different stream when speculating (seed + 1)."""
+
+    def accept(self, req, rows, draft, argmax, parents=None):
+        req.sampling_seed += 1
+        try:
+            return super().accept(req, rows, draft, argmax, parents)
+        finally:
+            req.sampling_seed -= 1
+
+
+def test_planted_other_stream_sampler_fails_forcing(tiny):  # noqa: F811
+    ckpt, paths = tiny
+    cand = engine_for(ckpt, "ngram", block=4)
+    cand.verifier = OtherStream()
+    verdict = run_forcing(engine_for(ckpt), cand, mixed_prompts(ckpt.config.vocab_size, 4), SAMPLED, "hack")
+    assert not verdict.passed and verdict.non_tie_mismatches > 0
