@@ -9,7 +9,6 @@ from test_speculative import AcceptEverything, engine_for, mixed_prompts, tiny  
 
 from specpilot.config import SamplingParams
 from specpilot.engine.sampling import keyed_gumbel, keyed_sample
-from specpilot.engine.verify import Verifier
 from specpilot.forcing import run_forcing
 
 SAMPLED = SamplingParams(max_new_tokens=32, temperature=0.8, top_p=0.95, seed=11, ignore_eos=True)
@@ -68,20 +67,16 @@ def test_planted_accept_everything_fails_forcing_at_t_above_zero(tiny):  # noqa:
     assert not verdict.passed and verdict.non_tie_mismatches > 0
 
 
-class OtherStream(Verifier):
-    """A planted sampler: draws from a different stream when speculating (seed + 1)."""
+def test_planted_other_stream_sampler_fails_forcing(tiny, monkeypatch):  # noqa: F811
+    """A planted sampler: speculation (device acceptance and the host walk) draws from the stream of
+    seed + 1; AR keeps the request's own."""
+    import specpilot.engine.step as step
+    import specpilot.engine.verify as verify
 
-    def accept(self, req, rows, draft, argmax, parents=None):
-        req.sampling_seed += 1
-        try:
-            return super().accept(req, rows, draft, argmax, parents)
-        finally:
-            req.sampling_seed -= 1
-
-
-def test_planted_other_stream_sampler_fails_forcing(tiny):  # noqa: F811
-    ckpt, paths = tiny
-    cand = engine_for(ckpt, "ngram", block=4)
-    cand.verifier = OtherStream()
-    verdict = run_forcing(engine_for(ckpt), cand, mixed_prompts(ckpt.config.vocab_size, 4), SAMPLED, "hack")
+    for module in (step, verify):
+        monkeypatch.setattr(module, "keyed_sample",
+                            lambda logits, params, seed, positions: keyed_sample(logits, params, seed + 1, positions))
+    ckpt, _ = tiny
+    verdict = run_forcing(engine_for(ckpt), engine_for(ckpt, "ngram", block=4),
+                          mixed_prompts(ckpt.config.vocab_size, 4), SAMPLED, "hack")
     assert not verdict.passed and verdict.non_tie_mismatches > 0

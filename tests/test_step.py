@@ -61,3 +61,24 @@ def test_ragged_verify_widths_decode_like_ar(tiny):  # noqa: F811
     assert [r.output_ids for r in reqs] == ar
     widths = {n for r in reqs for n in r.accept_lengths}
     assert max(widths) <= 5 and cand.spec_stats.steps > 0
+
+
+@pytest.mark.parametrize("topk", [1, 3])
+def test_sampled_steps_accept_on_the_device_and_decode_like_ar(tiny, replays, monkeypatch, topk):  # noqa: F811
+    """T>0 requests (mixed with greedy ones) accept on the device by their keyed samples, on the graph
+    paths with a padded bucket, and decode exactly what AR decodes with the same seeds."""
+    from specpilot.config import SamplingParams
+    from specpilot.engine.step import SpeculativeStep
+
+    ckpt, paths = tiny
+    prompts = mixed_prompts(ckpt.config.vocab_size, 6, seed=9)
+    params = [SamplingParams(max_new_tokens=32, temperature=0.0 if i % 3 == 0 else 0.9, top_p=0.95, seed=i,
+                             ignore_eos=True) for i in range(6)]
+    ar = [r.output_ids for r in _engine(ckpt).generate(prompts, params)]
+    cand = _engine(ckpt, speculative_algorithm="dflash", speculative_draft_model_path=str(paths["dflash"]),
+                   speculative_num_draft_tokens=6, speculative_eagle_topk=topk)
+    walks = []
+    walk = SpeculativeStep._walk
+    monkeypatch.setattr(SpeculativeStep, "_walk", lambda self, *a: (walks.append(1), walk(self, *a))[1])
+    assert [r.output_ids for r in cand.generate(prompts, params)] == ar
+    assert not walks and cand.spec_stats.steps > 0

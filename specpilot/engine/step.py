@@ -21,12 +21,13 @@ step runs eagerly and accepts on the host.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from specpilot.engine.sampling import suppress
+from specpilot.engine.sampling import keyed_sample, suppress
 from specpilot.engine.spec_stats import StepClock
 from specpilot.kernels.softmax_topk import row_argmax
 from specpilot.kernels.step_layout import lay_out_next_verify
@@ -151,13 +152,13 @@ class SpeculativeStep:
         return self.runner.replay(plan.graph, len(plan.reqs))
 
     def accept(self, plan: VerifyPlan, out: RunOutput, clock: StepClock) -> Acceptance:
-        """Device acceptance where it applies (greedy, uniform widths, nothing banned), else the walk."""
+        """Device acceptance where it applies (uniform widths, nothing banned; sampled rows decided by their
+        keyed samples), else the walk."""
         reqs, tree = plan.reqs, plan.draft.tree
         banned = self._banned_rows(plan)
-        on_device = ("device-acceptance" in self.mechanisms and all(r.params.greedy for r in reqs)
-                     and len(set(plan.widths)) == 1 and not any(banned))
+        on_device = "device-acceptance" in self.mechanisms and len(set(plan.widths)) == 1 and not any(banned)
         if on_device:
-            accepted, taps, host, graphed = self._accept_on_device(out)
+            accepted, taps, host, graphed = self._accept_on_device(plan, out)
             clock.mark()
             launched = "early-launch" in self.mechanisms
             if launched:
@@ -213,24 +214,29 @@ class SpeculativeStep:
             self.engine.drafter.cancel_launch()
 
     # ---- acceptance -----------------------------------------------------------------------------
-    def _accept_on_device(self, out: RunOutput) -> tuple[Accepted, torch.Tensor | None, HostCopy, bool]:
-        """Replays the acceptance graph of the verify graph that ran, or runs `_acceptance` eagerly.
-        Returns the acceptance, the verify taps with accepted rows first, the packed values on their way
-        to the host, and whether the graph ran."""
+    def _accept_on_device(self, plan: VerifyPlan, out: RunOutput) -> tuple[Accepted, torch.Tensor | None, HostCopy, bool]:
+        """Greedy batches replay the acceptance graph of the verify graph that ran; the rest run
+        `_acceptance` eagerly over the whole batch (a graph's bucket included). Returns the acceptance,
+        the verify taps with accepted rows first, the packed values on their way to the host, and
+        whether the graph ran."""
         graph = self.acceptance.get(out.batch.batch_size)
-        if graph is not None and graph.batch is out.batch:
+        sampled = [r for r in plan.reqs if not r.params.greedy]
+        if graph is not None and graph.batch is out.batch and not sampled:
             graph.graph.replay()
             accepted, taps, _ = graph.graph.outputs
             return accepted, taps, HostCopy(graph.host), True
-        accepted, taps, values = self._acceptance(out.batch, out.logits, out.taps)
+        logits, taps = (out.logits, out.taps) if plan.graph is None else (plan.graph.logits, plan.graph.taps)
+        accepted, taps, values = self._acceptance(out.batch, logits, taps, reqs=plan.reqs if sampled else ())
         return accepted, taps, HostCopy.of(values), False
 
     def _acceptance(self, batch: ForwardBatch, logits: torch.Tensor, verify_taps: torch.Tensor | None,
-                    host: torch.Tensor | None = None) -> tuple[Accepted, torch.Tensor | None, torch.Tensor]:
+                    host: torch.Tensor | None = None,
+                    reqs: Sequence[Request] = ()) -> tuple[Accepted, torch.Tensor | None, torch.Tensor]:
         """Fixed-shape device work over a verify batch (graph-capturable): greedy acceptance, a tree's
         K/V compaction, the taps in accepted order, and the packed values the host reads. The graph form
         (`host`: the pinned buffer it copies them into) also lays out the next verify in the graph's
-        static batch under `layout-ahead`; an eager batch is not reused, so it is left as it is."""
+        static batch under `layout-ahead`; an eager batch is not reused, so it is left as it is. `reqs`:
+        the batch's requests where some sample (their rows' decisions are keyed samples, not argmaxes)."""
         b, q = batch.batch_size, batch.max_q_len
         ids, positions = batch.input_ids.view(b, q), batch.positions.view(b, q)
         tree = None
@@ -238,7 +244,13 @@ class SpeculativeStep:
             tree = TreeLayout(ids[:, 1:], batch.tree_parents.view(b, q)[:, 1:], positions[:, 1:] - positions[:, :1],
                               batch.tree_mask.view(b, q))
         starts = positions[:, 0].clone()  # the layout below moves them on
-        accepted = self.engine.verifier.greedy(row_argmax(logits).view(b, q), ids[:, 1:], starts, tree)
+        decided = row_argmax(logits).view(b, q)
+        depths = positions - positions[:, :1]  # the row at depth d decides output position len(output) + d
+        for i, req in enumerate(reqs):
+            if not req.params.greedy:
+                rows = logits.view(b, q, -1)[i]
+                decided[i] = keyed_sample(rows, req.params, req.sampling_seed, len(req.output_ids) + depths[i])
+        accepted = self.engine.verifier.greedy(decided, ids[:, 1:], starts, tree)
         taps = verify_taps
         if tree is not None:
             taps = self._arrange_accepted(batch.write_index.view(b, q)[:, 0], accepted.counts, accepted.nodes, taps)

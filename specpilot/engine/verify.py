@@ -50,7 +50,8 @@ class Verifier:
 
     def greedy(self, argmax: torch.Tensor, drafts: torch.Tensor, starts: torch.Tensor,
                tree: TreeLayout | None = None) -> Accepted:
-        """The greedy walk for all requests at once, on the device: `argmax` [n, q] of the verify rows,
+        """The walk for all requests at once, on the device: `argmax` [n, q], each verify row's decision
+        (its argmax, or for a sampling request its keyed sample),
         `drafts` [n, q - 1], `starts` [n] the committed lengths the pass verified at. A draft node is
         accepted when it and every ancestor equal their parents' argmax; siblings are distinct, so the
         accepted nodes form one path (the deepest one's lineage; kernels/tree_accept.py)."""
