@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="speedup over AR, tau and acceptance per dataset (JSON + PNG)")
     _dataset_args(bench, default_prompts=20, default_tokens=256, many=True)
     bench.add_argument("--batch-size", type=_positive_int, default=1, help="requests run together (default 1)")
+    bench.add_argument("--repeats", type=_positive_int, default=3, metavar="N",
+                       help="runs of each mode per dataset, interleaved AR, speculative, AR, ...; the table shows "
+                            "medians and ranges, the JSON every run (default 3)")
     bench.add_argument("--output-dir", default=None,
                        help="folder for the JSON and PNG (default: a new specpilot-bench/<date>-<time>/)")
     _engine_args(bench)
@@ -275,6 +278,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
+    from specpilot.bench import provenance
     from specpilot.bench.charts import speedup_chart
     from specpilot.bench.harness import bench_dataset
     from specpilot.bench.output import bench_output_dir
@@ -286,27 +290,37 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     engine = Engine.from_config(config)
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     with Progress() as progress:
-        results = [bench_dataset(engine, d, args.num_prompts, params, args.batch_size, progress).as_dict()
-                   for d in args.dataset]
+        results = [bench_dataset(engine, d, args.num_prompts, params, args.batch_size, args.repeats,
+                                 progress).as_dict() for d in args.dataset]
     out = bench_output_dir(args.output_dir)
     name = f"bench_{config.speculative_algorithm or 'ar'}_{engine.device.type}"
-    report = {"config": vars(engine.config), "speed": in_effect(engine.config, engine.mechanisms),
-              "device": engine.device.type, "dtype": str(engine.dtype), "batch_size": args.batch_size,
-              "max_new_tokens": args.max_new_tokens, "results": results}
+    prov = provenance.collect(engine.device, str(engine.dtype))
+    report = {"provenance": prov, "config": vars(engine.config),
+              "speed": in_effect(engine.config, engine.mechanisms), "device": engine.device.type,
+              "dtype": str(engine.dtype), "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens,
+              "repeats": args.repeats, "results": results}
     # default: the config's mechanisms, a frozenset, as a sorted list
     (out / f"{name}.json").write_text(json.dumps(report, indent=2, default=sorted))
-    table = Table(title=f"specpilot bench ({config.speculative_algorithm or 'AR only'}, {engine.device.type})")
+    title = f"specpilot bench ({config.speculative_algorithm or 'AR only'}, {engine.device.type})"
+    table = Table(title=f"{title}: median (min–max) of {args.repeats} interleaved repeats",
+                  caption=provenance.label(prov))
     for col in ("dataset", "prompts", "tau", "TPOT AR ms", "TPOT spec ms", "speedup"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # a narrow terminal wraps a range rather than cutting it
     for r in results:
-        spec = r["spec"] or {}
-        table.add_row(r["dataset"], str(r["num_prompts"]), f"{r.get('tau', 0):.2f}", f"{r['ar']['tpot_ms']:.2f}",
-                      f"{spec.get('tpot_ms', float('nan')):.2f}", f"{r['speedup'] or float('nan'):.2f}x")
+        spread = r["spread"]
+        cells = [_median_range(spread[key], suffix) if key in spread else "n/a"
+                 for key, suffix in (("tau", ""), ("ar_tpot_ms", ""), ("spec_tpot_ms", ""), ("speedup", "×"))]
+        table.add_row(r["dataset"], str(r["num_prompts"]), *cells)
     Console().print(table)
     if engine.drafter is not None:
-        speedup_chart(results, table.title, out / f"{name}.png")
+        speedup_chart(results, title, out / f"{name}.png", provenance.label(prov))
     print(f"results in {out}/: {', '.join(sorted(p.name for p in out.iterdir()))}")
     return 0
+
+
+def _median_range(stat: dict, suffix: str) -> str:
+    """The median, then the range over repeats in brackets."""
+    return f"{stat['median']:.2f}{suffix} ({stat['min']:.2f}–{stat['max']:.2f})"
 
 
 def sampling_params_from_args(args: argparse.Namespace):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -53,12 +55,59 @@ def test_bad_flags_name_the_problem(capsys, argv, flag):
     assert flag in capsys.readouterr().err
 
 
-def test_bench_writes_json_with_the_settings_in_effect(tiny_dir, tmp_path):
+def test_bench_writes_json_with_the_settings_in_effect(tiny_dir, tmp_path, capsys):
     assert main(["bench", "--model-path", str(tiny_dir), "--dataset", "math", "--num-prompts", "2",
-                 "--max-new-tokens", "8", "--speculative-algorithm", "ngram", "--output-dir", str(tmp_path)]) == 0
+                 "--max-new-tokens", "8", "--speculative-algorithm", "ngram", "--repeats", "2",
+                 "--output-dir", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench_ngram_cpu.json").read_text())
     assert report["config"]["speculative_num_draft_tokens"] == 8  # the n-gram default, resolved
     assert report["speed"]["tunables"]["block-size"] == 8 and "device-acceptance" in report["speed"]["mechanisms"]
     [result] = report["results"]
     assert result["dataset"] == "math" and result["tau"] >= 1 and result["verify_passes"] > 0
     assert (tmp_path / "bench_ngram_cpu.png").is_file()
+    # every repeat's raw numbers, and the medians and ranges the table prints
+    assert report["repeats"] == 2 and len(result["repeats"]) == 2
+    for rep in result["repeats"]:
+        assert rep["speedup"] == pytest.approx(rep["ar"]["tpot_ms"] / rep["spec"]["tpot_ms"])
+        assert rep["tau"] == result["tau"] and rep["verify_passes"] == result["verify_passes"]  # greedy
+    spread = result["spread"]
+    for key, median in (("ar_tpot_ms", result["ar"]["tpot_ms"]), ("spec_tpot_ms", result["spec"]["tpot_ms"]),
+                        ("speedup", result["speedup"]), ("tau", result["tau"])):
+        stat = spread[key]
+        assert len(stat["values"]) == 2 and stat["min"] <= stat["median"] <= stat["max"]
+        assert stat["median"] == pytest.approx(median) and median == pytest.approx(sum(stat["values"]) / 2)
+    table = capsys.readouterr().out
+    assert f"{spread['speedup']['median']:.2f}×" in table and f"({spread['speedup']['min']:.2f}–" in table
+
+
+def test_bench_records_provenance(tiny_dir, tmp_path):
+    assert main(["bench", "--model-path", str(tiny_dir), "--dataset", "math", "--num-prompts", "1",
+                 "--max-new-tokens", "2", "--repeats", "1", "--output-dir", str(tmp_path)]) == 0
+    prov = json.loads((tmp_path / "bench_ar_cpu.json").read_text())["provenance"]
+    assert set(prov) == {"git", "device", "cpu", "dtype", "versions", "argv", "utc"}
+    assert prov["dtype"] == "torch.float32" and prov["device"] == prov["cpu"] and "cores" in prov["cpu"]
+    assert set(prov["versions"]) == {"python", "specpilot", "torch", "triton", "transformers"}
+    assert prov["versions"]["torch"] and prov["versions"]["specpilot"]
+    assert prov["git"] is None or (set(prov["git"]) == {"commit", "dirty"} and prov["git"]["commit"])
+    assert datetime.fromisoformat(prov["utc"]).utcoffset() == timedelta(0)
+
+
+def test_git_state_of_a_checkout_and_of_none(tmp_path):
+    from specpilot.bench.provenance import git_state
+
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), *argv], check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    assert git_state(tmp_path) is None
+    git("init", "-q")
+    (tmp_path / "f").write_text("a")
+    git("add", "f")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    assert git_state(tmp_path) == {"commit": git("rev-parse", "--short", "HEAD"), "dirty": False}
+    (tmp_path / "untracked").write_text("b")
+    assert git_state(tmp_path)["dirty"] is False
+    (tmp_path / "f").write_text("changed")
+    assert git_state(tmp_path)["dirty"] is True
+    (tmp_path / "sub").mkdir()
+    assert git_state(tmp_path / "sub") is None  # inside a checkout, but not its top level

@@ -36,10 +36,8 @@ class SiblingTree(NgramDrafter):
         return Draft(tokens, tree=TreeLayout(tokens, parents, depths, torch.tensor(bits).expand(n, k + 1)))
 
 
-@pytest.mark.parametrize("sigma", [0.3, 0.05])
-def test_noisy_verify_logits_fail_forcing(tiny, monkeypatch, sigma):  # noqa: F811
-    ckpt, paths = tiny
-    cand = engine_for(ckpt, "dflash", paths["dflash"])
+def _noisy_verify(monkeypatch, cand, sigma: float) -> None:
+    """The candidate's verify passes get N(0, sigma^2) added to their logits."""
     gen = torch.Generator().manual_seed(0)
     run = ModelRunner.run
 
@@ -50,6 +48,13 @@ def test_noisy_verify_logits_fail_forcing(tiny, monkeypatch, sigma):  # noqa: F8
         return out
 
     monkeypatch.setattr(ModelRunner, "run", noisy)
+
+
+@pytest.mark.parametrize("sigma", [0.3, 0.05])
+def test_noisy_verify_logits_fail_forcing(tiny, monkeypatch, sigma):  # noqa: F811
+    ckpt, paths = tiny
+    cand = engine_for(ckpt, "dflash", paths["dflash"])
+    _noisy_verify(monkeypatch, cand, sigma)
     verdict = _forcing(ckpt, cand)
     assert not verdict.passed, verdict.as_dict()
 
@@ -112,3 +117,14 @@ def test_tree_compaction_to_the_wrong_row_fails_forcing(tiny, monkeypatch):  # n
 
     monkeypatch.setattr(type(cand.cache), "commit_accepted", off)
     assert not _forcing(ckpt, cand).passed
+
+
+def test_noise_too_small_to_flip_a_token_still_fails_forcing(tiny, monkeypatch):  # noqa: F811
+    """sigma 0.01 rarely flips a token; the candidate's logits still move past the tie band at stock's
+    top tokens, which the verdict counts."""
+    ckpt, paths = tiny
+    cand = engine_for(ckpt, "dflash", paths["dflash"])
+    _noisy_verify(monkeypatch, cand, 0.01)
+    verdict = _forcing(ckpt, cand)
+    assert not verdict.passed and verdict.logit_deviations > 0, verdict.as_dict()
+    assert verdict.max_logit_deviation < 0.1

@@ -35,6 +35,9 @@ def test_bench_serving_writes_json_and_png(server, tmp_path, capsys, backend, ex
         assert summary[key]["p50"] > 0 and summary[key]["p99"] >= summary[key]["p50"]
     assert summary["output_throughput"] > 0 and summary["accept_length"] >= 1.0
     assert (tmp_path / f"serving_{backend}.png").stat().st_size > 0
+    prov = report["provenance"]
+    assert prov["versions"]["specpilot"] and prov["argv"] and prov["utc"] and prov["device"]
+    assert prov["dtype"] == report["server_info"]["dtype"] and report["server_info"]["speculative_algorithm"] == "ngram"
     assert "TTFT" in capsys.readouterr().out
 
 

@@ -1,12 +1,15 @@
-"""`specpilot bench`: speculative decoding against AR on the same engine, per dataset."""
+"""`specpilot bench`: speculative decoding against AR on the same engine, per dataset, in interleaved
+repeats (AR, speculative, AR, speculative, ...) so that drift of the machine hits both sides alike."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import dataclass, field
+from itertools import zip_longest
+from typing import Any
 
-from rich.progress import Progress
+from rich.progress import Progress, TaskID
 
 from specpilot.bench.datasets import apply_chat_template, load_prompts
 from specpilot.config import SamplingParams
@@ -22,28 +25,51 @@ class RunResult:
     wall_s: float
 
 
+def spread(values: list[float]) -> dict[str, Any]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
+
+
+def median_of(values: list[Any]) -> Any:
+    """The median of each number across repeats: per key of dicts, per position of lists (a missing
+    position counts as 0: an empty histogram has no passes)."""
+    first = values[0]
+    if isinstance(first, dict):
+        return {k: median_of([v[k] for v in values]) for k in first}
+    if isinstance(first, list):
+        return [median_of(list(column)) for column in zip_longest(*values, fillvalue=0)]
+    return statistics.median(values)
+
+
 @dataclass
 class DatasetResult:
     dataset: str
     num_prompts: int
-    ar: RunResult
-    spec: RunResult | None = None
-    spec_stats: dict = field(default_factory=dict)
-
-    @property
-    def speedup(self) -> float | None:
-        return None if self.spec is None else self.ar.tpot_ms / self.spec.tpot_ms
+    ar: list[RunResult] = field(default_factory=list)  # one per repeat
+    spec: list[RunResult] = field(default_factory=list)  # one per repeat; empty without a drafter
+    spec_stats: list[dict] = field(default_factory=list)  # one per repeat
 
     def as_dict(self) -> dict:
-        return {"dataset": self.dataset, "num_prompts": self.num_prompts, "ar": vars(self.ar),
-                "spec": None if self.spec is None else vars(self.spec), "speedup": self.speedup,
-                **self.spec_stats}
+        """The headline numbers (`ar`, `spec`, `speedup`, `tau` and the other statistics) are medians over
+        the repeats; `spread` has their range and values, `repeats` each repeat's raw numbers."""
+        ar = [vars(r) for r in self.ar]
+        spec = [vars(r) for r in self.spec]
+        spreads = {"ar_tpot_ms": spread([r["tpot_ms"] for r in ar])}
+        repeats = [{"ar": r} for r in ar]
+        out: dict[str, Any] = {"dataset": self.dataset, "num_prompts": self.num_prompts, "ar": median_of(ar),
+                               "spec": None, "speedup": None}
+        if spec:
+            speedups = [a["tpot_ms"] / s["tpot_ms"] for a, s in zip(ar, spec)]
+            spreads |= {"spec_tpot_ms": spread([s["tpot_ms"] for s in spec]), "speedup": spread(speedups),
+                        "tau": spread([s["tau"] for s in self.spec_stats])}
+            repeats = [r | {"spec": s, "speedup": x, **stats}
+                       for r, s, x, stats in zip(repeats, spec, speedups, self.spec_stats)]
+            out |= {"spec": median_of(spec), "speedup": statistics.median(speedups), **median_of(self.spec_stats)}
+        return out | {"spread": spreads, "repeats": repeats}
 
 
 def _run(engine: Engine, prompts: list[list[int]], params: SamplingParams, batch_size: int,
-         progress: Progress, label: str) -> RunResult:
+         progress: Progress, task: TaskID) -> RunResult:
     """Requests `batch_size` at a time (1: one request alone, the latency regime)."""
-    task = progress.add_task(label, total=len(prompts))
     reqs: list[Request] = []
     start = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
@@ -56,15 +82,24 @@ def _run(engine: Engine, prompts: list[list[int]], params: SamplingParams, batch
 
 
 def bench_dataset(engine: Engine, dataset: str, num_prompts: int, params: SamplingParams, batch_size: int,
-                  progress: Progress) -> DatasetResult:
+                  repeats: int, progress: Progress) -> DatasetResult:
     if engine.tokenizer is None:
         raise ValueError("bench needs a model with a tokenizer")
     prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts(dataset, num_prompts)]
+    result = DatasetResult(dataset, len(prompts))
+    # both modes warmed, so that neither one's first repeat pays for compilation and lazy allocations;
+    # each speculative repeat starts statistics of the drafter's block size (AR's warm-up leaves none)
     engine.warm_up()
     with engine.autoregressive():
-        ar = _run(engine, prompts, params, batch_size, progress, f"{dataset} AR")
-    result = DatasetResult(dataset, len(prompts), ar)
-    if engine.drafter is not None:  # warm_up left the statistics empty and AR records none
-        result.spec = _run(engine, prompts, params, batch_size, progress, f"{dataset} {engine.drafter.name}")
-        result.spec_stats = engine.spec_stats.as_dict(wait=True)
+        engine.warm_up()
+    ar_task = progress.add_task(f"{dataset} AR", total=repeats * len(prompts))
+    spec_task = None if engine.drafter is None else \
+        progress.add_task(f"{dataset} {engine.drafter.name}", total=repeats * len(prompts))
+    for _ in range(repeats):
+        with engine.autoregressive():
+            result.ar.append(_run(engine, prompts, params, batch_size, progress, ar_task))
+        if spec_task is not None:
+            engine.reset_spec_stats()
+            result.spec.append(_run(engine, prompts, params, batch_size, progress, spec_task))
+            result.spec_stats.append(engine.spec_stats.as_dict(wait=True))
     return result

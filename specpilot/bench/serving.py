@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from specpilot.bench import provenance
 from specpilot.bench.datasets import Prompt, load_prompts
 from specpilot.bench.output import bench_output_dir
 
@@ -168,20 +169,20 @@ def run_serving_bench(cfg: ServingBenchConfig) -> tuple[dict[str, Any], list[Req
     results, duration = asyncio.run(_run(cfg, prompts))
     with httpx.Client(timeout=30.0, trust_env=False) as client:
         info = client.get(cfg.base_url.rstrip("/") + "/get_server_info").json()
-    report = {"config": asdict(cfg) | {"request_rate": str(cfg.request_rate)},
+    # the client's machine and software; the server's own settings and version are in server_info
+    report = {"provenance": provenance.collect(None, info.get("dtype")),
+              "config": asdict(cfg) | {"request_rate": str(cfg.request_rate)},
               "summary": summarize(results, duration, info),
               "requests": [{"ok": r.ok, "error": r.error, "prompt_tokens": r.prompt_tokens,
                             "output_tokens": r.output_tokens, "ttft_s": r.ttft, "latency_s": r.latency}
-                           for r in results]}
+                           for r in results],
+              "server_info": info}
     return report, results
 
 
-def latency_chart(results: list[RequestResult], title: str, path: Path) -> Path:
+def latency_chart(results: list[RequestResult], title: str, path: Path, footer: str) -> Path:
     """CDFs of TTFT and end-to-end latency, and the histogram of inter-token latencies."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from specpilot.bench.charts import plt, save
 
     done = [r for r in results if r.ok]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -195,10 +196,7 @@ def latency_chart(results: list[RequestResult], title: str, path: Path) -> Path:
     ax2.hist([1000 * gap for r in done for gap in r.itl], bins=50)
     ax2.set_xlabel("inter-token latency (ms)")
     ax2.set_ylabel("chunks")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path, footer)
 
 
 def _table(summary: dict[str, Any], title: str) -> Any:
@@ -239,7 +237,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     name = f"serving_{cfg.backend}"
     title = f"specpilot bench --serving ({cfg.backend}, rate {cfg.request_rate}, {cfg.num_prompts} prompts)"
     (out / f"{name}.json").write_text(json.dumps(report, indent=2))
-    latency_chart(results, title, out / f"{name}.png")
+    latency_chart(results, title, out / f"{name}.png", provenance.label(report["provenance"]))
     Console().print(_table(report["summary"], title))
     print(f"results in {out}/: {name}.json, {name}.png")
     return 0 if report["summary"]["completed"] else 1

@@ -40,9 +40,9 @@ class SpecStats:
         return dict(self.times)
 
     def record(self, committed: int) -> None:
-        if not self.histogram:
-            self.histogram = [0] * (self.block_size + 1)
-            self.position_accepted = [0] * (self.block_size - 1)
+        if len(self.histogram) <= committed:  # sized by the block; stats reset while AR have block 0
+            self.histogram += [0] * (max(self.block_size, committed) + 1 - len(self.histogram))
+            self.position_accepted += [0] * (len(self.histogram) - 2 - len(self.position_accepted))
         self.steps += 1
         self.committed += committed
         self.histogram[committed] += 1

@@ -59,13 +59,18 @@ class ForcingVerdict:
     max_tv_distance: float = 0.0
     tie_epsilon: float = NEAR_TIE
     stock_noise: float = 0.0  # max |decode - teacher-forced| logit of stock's top tokens
+    # the candidate's logits at stock's top tokens against stock's teacher-forced ones: the largest
+    # difference, and the positions where it exceeds the tie band (a perturbation no flip revealed)
+    max_logit_deviation: float = 0.0
+    logit_deviations: int = 0
     tau: float = 0.0
 
     @property
     def passed(self) -> bool:
         if self.positions_checked == 0:
             return False
-        return self.non_tie_mismatches == 0 and (self.greedy or self.max_tv_distance <= TV_TOLERANCE)
+        return (self.non_tie_mismatches == 0 and self.logit_deviations == 0
+                and (self.greedy or self.max_tv_distance <= TV_TOLERANCE))
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -79,7 +84,8 @@ class StockRun:
     # top-1 minus top-2 at each output position: logits (greedy) or keyed scores in logit units (T>0)
     margins: list[list[float]]
     probs: list[torch.Tensor | None] = field(default_factory=list)  # T>0: [n, V] target distributions
-    noise: float = 0.0  # greedy: max |decode - teacher-forced| over each position's top decode logits
+    top: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # teacher-forced top ids, logits
+    noise: float = 0.0  # max |decode - teacher-forced| over each position's top decode logits
 
 
 class DecodeLogitRecorder:
@@ -110,6 +116,7 @@ class ForcingObserver:
                 break
             self.verdict.positions_checked += 1
             forced.append(ref[pos])
+            self._deviation(i, pos, rows[j])
             if not req.params.greedy:
                 mine = target_probs(rows[j : j + 1], req.params).cpu()
                 tv = float(0.5 * (mine[0] - self.stock.probs[i][pos]).abs().sum())
@@ -118,6 +125,15 @@ class ForcingObserver:
                 self._mismatch(i, pos, ref[pos], token, margins[pos])
                 break  # the rest of this step was computed from a token stock did not produce
         return forced
+
+    def _deviation(self, prompt: int, pos: int, row: torch.Tensor) -> None:
+        ids, values = self.stock.top[prompt]
+        mine, theirs = row.float()[ids[pos].to(row.device)].cpu(), values[pos]
+        finite = torch.isfinite(mine) & torch.isfinite(theirs)  # stop ids masked before min_new_tokens
+        if finite.any():
+            deviation = float((mine - theirs)[finite].abs().max())
+            self.verdict.max_logit_deviation = max(self.verdict.max_logit_deviation, deviation)
+            self.verdict.logit_deviations += deviation > self.verdict.tie_epsilon
 
     def _mismatch(self, prompt: int, pos: int, expected: int, got: int, margin: float) -> None:
         if margin < self.verdict.tie_epsilon:
@@ -158,12 +174,14 @@ def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams,
     finally:
         engine.forcing = None
     tokens = [r.output_ids for r in reqs]
-    margins, probs, noise = [], [], 0.0
+    margins, probs, top_logits, noise = [], [], [], 0.0
     passes = progress.add_task("stock teacher-forced", total=len(reqs)) if progress else None
     for req, prompt, out in zip(reqs, prompts, tokens):
         if passes is not None:
             progress.advance(passes)
         logits = teacher_forced_logits(engine, prompt, out)
+        top_values, top_ids = torch.topk(logits.float(), NOISE_TOP_K, dim=-1)
+        top_logits.append((top_ids.cpu(), top_values.cpu()))
         if top := recorder.top.get(req.rid):
             values, ids = (torch.stack(t) for t in zip(*top))
             noise = max(noise, float((values - logits[: len(top)].float().gather(1, ids)).abs().max()))
@@ -174,7 +192,7 @@ def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams,
         else:
             margins.append(keyed_margins(logits, params, req.sampling_seed))
             probs.append(target_probs(logits, params).cpu())
-    return StockRun(tokens, margins, probs, noise)
+    return StockRun(tokens, margins, probs, top_logits, noise)
 
 
 def keyed_margins(logits: torch.Tensor, params: SamplingParams, seed: int) -> list[float]:
