@@ -124,8 +124,8 @@ def main() -> None:
             step_ms = time_cuda(lambda: runner.forward(slots[:b], starts, toks))  # host prep included
             batch = ForwardBatch.build(slots[:b], starts, toks, max_len, device)
             with torch.inference_mode():
-                eager_logits, _ = runner._run(batch)
-                eager_ms = time_cuda(lambda: runner._run(batch), iters=10)
+                eager_logits = runner.run(batch).logits
+                eager_ms = time_cuda(lambda: runner.run(batch), iters=10)
             agree = float((graph_out.argmax(-1) == eager_logits.argmax(-1)).float().mean())
             logits_err = float((graph_out - eager_logits).norm() / eager_logits.norm())
             rows.append({"batch": b, "q": q, "graph_ms": graph_ms, "step_ms": step_ms, "eager_ms": eager_ms,

@@ -20,16 +20,17 @@ from common import out_dir, write_json  # noqa: E402
 
 from specpilot.bench.datasets import apply_chat_template, load_prompts  # noqa: E402
 from specpilot.config import SamplingParams  # noqa: E402
-from specpilot.drafters import dflash  # noqa: E402
 from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
+
+DEFAULT_LOOKUP_PROB = EngineConfig.speculative_lookup_prob
 
 
 def tau(topk: int, assist: int, lookup_prob: float, datasets: list[str], args: argparse.Namespace) -> dict:
     engine = Engine.from_config(EngineConfig(
         device=args.device, speculative_algorithm="dflash", speculative_num_draft_tokens=args.block,
-        speculative_eagle_topk=topk, speculative_ngram_assist=assist, max_running_requests=args.batch))
-    drafter = engine.drafter.model if assist else engine.drafter  # under the lookup wrapper
-    drafter.lookup_prob = lookup_prob
+        speculative_eagle_topk=topk, speculative_ngram_assist=assist, max_running_requests=args.batch,
+        # the tunable applies to trees only (a chain merges no lookup)
+        speculative_lookup_prob=lookup_prob if topk > 1 else DEFAULT_LOOKUP_PROB))
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     row = {"topk": topk, "assist": assist, "lookup_prob": lookup_prob}
     for name in datasets:
@@ -48,7 +49,7 @@ def main() -> None:
     p.add_argument("--block", type=int, default=16)
     p.add_argument("--topk", type=int, nargs="+", default=[4])
     p.add_argument("--assist", type=int, nargs="+", default=[2])
-    p.add_argument("--lookup-prob", type=float, nargs="+", default=[dflash.LOOKUP_PROB])
+    p.add_argument("--lookup-prob", type=float, nargs="+", default=[DEFAULT_LOOKUP_PROB])
     p.add_argument("--batch", type=int, default=8, help="prompts decoded together")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out")
