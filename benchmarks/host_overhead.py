@@ -25,9 +25,9 @@ from spec_fixtures import write_random_dflash  # noqa: E402
 from tiny_models import tiny_hf_model  # noqa: E402
 
 from specpilot.config import SamplingParams  # noqa: E402
-from specpilot.state import graphs  # noqa: E402
 from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
 from specpilot.models.checkpoint import load_checkpoint  # noqa: E402
+from specpilot.state import graphs  # noqa: E402
 from specpilot.state.graphs import EagerReplay, GraphBackend, eager_capture  # noqa: E402
 
 
