@@ -75,13 +75,16 @@ def keyed_gumbel(seed: int, positions: torch.Tensor, vocab: int) -> torch.Tensor
     return -torch.log(-torch.log(uniform))
 
 
+def keyed_scores(probs: torch.Tensor, seed: int, positions: torch.Tensor) -> torch.Tensor:
+    """[N, V] log p + the Gumbel noise of row i's output position positions[i]; -inf where p is 0."""
+    return torch.where(probs > 0, probs.double().log() + keyed_gumbel(seed, positions, probs.shape[-1]),
+                       float("-inf"))
+
+
 def keyed_sample(logits: torch.Tensor, params: SamplingParams, seed: int, positions: torch.Tensor) -> torch.Tensor:
     """[N] the keyed sample of each row's target distribution (row i decides output position
-    positions[i]): the argmax of log p + Gumbel noise, first index on ties."""
-    probs = target_probs(logits, params)
-    scores = torch.where(probs > 0, probs.double().log() + keyed_gumbel(seed, positions, probs.shape[-1]),
-                         float("-inf"))
-    return row_argmax(scores)
+    positions[i]): the argmax of its keyed scores, first index on ties."""
+    return row_argmax(keyed_scores(target_probs(logits, params), seed, positions))
 
 
 def choose_tokens(logits: torch.Tensor, reqs: Sequence[Request]) -> list[int]:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import torch
@@ -51,13 +53,15 @@ class VerifyPlan:
     batch: ForwardBatch  # what the verify pass runs (a graph's static batch, padding rows included)
     graph: Graph | None = None  # None: an eager pass
 
-    @property
+    @cached_property
     def offsets(self) -> list[int]:
         """Request i's verify rows are offsets[i] : offsets[i + 1]."""
-        out = [0]
-        for w in self.widths:
-            out.append(out[-1] + w)
-        return out
+        return [0, *accumulate(self.widths)]
+
+    @cached_property
+    def uniform(self) -> bool:
+        """Every request verifies as many rows (what graphs and device acceptance take)."""
+        return len(set(self.widths)) == 1
 
 
 @dataclass
@@ -125,7 +129,7 @@ class SpeculativeStep:
         slots, starts = [r.slot for r in reqs], [r.cached_len for r in reqs]
         firsts = [r.output_ids[-1] for r in reqs]
         laid, self._laid_out = self._laid_out, None
-        graph = self.runner.graph_for(q, n) if len(set(widths)) == 1 else None
+        graph = self.runner.graph_for(q, n) if len(set(widths)) == 1 else None  # a graph takes uniform widths
         if graph is None:
             lists = [[t, *d[: w - 1]] for t, d, w in zip(firsts, draft.tokens.tolist(), widths)]
             batch = ForwardBatch.build(slots, starts, lists, self.cache.max_len, self.device)
@@ -156,7 +160,7 @@ class SpeculativeStep:
         keyed samples), else the walk."""
         reqs, tree = plan.reqs, plan.draft.tree
         banned = self._banned_rows(plan)
-        on_device = "device-acceptance" in self.mechanisms and len(set(plan.widths)) == 1 and not any(banned)
+        on_device = "device-acceptance" in self.mechanisms and plan.uniform and not any(banned)
         if on_device:
             accepted, taps, host, graphed = self._accept_on_device(plan, out)
             clock.mark()

@@ -29,7 +29,7 @@ from rich.progress import Progress
 
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine
-from specpilot.engine.sampling import keyed_gumbel, target_probs
+from specpilot.engine.sampling import keyed_scores, target_probs
 from specpilot.state.request import Request
 
 NEAR_TIE = 1e-3  # fp32 logit margin under which float reordering may flip the argmax (fp32 CPU)
@@ -110,13 +110,16 @@ class ForcingObserver:
         ref, margins = self.stock.tokens[i], self.stock.margins[i]
         n = len(req.output_ids)
         forced: list[int] = []
+        deviations = self._deviations(i, n, rows[: max(min(len(tokens), len(ref) - n), 0)])
         for j, token in enumerate(tokens):
             pos = n + j
             if pos >= len(ref):
                 break
             self.verdict.positions_checked += 1
             forced.append(ref[pos])
-            self._deviation(i, pos, rows[j])
+            if deviations[j] is not None:
+                self.verdict.max_logit_deviation = max(self.verdict.max_logit_deviation, deviations[j])
+                self.verdict.logit_deviations += deviations[j] > self.verdict.tie_epsilon
             if not req.params.greedy:
                 mine = target_probs(rows[j : j + 1], req.params).cpu()
                 tv = float(0.5 * (mine[0] - self.stock.probs[i][pos]).abs().sum())
@@ -126,14 +129,17 @@ class ForcingObserver:
                 break  # the rest of this step was computed from a token stock did not produce
         return forced
 
-    def _deviation(self, prompt: int, pos: int, row: torch.Tensor) -> None:
+    def _deviations(self, prompt: int, start: int, rows: torch.Tensor) -> list[float | None]:
+        """Per row (output positions start, start + 1, ...): the largest |candidate - stock| logit at
+        stock's top tokens, in one copy to the host; None where none is finite (stop ids are masked
+        before min_new_tokens)."""
         ids, values = self.stock.top[prompt]
-        mine, theirs = row.float()[ids[pos].to(row.device)].cpu(), values[pos]
-        finite = torch.isfinite(mine) & torch.isfinite(theirs)  # stop ids masked before min_new_tokens
-        if finite.any():
-            deviation = float((mine - theirs)[finite].abs().max())
-            self.verdict.max_logit_deviation = max(self.verdict.max_logit_deviation, deviation)
-            self.verdict.logit_deviations += deviation > self.verdict.tie_epsilon
+        n = rows.shape[0]
+        mine = rows.float().gather(1, ids[start : start + n].to(rows.device)).cpu()
+        theirs = values[start : start + n]
+        finite = torch.isfinite(mine) & torch.isfinite(theirs)
+        gaps = torch.where(finite, (mine - theirs).abs(), -1.0).max(1).values.tolist()
+        return [g if g >= 0 else None for g in gaps]
 
     def _mismatch(self, prompt: int, pos: int, expected: int, got: int, margin: float) -> None:
         if margin < self.verdict.tie_epsilon:
@@ -190,17 +196,16 @@ def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams,
             margins.append((top2[:, 0] - top2[:, 1]).tolist())
             probs.append(None)
         else:
-            margins.append(keyed_margins(logits, params, req.sampling_seed))
-            probs.append(target_probs(logits, params).cpu())
+            target = target_probs(logits, params)
+            margins.append(keyed_margins(target, params, req.sampling_seed))
+            probs.append(target.cpu())
     return StockRun(tokens, margins, probs, top_logits, noise)
 
 
-def keyed_margins(logits: torch.Tensor, params: SamplingParams, seed: int) -> list[float]:
-    """Per output position, top-1 minus top-2 of the keyed scores (log p + Gumbel noise), times the
-    temperature: in logit units, so the greedy tie band applies."""
-    probs = target_probs(logits, params)
-    noise = keyed_gumbel(seed, torch.arange(logits.shape[0], device=logits.device), logits.shape[-1])
-    scores = torch.where(probs > 0, probs.double().log() + noise, float("-inf"))
+def keyed_margins(probs: torch.Tensor, params: SamplingParams, seed: int) -> list[float]:
+    """Per output position (row of the target distributions `probs`), top-1 minus top-2 of the keyed
+    scores, times the temperature: in logit units, so the greedy tie band applies."""
+    scores = keyed_scores(probs, seed, torch.arange(probs.shape[0], device=probs.device))
     top2 = torch.topk(scores, 2, dim=-1).values
     return ((top2[:, 0] - top2[:, 1]).nan_to_num(posinf=1e30) * params.temperature).tolist()
 
