@@ -249,11 +249,11 @@ class SpeculativeStep:
                               batch.tree_mask.view(b, q))
         starts = positions[:, 0].clone()  # the layout below moves them on
         decided = row_argmax(logits).view(b, q)
-        depths = positions - positions[:, :1]  # the row at depth d decides output position len(output) + d
         for i, req in enumerate(reqs):
-            if not req.params.greedy:
-                rows = logits.view(b, q, -1)[i]
-                decided[i] = keyed_sample(rows, req.params, req.sampling_seed, len(req.output_ids) + depths[i])
+            if not req.params.greedy:  # the row at depth d decides output position len(output) + d
+                depths = positions[i] - positions[i, :1]
+                decided[i] = keyed_sample(logits.view(b, q, -1)[i], req.params, req.sampling_seed,
+                                          len(req.output_ids) + depths)
         accepted = self.engine.verifier.greedy(decided, ids[:, 1:], starts, tree)
         taps = verify_taps
         if tree is not None:
