@@ -22,7 +22,7 @@ run() {  # name, flags...
     local rc=$?
     echo "$name rc=$rc $((SECONDS - t0))s $(python3 -c "
 import json; t = open('$out/$name.json').read(); d = json.loads(t[t.index('{'):])
-print({k: d.get(k) for k in ('passed', 'positions_checked', 'non_tie_mismatches', 'tie_mismatches', 'stock_noise', 'tau')})" 2>&1 | tail -1)"
+print({k: d.get(k) for k in ('passed', 'exact', 'positions_checked', 'non_tie_mismatches', 'tie_mismatches', 'row_mismatches', 'logit_deviations', 'stock_noise', 'tau')})" 2>&1 | tail -1)"
 }
 run chain --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 1 --speculative-ngram-assist 0
 run chain-assist --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 1 --speculative-ngram-assist 2

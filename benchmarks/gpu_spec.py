@@ -2,13 +2,17 @@
 on Llama-3.1-8B shapes with synthetic bf16 weights, through the real engine loop (host work included)
 and as bare graph replays. A DFlash-shaped drafter: 5 layers at the target's width, 5 taps, block 16.
 
-    python benchmarks/gpu_spec.py [--out DIR] [--batch 1 8] [--smoke]   (--smoke: tiny shapes on CPU)
+Today's fastest kernels and the batch-invariant ones run in one process (two engines over the same weights),
+their AR and speculative runs interleaved `--repeats` times; rows give median, min and max.
+
+    python benchmarks/gpu_spec.py [--out DIR] [--batch 1 8 32] [--repeats 3] [--smoke]   (--smoke: tiny, CPU)
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 from contextlib import nullcontext
 from dataclasses import replace
@@ -68,12 +72,20 @@ def per_step(engine: Engine, prompts: list[list[int]], new_tokens: int) -> tuple
     return (time.perf_counter() - start) / steps, engine.spec_stats
 
 
+KERNELS = {"fastest": False, "invariant": True}  # EngineConfig.batch_invariant
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks the script runs")
     args = ap.parse_args()
     device = torch.device("cpu" if args.smoke else "cuda")
@@ -83,41 +95,51 @@ def main() -> None:
     ckpt = Checkpoint(config=target_cfg, state_dict={}, tokenizer=None, source="synthetic")
     config = EngineConfig(device=device.type, dtype=str(dtype).removeprefix("torch."),
                           max_running_requests=max(args.batch), context_length=args.context + args.new_tokens + 32)
-    engine = Engine(ckpt, config, model=model, drafter_factory=dflash_factory(target_cfg, 5, 16))
+    engines = {k: Engine(ckpt, replace(config, batch_invariant=on), model=model,
+                         drafter_factory=dflash_factory(target_cfg, 5, 16)) for k, on in KERNELS.items()}
     rng = random.Random(0)
     rows = []
     for b in args.batch:
         prompts = [[rng.randrange(target_cfg.vocab_size - 1) for _ in range(args.context)] for _ in range(b)]
-        for spec in (False, True):  # warm-up: first-call costs stay out of the timings
-            with engine.autoregressive() if not spec else nullcontext():
-                per_step(engine, prompts, 4)
-        with engine.autoregressive():
-            ar_step, _ = per_step(engine, prompts, args.new_tokens)
-        spec_step, stats = per_step(engine, prompts, args.new_tokens)
-        passes = stats.steps / b  # verify passes per request = engine steps
-        row = {"batch": b, "ar_step_ms": 1e3 * ar_step, "spec_step_ms": 1e3 * spec_step,
-               **{f"{k}_ms": 1e3 * seconds / passes for k, seconds in stats.time_split(wait=True).items()},
-               "tau_random_weights": stats.tau,
-               "spec_step_over_ar_step": spec_step / ar_step}
-        if device.type == "cuda":
-            row["graph_verify_ms"] = time_cuda(engine.runner.graph_for(16, b).graph.replay)
-            row["graph_decode_ms"] = time_cuda(engine.runner.graph_for(1, b).graph.replay)
-            draft_graph = engine.drafter.graphs[next(x for x in sorted(engine.drafter.graphs) if x >= b)]
-            row["graph_draft_ms"] = time_cuda(draft_graph.graph.replay)
-            row["graph_ratio"] = (row["graph_draft_ms"] + row["graph_verify_ms"]) / row["graph_decode_ms"]
+        for engine in engines.values():
+            for spec in (False, True):  # warm-up: first-call costs stay out of the timings
+                with engine.autoregressive() if not spec else nullcontext():
+                    per_step(engine, prompts, 4)
+        seen = {k: {"ar": [], "spec": [], "verify": [], "draft": []} for k in engines}
+        for _ in range(args.repeats):
+            for kernels, engine in engines.items():
+                with engine.autoregressive():
+                    ar_step, _ = per_step(engine, prompts, args.new_tokens)
+                spec_step, stats = per_step(engine, prompts, args.new_tokens)
+                passes = stats.steps / b  # verify passes per request = engine steps
+                split = stats.time_split(wait=True)
+                for key, value in (("ar", ar_step), ("spec", spec_step), ("verify", split["verify"] / passes),
+                                   ("draft", split["draft"] / passes)):
+                    seen[kernels][key].append(1e3 * value)
+        row: dict = {"batch": b}
+        for kernels, engine in engines.items():
+            row[kernels] = {f"{k}_step_ms" if k in ("ar", "spec") else f"{k}_ms": spread(v)
+                            for k, v in seen[kernels].items()}
+            if device.type == "cuda":
+                row[kernels]["graph_verify_ms"] = time_cuda(engine.runner.graph_for(16, b).graph.replay)
+                row[kernels]["graph_decode_ms"] = time_cuda(engine.runner.graph_for(1, b).graph.replay)
+        for step in ("ar", "spec"):
+            row[f"{step}_invariant_over_fastest"] = (row["invariant"][f"{step}_step_ms"]["median"]
+                                                     / row["fastest"][f"{step}_step_ms"]["median"])
         rows.append(row)
     result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (smoke)",
               "target": "Llama-3.1-8B shapes, synthetic bf16" if not args.smoke else "tiny",
-              "drafter": "DFlash-shaped: 5 layers, 5 taps, block 16", "context": args.context, "rows": rows}
+              "drafter": "DFlash-shaped: 5 layers, 5 taps, block 16", "context": args.context,
+              "repeats": args.repeats, "rows": rows}
     write_json(out_dir(args.out) / "gpu_spec.json", result)
     print(f"\n{result['device']}: {result['target']}; {result['drafter']}; context {args.context}")
     for r in rows:
-        print(f"B={r['batch']:>2}: AR step {r['ar_step_ms']:.3f} ms | spec step {r['spec_step_ms']:.3f} ms "
-              f"(draft {r['draft_ms']:.3f} + verify {r['verify_ms']:.3f} + other {r['other_ms']:.3f}) "
-              f"=> spec/AR {r['spec_step_over_ar_step']:.3f} (goal <= 1.35)")
-        if "graph_ratio" in r:
-            print(f"      graphs only: decode {r['graph_decode_ms']:.3f}, draft {r['graph_draft_ms']:.3f}, "
-                  f"verify {r['graph_verify_ms']:.3f} => {r['graph_ratio']:.3f}")
+        for kernels in KERNELS:
+            k = r[kernels]
+            print(f"B={r['batch']:>2} {kernels:>9}: AR step {k['ar_step_ms']['median']:.3f} ms | spec step "
+                  f"{k['spec_step_ms']['median']:.3f} ms (draft {k['draft_ms']['median']:.3f}, verify "
+                  f"{k['verify_ms']['median']:.3f})")
+        print(f"      invariant / fastest: AR {r['ar_invariant_over_fastest']:.3f}, spec {r['spec_invariant_over_fastest']:.3f}")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    metavar="BS", help="batch sizes captured as CUDA graphs (default: "
                                       f"{' '.join(map(str, EngineConfig.cuda_graph_batch_sizes))})")
     g.add_argument("--attention-kv-splits", type=_nonneg_int, default=None, metavar="N",
-                   help="key splits of decode and verify attention; 0: the kernel's choice per batch (default)")
+                   help="key splits of decode and verify attention with --no-batch-invariant (the invariant "
+                        "kernel splits by key position); 0: the kernel's choice per batch (default)")
+    g.add_argument("--no-batch-invariant", dest="batch_invariant", action="store_false", default=True,
+                   help="CUDA: the fastest kernel per pass instead of the batch-invariant ones (speculation then "
+                        "matches AR only up to float rounding, and forcing is statistical)")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--speculative-algorithm", default=None, type=str.lower, choices=["none", *ALGORITHMS],
                    help="drafter; default none (plain AR decoding)")
@@ -122,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=_positive_int, default=3, metavar="N",
                        help="runs of each mode per dataset, interleaved AR, speculative, AR, ...; the table shows "
                             "medians and ranges, the JSON every run (default 3)")
+    bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    bench.add_argument("--top-p", type=float, default=1.0)
+    bench.add_argument("--sampling-seed", type=int, default=None, metavar="S",
+                       help="T > 0: request i samples with seed S + i in every run (default: a random S)")
     bench.add_argument("--output-dir", default=None,
                        help="folder for the JSON and PNG (default: a new specpilot-bench/<date>-<time>/)")
     _engine_args(bench)
@@ -288,7 +296,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     config = engine_config_from_args(args, max_running_requests=args.batch_size)
     engine = Engine.from_config(config)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            seed=args.sampling_seed)
     with Progress() as progress:
         results = [bench_dataset(engine, d, args.num_prompts, params, args.batch_size, args.repeats,
                                  progress).as_dict() for d in args.dataset]
@@ -304,12 +313,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     title = f"specpilot bench ({config.speculative_algorithm or 'AR only'}, {engine.device.type})"
     table = Table(title=f"{title}: median (min–max) of {args.repeats} interleaved repeats",
                   caption=provenance.label(prov))
-    for col in ("dataset", "prompts", "tau", "TPOT AR ms", "TPOT spec ms", "speedup"):
+    for col in ("dataset", "prompts", "tau", "TPOT AR ms", "TPOT spec ms", "speedup", "ids = AR"):
         table.add_column(col, overflow="fold")  # a narrow terminal wraps a range rather than cutting it
     for r in results:
         spread = r["spread"]
         cells = [_median_range(spread[key], suffix) if key in spread else "n/a"
                  for key, suffix in (("tau", ""), ("ar_tpot_ms", ""), ("spec_tpot_ms", ""), ("speedup", "×"))]
+        same = r["identical_ids"]["spec_repeats"] or r["identical_ids"]["ar_repeats"]
+        cells.append(f"{min(same)}/{r['num_prompts']}" if same else "n/a")
         table.add_row(r["dataset"], str(r["num_prompts"]), *cells)
     Console().print(table)
     if engine.drafter is not None:
@@ -355,6 +366,7 @@ def engine_config_from_args(args: argparse.Namespace, max_running_requests: int 
                           context_length=args.context_length, max_total_tokens=args.max_total_tokens,
                           max_running_requests=max_running_requests, speculative_algorithm=algorithm,
                           speculative_draft_model_path=args.speculative_draft_model_path,
+                          batch_invariant=args.batch_invariant,
                           **open_defaults(resolve_device(args.device).type, algorithm))
     if args.profile is not None:
         config = Profile.load(args.profile).apply(config)

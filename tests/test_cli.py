@@ -78,6 +78,9 @@ def test_bench_writes_json_with_the_settings_in_effect(tiny_dir, tmp_path, capsy
         assert stat["median"] == pytest.approx(median) and median == pytest.approx(sum(stat["values"]) / 2)
     table = capsys.readouterr().out
     assert f"{spread['speedup']['median']:.2f}×" in table and f"({spread['speedup']['min']:.2f}–" in table
+    # the second AR repeat and both speculative ones, request by request against the first AR repeat's ids
+    ids = result["identical_ids"]
+    assert ids["ar_repeats"] == [2] and len(ids["spec_repeats"]) == 2 and "2/2" in table
 
 
 def test_bench_records_provenance(tiny_dir, tmp_path):

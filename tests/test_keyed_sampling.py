@@ -61,7 +61,7 @@ def test_forcing_at_t_above_zero_compares_tokens(tiny):  # noqa: F811
 
 def test_planted_accept_everything_fails_forcing_at_t_above_zero(tiny):  # noqa: F811
     ckpt, paths = tiny
-    cand = engine_for(ckpt, "dflash", paths["dflash"])
+    cand = engine_for(ckpt, "dflash", paths["dflash"], graphs=False)
     cand.verifier = AcceptEverything()
     verdict = run_forcing(engine_for(ckpt), cand, mixed_prompts(ckpt.config.vocab_size, 4), SAMPLED, "hack")
     assert not verdict.passed and verdict.non_tie_mismatches > 0

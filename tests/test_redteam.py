@@ -1,5 +1,6 @@
 """Red team: planted candidates that token forcing must fail (CPU statistical mode). Each breaks the
-decode/verify path in a way an optimizer or a kernel change could, some too subtly to flip a token."""
+decode/verify path in a way an optimizer or a kernel change could, some too subtly to flip a token. With
+SPECPILOT_TEST_DEVICE=cuda (test_speculative.engine_for) the same candidates face exact forcing in bf16."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def _noisy_verify(monkeypatch, cand, sigma: float) -> None:
     def noisy(self, batch):
         out = run(self, batch)
         if batch.max_q_len > 1 and self is cand.runner:  # verify passes only
-            out.logits.add_(torch.randn(out.logits.shape, generator=gen) * sigma)
+            out.logits.add_(torch.randn(out.logits.shape, generator=gen).to(out.logits.device) * sigma)
         return out
 
     monkeypatch.setattr(ModelRunner, "run", noisy)
@@ -53,7 +54,7 @@ def _noisy_verify(monkeypatch, cand, sigma: float) -> None:
 @pytest.mark.parametrize("sigma", [0.3, 0.05])
 def test_noisy_verify_logits_fail_forcing(tiny, monkeypatch, sigma):  # noqa: F811
     ckpt, paths = tiny
-    cand = engine_for(ckpt, "dflash", paths["dflash"])
+    cand = engine_for(ckpt, "dflash", paths["dflash"], graphs=False)
     _noisy_verify(monkeypatch, cand, sigma)
     verdict = _forcing(ckpt, cand)
     assert not verdict.passed, verdict.as_dict()
@@ -103,7 +104,7 @@ def test_positions_off_by_one_at_one_step_in_a_hundred_fail_forcing(tiny, monkey
 def test_tree_compaction_to_the_wrong_row_fails_forcing(tiny, monkeypatch):  # noqa: F811
     """A tree's accepted K/V move one row too far for the first request."""
     ckpt, _ = tiny
-    cand = engine_for(ckpt, "ngram", block=5)
+    cand = engine_for(ckpt, "ngram", block=5, graphs=False)
     cand.drafter = SiblingTree(5)
     cand.drafter.vocab = ckpt.config.vocab_size
     assert _forcing(ckpt, cand).passed  # the tree itself is lossless, and gets accepted
@@ -123,7 +124,7 @@ def test_noise_too_small_to_flip_a_token_still_fails_forcing(tiny, monkeypatch):
     """sigma 0.01 rarely flips a token; the candidate's logits still move past the tie band at stock's
     top tokens, which the verdict counts."""
     ckpt, paths = tiny
-    cand = engine_for(ckpt, "dflash", paths["dflash"])
+    cand = engine_for(ckpt, "dflash", paths["dflash"], graphs=False)
     _noisy_verify(monkeypatch, cand, 0.01)
     verdict = _forcing(ckpt, cand)
     assert not verdict.passed and verdict.logit_deviations > 0, verdict.as_dict()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -41,11 +42,19 @@ def tiny(tmp_path_factory):
     return ckpt, {"dflash": dflash, "pard": pard}
 
 
-def engine_for(ckpt, algorithm=None, path=None, block=None, slots=8, assist=0, topk=1) -> Engine:
-    return Engine(ckpt, EngineConfig(device="cpu", max_running_requests=slots, context_length=256,
-                                     speculative_algorithm=algorithm, speculative_draft_model_path=path,
-                                     speculative_num_draft_tokens=block, speculative_ngram_assist=assist,
-                                     speculative_eagle_topk=topk))
+# The forcing tests run on CPU in CI; on a GPU machine SPECPILOT_TEST_DEVICE=cuda (and
+# SPECPILOT_TEST_DTYPE=bfloat16) runs them on the batch-invariant kernels, where forcing is exact.
+TEST_DEVICE = os.environ.get("SPECPILOT_TEST_DEVICE", "cpu")
+TEST_DTYPE = os.environ.get("SPECPILOT_TEST_DTYPE", "auto")
+
+
+def engine_for(ckpt, algorithm=None, path=None, block=None, slots=8, assist=0, topk=1, graphs=True) -> Engine:
+    """`graphs`: False for candidates whose planted bug patches an eager method the graphs bypass."""
+    return Engine(ckpt, EngineConfig(device=TEST_DEVICE, dtype=TEST_DTYPE, max_running_requests=slots,
+                                     context_length=256, speculative_algorithm=algorithm,
+                                     speculative_draft_model_path=path, speculative_num_draft_tokens=block,
+                                     speculative_ngram_assist=assist, speculative_eagle_topk=topk,
+                                     cuda_graphs=graphs))
 
 
 @pytest.mark.parametrize("algorithm,block,assist,topk", [
@@ -105,7 +114,7 @@ class AcceptEverything(Verifier):
 
 def test_planted_accept_everything_fails_forcing(tiny, monkeypatch):
     ckpt, paths = tiny
-    cand = engine_for(ckpt, "dflash", paths["dflash"])
+    cand = engine_for(ckpt, "dflash", paths["dflash"], graphs=False)
     cand.verifier = AcceptEverything()
     cancelled = []  # forcing substitutes stock's tokens: each time, the draft launched early is dropped
     cancel = cand.drafter.cancel_launch

@@ -3,9 +3,10 @@ repeats (AR, speculative, AR, speculative, ...) so that drift of the machine hit
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import zip_longest
 from typing import Any
 
@@ -47,6 +48,9 @@ class DatasetResult:
     ar: list[RunResult] = field(default_factory=list)  # one per repeat
     spec: list[RunResult] = field(default_factory=list)  # one per repeat; empty without a drafter
     spec_stats: list[dict] = field(default_factory=list)  # one per repeat
+    # per repeat after the first AR one: how many requests produced exactly the first AR repeat's token ids
+    ar_identical: list[int] = field(default_factory=list)
+    spec_identical: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         """The headline numbers (`ar`, `spec`, `speedup`, `tau` and the other statistics) are medians over
@@ -56,7 +60,10 @@ class DatasetResult:
         spreads = {"ar_tpot_ms": spread([r["tpot_ms"] for r in ar])}
         repeats = [{"ar": r} for r in ar]
         out: dict[str, Any] = {"dataset": self.dataset, "num_prompts": self.num_prompts, "ar": median_of(ar),
-                               "spec": None, "speedup": None}
+                               "spec": None, "speedup": None,
+                               "identical_ids": {"ar_repeats": self.ar_identical, "spec_repeats": self.spec_identical,
+                                                 "all": all(n == self.num_prompts for n in
+                                                            self.ar_identical + self.spec_identical)}}
         if spec:
             speedups = [a["tpot_ms"] / s["tpot_ms"] for a, s in zip(ar, spec)]
             spreads |= {"spec_tpot_ms": spread([s["tpot_ms"] for s in spec]), "speedup": spread(speedups),
@@ -67,18 +74,23 @@ class DatasetResult:
         return out | {"spread": spreads, "repeats": repeats}
 
 
-def _run(engine: Engine, prompts: list[list[int]], params: SamplingParams, batch_size: int,
-         progress: Progress, task: TaskID) -> RunResult:
-    """Requests `batch_size` at a time (1: one request alone, the latency regime)."""
+def _run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], batch_size: int,
+         progress: Progress, task: TaskID) -> tuple[RunResult, list[list[int]]]:
+    """Requests `batch_size` at a time (1: one request alone, the latency regime); also their token ids."""
     reqs: list[Request] = []
     start = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
-        reqs += engine.generate(prompts[i : i + batch_size], params)
+        reqs += engine.generate(prompts[i : i + batch_size], params[i : i + batch_size])
         progress.advance(task, min(batch_size, len(prompts) - i))
     wall = time.perf_counter() - start
     tpots = [(r.finished_time - r.first_token_time) / (len(r.output_ids) - 1) for r in reqs if len(r.output_ids) > 1]
     tokens = sum(len(r.output_ids) for r in reqs)
-    return RunResult(1e3 * statistics.mean(tpots) if tpots else float("nan"), tokens / wall, tokens, wall)
+    result = RunResult(1e3 * statistics.mean(tpots) if tpots else float("nan"), tokens / wall, tokens, wall)
+    return result, [r.output_ids for r in reqs]
+
+
+def _identical(outputs: list[list[int]], reference: list[list[int]]) -> int:
+    return sum(a == b for a, b in zip(outputs, reference))
 
 
 def bench_dataset(engine: Engine, dataset: str, num_prompts: int, params: SamplingParams, batch_size: int,
@@ -87,6 +99,10 @@ def bench_dataset(engine: Engine, dataset: str, num_prompts: int, params: Sampli
         raise ValueError("bench needs a model with a tokenizer")
     prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts(dataset, num_prompts)]
     result = DatasetResult(dataset, len(prompts))
+    # sampling: request i draws with seed base + i in every run, so its text may be compared across runs
+    base = params.seed if params.seed is not None else random.getrandbits(62)
+    plist = [params if params.greedy else replace(params, seed=base + i) for i in range(len(prompts))]
+    reference: list[list[int]] | None = None
     # both modes warmed, so that neither one's first repeat pays for compilation and lazy allocations;
     # each speculative repeat starts statistics of the drafter's block size (AR's warm-up leaves none)
     engine.warm_up()
@@ -97,9 +113,16 @@ def bench_dataset(engine: Engine, dataset: str, num_prompts: int, params: Sampli
         progress.add_task(f"{dataset} {engine.drafter.name}", total=repeats * len(prompts))
     for _ in range(repeats):
         with engine.autoregressive():
-            result.ar.append(_run(engine, prompts, params, batch_size, progress, ar_task))
+            run, outputs = _run(engine, prompts, plist, batch_size, progress, ar_task)
+        result.ar.append(run)
+        if reference is None:
+            reference = outputs
+        else:
+            result.ar_identical.append(_identical(outputs, reference))
         if spec_task is not None:
             engine.reset_spec_stats()
-            result.spec.append(_run(engine, prompts, params, batch_size, progress, spec_task))
+            run, outputs = _run(engine, prompts, plist, batch_size, progress, spec_task)
+            result.spec.append(run)
+            result.spec_identical.append(_identical(outputs, reference))
             result.spec_stats.append(engine.spec_stats.as_dict(wait=True))
     return result

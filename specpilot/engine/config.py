@@ -30,6 +30,9 @@ class EngineConfig:
     speculative_lookup_prob: float = 0.9  # dflash trees: the probability prompt lookup's tokens enter the tree at
     cuda_graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)  # graph buckets
     attention_kv_splits: int = 0  # key splits of decode/verify attention; 0: the kernel's choice per batch
+    # CUDA: the target runs the batch-invariant kernels, so a request's logits are bitwise the same whatever
+    # the pass and its batch companions (speculation identical to AR); False: the fastest kernel per pass
+    batch_invariant: bool = True
     # the speed mechanisms in effect (engine/registry.py): None = every one whose precondition holds,
     # an empty set = stock
     mechanisms: frozenset[str] | None = None

@@ -23,6 +23,7 @@ from specpilot.engine.spec_stats import SpecStats
 from specpilot.engine.step import SpeculativeStep
 from specpilot.engine.stops import StopChecker
 from specpilot.engine.verify import Verifier
+from specpilot.kernels.triton_support import HAS_TRITON
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import Checkpoint, load_checkpoint
 from specpilot.models.runner import (
@@ -84,6 +85,10 @@ class Engine:
                                        context_length=self.kv_plan.context_length,
                                        max_total_tokens=self.kv_plan.total_tokens)
         self.context_length = self.kv_plan.context_length
+        # Exact: the invariant kernels run, so logits are bitwise independent of pass and batch (forcing
+        # then requires identity, tie band 0).
+        self.exact = config.batch_invariant and self.device.type == "cuda" and HAS_TRITON
+        self.model.set_batch_invariant(self.exact)
         check_tunables(Deployment(self.device.type, config))
         self._drafter: Drafter | None = None
         if drafter_factory is None and config.speculative_algorithm:
@@ -209,6 +214,8 @@ class Engine:
     def step(self) -> list[Request]:
         """One forward pass: a prefill of newly admitted requests if any can be admitted, else one
         decode step for every running request. Returns the requests that finished."""
+        if self.model.batch_invariant != self.exact:  # a twin with the other kernels ran last
+            self.model.set_batch_invariant(self.exact)
         admitted = self._admit()
         if admitted:
             return self._prefill(admitted)

@@ -16,6 +16,10 @@
    must commit stock's very tokens: a mismatch is excused only where stock's top-2 keyed scores (log p
    plus the position's Gumbel noise, in logit units) are that close, and the total-variation distance
    between the candidate's target distribution and stock's is bounded too.
+4. Exact mode: where both engines run the batch-invariant kernels (CUDA; Engine.exact) logits are a function
+   of the context alone, so the tie band is 0 and every committed position's whole logits row must be
+   bitwise stock's (compared through a 64-bit digest of the row's bits), and stock's own decode logits must
+   equal its teacher-forced ones (stock_noise 0): the verdict says `exact: true`.
 """
 
 from __future__ import annotations
@@ -63,11 +67,16 @@ class ForcingVerdict:
     # difference, and the positions where it exceeds the tie band (a perturbation no flip revealed)
     max_logit_deviation: float = 0.0
     logit_deviations: int = 0
+    # exact mode: positions whose whole logits row differs from stock's in any bit
+    exact: bool = False
+    row_mismatches: int = 0
     tau: float = 0.0
 
     @property
     def passed(self) -> bool:
         if self.positions_checked == 0:
+            return False
+        if self.exact and (self.row_mismatches or self.stock_noise or self.tie_mismatches):
             return False
         return (self.non_tie_mismatches == 0 and self.logit_deviations == 0
                 and (self.greedy or self.max_tv_distance <= TV_TOLERANCE))
@@ -86,6 +95,21 @@ class StockRun:
     probs: list[torch.Tensor | None] = field(default_factory=list)  # T>0: [n, V] target distributions
     top: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # teacher-forced top ids, logits
     noise: float = 0.0  # max |decode - teacher-forced| over each position's top decode logits
+    digests: list[torch.Tensor] = field(default_factory=list)  # per prompt: row_digests of the teacher-forced logits
+
+
+_DIGEST_WEIGHTS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def row_digests(rows: torch.Tensor) -> torch.Tensor:
+    """int64 [n]: a digest of each float32 row's bits (a sum of the bits times fixed odd 64-bit weights,
+    wrapping): equal rows give equal digests, and one flipped bit changes it."""
+    key = (rows.shape[1], str(rows.device))
+    if key not in _DIGEST_WEIGHTS:
+        g = torch.Generator().manual_seed(0x5EC)
+        _DIGEST_WEIGHTS[key] = (torch.randint(-(2**62), 2**62, (rows.shape[1],), generator=g) | 1).to(rows.device)
+    bits = rows.float().contiguous().view(torch.int32).to(torch.int64)
+    return (bits * _DIGEST_WEIGHTS[key]).sum(1)
 
 
 class DecodeLogitRecorder:
@@ -110,7 +134,9 @@ class ForcingObserver:
         ref, margins = self.stock.tokens[i], self.stock.margins[i]
         n = len(req.output_ids)
         forced: list[int] = []
-        deviations = self._deviations(i, n, rows[: max(min(len(tokens), len(ref) - n), 0)])
+        checked = rows[: max(min(len(tokens), len(ref) - n), 0)]
+        deviations = self._deviations(i, n, checked)
+        same_rows = self._same_rows(i, n, checked) if self.verdict.exact else None
         for j, token in enumerate(tokens):
             pos = n + j
             if pos >= len(ref):
@@ -120,6 +146,8 @@ class ForcingObserver:
             if deviations[j] is not None:
                 self.verdict.max_logit_deviation = max(self.verdict.max_logit_deviation, deviations[j])
                 self.verdict.logit_deviations += deviations[j] > self.verdict.tie_epsilon
+            if same_rows is not None and same_rows[j] is False:
+                self.verdict.row_mismatches += 1
             if not req.params.greedy:
                 mine = target_probs(rows[j : j + 1], req.params).cpu()
                 tv = float(0.5 * (mine[0] - self.stock.probs[i][pos]).abs().sum())
@@ -140,6 +168,14 @@ class ForcingObserver:
         finite = torch.isfinite(mine) & torch.isfinite(theirs)
         gaps = torch.where(finite, (mine - theirs).abs(), -1.0).max(1).values.tolist()
         return [g if g >= 0 else None for g in gaps]
+
+    def _same_rows(self, prompt: int, start: int, rows: torch.Tensor) -> list[bool | None]:
+        """Per row: whether its digest is stock's; None for a row with banned ids (-inf before
+        min_new_tokens), which stock's unmasked teacher-forced row cannot match."""
+        n = rows.shape[0]
+        masked = torch.isinf(rows).any(1)
+        same = row_digests(rows).cpu() == self.stock.digests[prompt][start : start + n]
+        return [None if m else bool(e) for m, e in zip(masked.cpu().tolist(), same.tolist())]
 
     def _mismatch(self, prompt: int, pos: int, expected: int, got: int, margin: float) -> None:
         if margin < self.verdict.tie_epsilon:
@@ -180,7 +216,7 @@ def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams,
     finally:
         engine.forcing = None
     tokens = [r.output_ids for r in reqs]
-    margins, probs, top_logits, noise = [], [], [], 0.0
+    margins, probs, top_logits, digests, noise = [], [], [], [], 0.0
     passes = progress.add_task("stock teacher-forced", total=len(reqs)) if progress else None
     for req, prompt, out in zip(reqs, prompts, tokens):
         if passes is not None:
@@ -188,6 +224,7 @@ def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams,
         logits = teacher_forced_logits(engine, prompt, out)
         top_values, top_ids = torch.topk(logits.float(), NOISE_TOP_K, dim=-1)
         top_logits.append((top_ids.cpu(), top_values.cpu()))
+        digests.append(row_digests(logits).cpu())
         if top := recorder.top.get(req.rid):
             values, ids = (torch.stack(t) for t in zip(*top))
             noise = max(noise, float((values - logits[: len(top)].float().gather(1, ids)).abs().max()))
@@ -199,7 +236,7 @@ def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams,
             target = target_probs(logits, params)
             margins.append(keyed_margins(target, params, req.sampling_seed))
             probs.append(target.cpu())
-    return StockRun(tokens, margins, probs, top_logits, noise)
+    return StockRun(tokens, margins, probs, top_logits, noise, digests)
 
 
 def keyed_margins(probs: torch.Tensor, params: SamplingParams, seed: int) -> list[float]:
@@ -222,11 +259,12 @@ def run_forcing(stock_engine: Engine, candidate: Engine, prompts: list[list[int]
         params = replace(params, seed=random.getrandbits(63))
     if stock is None:
         stock = run_stock(stock_engine, prompts, params, progress)
+    exact = stock_engine.exact and candidate.exact
     if tie_epsilon is None:
         floor = NEAR_TIE if stock_engine.dtype == torch.float32 else NEAR_TIE_BF16
-        tie_epsilon = max(floor, 2 * stock.noise)
+        tie_epsilon = 0.0 if exact else max(floor, 2 * stock.noise)
     verdict = ForcingVerdict(algorithm, params.greedy, len(prompts), tie_epsilon=tie_epsilon,
-                             stock_noise=stock.noise)
+                             stock_noise=stock.noise, exact=exact)
     reqs = [candidate.add_request(p, params) for p in prompts]
     observer = ForcingObserver(stock, {r.rid: i for i, r in enumerate(reqs)}, verdict)
     candidate.forcing = observer

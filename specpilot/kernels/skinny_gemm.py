@@ -1,18 +1,26 @@
-"""Skinny GEMM ``y = x @ w.T (+ bias)`` for decode and speculative verify (M = 1..64 rows).
+"""GEMM ``y = x @ w.T (+ bias)`` built for decode and speculative verify, and batch-invariant at every M.
 
-At such M a linear layer is memory-bound: the time is the time to stream ``w`` ([N, K], row-major as
-``nn.Linear`` stores it) from device memory once. cuBLAS reaches well under copy bandwidth there, so this
-module offers a Triton kernel built for bandwidth, plus :func:`tune`, which times it against cuBLAS per shape so
-a Linear seam can pick whichever is faster.
+At decode and verify sizes (M = 1..64 rows) a linear layer is memory-bound: the time is the time to stream
+``w`` ([N, K], row-major as ``nn.Linear`` stores it) from device memory once. cuBLAS reaches well under copy
+bandwidth there, so this module offers a Triton kernel built for bandwidth, plus :func:`tune`, which times it
+against cuBLAS per shape.
 
-Kernel layout: program ``(n_block, k_split)`` owns ``BLOCK_N`` rows of ``w`` (output columns) and one of
-``SPLIT_K`` equal slices of K. It walks its slice in ``[BLOCK_N, BLOCK_K]`` tiles, each row a contiguous run of
-K, software-pipelined ``num_stages`` deep so several tiles are in flight per program. ``w`` is the dot's left
-operand (``acc[BLOCK_N, BLOCK_M] = w_tile @ x_tile.T``) and the few rows of ``x`` are padded to
-``BLOCK_M >= 16`` on the right, so ``BLOCK_N`` - not M - sets the MMA's M dimension (>= 64 allows Hopper's
-wgmma). With ``SPLIT_K > 1`` the slices write fp32 partials to a workspace and a second small kernel sums them
-in a fixed order (deterministic, no zero-init, no atomics), adds the bias and casts. Nothing syncs with the host
-and the grid depends only on shapes, so calls are CUDA-graph capturable.
+Kernel layout: program ``(tile, k_split)`` owns ``BLOCK_N`` rows of ``w`` (output columns), ``BLOCK_M`` rows of
+``x`` and one of ``SPLIT_K`` equal slices of K. It walks its slice in ``[BLOCK_N, BLOCK_K]`` tiles, each row a
+contiguous run of K, software-pipelined ``num_stages`` deep. ``w`` is the dot's left operand
+(``acc[BLOCK_N, BLOCK_M] = w_tile @ x_tile.T``) and the rows of ``x`` are padded to ``BLOCK_M >= 16`` on the
+right, so ``BLOCK_N`` - not M - sets the MMA's M dimension (>= 64 allows Hopper's wgmma). Tiles are ordered in
+groups of ``GROUP_N`` column blocks so programs running together share weight and activation tiles in L2 when
+M is large (prefill). With ``SPLIT_K > 1`` the slices write fp32 partials to a workspace and a second small
+kernel sums them in a fixed order (deterministic, no zero-init, no atomics), adds the bias and casts.
+
+Batch invariance: with ``split_k == 1`` each output element is one fp32 accumulator fed the same MMA k-steps in
+K order, whatever the tile: on the H200, every tile shape tried (BLOCK_N 64-256, BLOCK_K 64/128, BLOCK_M
+16-256, 4 or 8 warps) gives bitwise the same rows (docs/RESULTS.md, benchmarks/gpu_gemm_configs.py), so
+:func:`invariant_gemm` may pick its tiles by M for speed - decode tiles up to 64 rows, compute-sized ones
+beyond - while a row never depends on how many rows share the call (docs/ARCHITECTURE.md, "Batch
+invariance"). Nothing syncs with the host and the grid depends only on shapes, so calls are CUDA-graph
+capturable.
 """
 
 from __future__ import annotations
@@ -31,12 +39,15 @@ __all__ = [
     "MAX_M",
     "SkinnyConfig",
     "default_config",
+    "invariant_gemm",
     "skinny_gemm",
     "skinny_gemm_reference",
     "tune",
 ]
 
-MAX_M = 64
+MAX_M = 64  # the tuned (cuBLAS-or-Triton) decode path's limit; invariant_gemm takes any M
+MAX_BLOCK_M = 256  # x rows per program: larger M runs more programs along M
+GROUP_N = 8  # column blocks per tile group (L2 reuse at large M)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Shared memory the pipelined tiles may take (Hopper allows 227 KiB per block; the rest is epilogue scratch).
 _SMEM_BUDGET = 192 * 1024
@@ -106,6 +117,7 @@ if HAS_TRITON:
         stride_wn,
         stride_om,
         stride_os,
+        GROUP_N: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
@@ -114,10 +126,17 @@ if HAS_TRITON:
         HAS_BIAS: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
     ):
-        pid_n = tl.program_id(0)
+        # Grouped order: consecutive programs take GROUP_N column blocks, then the next BLOCK_M rows of x.
+        tile = tl.program_id(0)
         pid_k = tl.program_id(1)
+        num_n = tl.cdiv(N, BLOCK_N)
+        per_group = GROUP_N * tl.cdiv(M, BLOCK_M)
+        first_n = (tile // per_group) * GROUP_N
+        group_size = tl.minimum(num_n - first_n, GROUP_N)
+        pid_n = first_n + (tile % per_group) % group_size
+        pid_m = (tile % per_group) // group_size
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_m = tl.arange(0, BLOCK_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_k = tl.arange(0, BLOCK_K)
         # Rows past N re-read row N-1 instead of being masked: loads stay unpredicated along K, stores drop them.
         rows = tl.minimum(offs_n, N - 1).to(tl.int64)
@@ -127,7 +146,7 @@ if HAS_TRITON:
 
         w_ptrs = w_ptr + rows[:, None] * stride_wn + (k_lo + offs_k)[None, :]
         # x is read as its transpose [BLOCK_K, BLOCK_M]; rows past M load as zeros.
-        x_ptrs = x_ptr + offs_m[None, :] * stride_xm + (k_lo + offs_k)[:, None]
+        x_ptrs = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + (k_lo + offs_k)[:, None]
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for k in range(k_lo, k_hi, BLOCK_K):
             if EVEN_K:
@@ -142,7 +161,7 @@ if HAS_TRITON:
             x_ptrs += BLOCK_K
 
         n_ok = offs_n < N
-        out_ptrs = out_ptr + pid_k * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
+        out_ptrs = out_ptr + pid_k * stride_os + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
         mask = n_ok[:, None] & m_ok[None, :]
         if SPLIT_K == 1:
             if HAS_BIAS:
@@ -177,13 +196,13 @@ if HAS_TRITON:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _check_inputs(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+def _check_inputs(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, max_m: int | None) -> None:
     if x.dim() != 2 or w.dim() != 2:
         raise ValueError(f"x must be [M, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
     if x.shape[1] != w.shape[1]:
         raise ValueError(f"K mismatch: x has {x.shape[1]}, w has {w.shape[1]}")
-    if x.shape[0] > MAX_M:
-        raise ValueError(f"skinny_gemm handles at most {MAX_M} rows, got M={x.shape[0]}")
+    if max_m is not None and x.shape[0] > max_m:
+        raise ValueError(f"skinny_gemm handles at most {max_m} rows, got M={x.shape[0]}")
     if x.dtype not in _DTYPES or w.dtype != x.dtype:
         raise TypeError(f"x and w must share one dtype of {_DTYPES}, got {x.dtype} and {w.dtype}")
     if x.stride(1) != 1 or w.stride(1) != 1:
@@ -196,7 +215,7 @@ def _check_inputs(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -
 
 
 def _block_m(m: int) -> int:
-    return max(16, triton.next_power_of_2(m))
+    return min(MAX_BLOCK_M, max(16, triton.next_power_of_2(m)))
 
 
 def _fit_stages(config: SkinnyConfig, block_m: int, elt: int) -> int:
@@ -218,7 +237,38 @@ def skinny_gemm(
 ) -> torch.Tensor:
     """Triton ``x @ w.T + bias`` for ``x`` of 1..64 rows; fp32 accumulation, output in ``x.dtype``."""
     require_triton("skinny_gemm")
-    _check_inputs(x, w, bias)
+    _check_inputs(x, w, bias, MAX_M)
+    return _launch(x, w, bias, config, None)
+
+
+def invariant_config(m: int, n: int, k: int) -> tuple[SkinnyConfig, int | None]:
+    """(tiles, x rows per program) of invariant_gemm by M: the decode tiles where the weight read dominates,
+    larger ones as the pass turns compute-bound (the H200 sweep in docs/RESULTS.md); no split-K anywhere."""
+    if m <= 256:
+        return default_config(m, n, k), None
+    if m <= 2048:
+        return SkinnyConfig(block_n=128, block_k=64, split_k=1, num_warps=8, num_stages=4), 128
+    return SkinnyConfig(block_n=128, block_k=64, split_k=1, num_warps=8, num_stages=3), 256
+
+
+def invariant_gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
+                   block_m: int | None = None, config: SkinnyConfig | None = None) -> torch.Tensor:
+    """Batch-invariant ``x @ w.T + bias`` for any number of rows: every row of the result is bitwise the same
+    whatever the other rows are and however many there are (one config per weight shape, no split-K).
+    ``block_m`` and ``config`` pin the tiles (tests and sweeps of the invariance; by default the tiles are
+    default_config's and the rows per program grow with M)."""
+    require_triton("invariant_gemm")
+    _check_inputs(x, w, bias, None)
+    if config is None:
+        config, chosen = invariant_config(x.shape[0], w.shape[0], w.shape[1])
+        block_m = block_m or chosen
+    if config.split_k != 1:
+        raise ValueError("split-K changes a row's summation order with the split; invariant_gemm takes split_k=1")
+    return _launch(x, w, bias, config, block_m)
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, config: SkinnyConfig | None,
+            block_m: int | None) -> torch.Tensor:
     (m, k), n = x.shape, w.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
@@ -228,7 +278,7 @@ def skinny_gemm(
     if config is None:
         config = default_config(m, n, k)
 
-    block_m = _block_m(m)
+    block_m = block_m or _block_m(m)
     k_tiles = triton.cdiv(k, config.block_k)
     split = min(config.split_k, k_tiles)  # more splits than tiles would only add empty programs
     k_span = triton.cdiv(k_tiles, split) * config.block_k
@@ -237,7 +287,7 @@ def skinny_gemm(
         dest = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     else:
         dest = out
-    grid = (triton.cdiv(n, config.block_n), split)
+    grid = (triton.cdiv(n, config.block_n) * triton.cdiv(m, block_m), split)
     _skinny_gemm_kernel[grid](
         x,
         w,
@@ -251,6 +301,7 @@ def skinny_gemm(
         w.stride(0),
         dest.stride(-2),
         dest.stride(0) if split > 1 else 0,
+        GROUP_N=GROUP_N,
         BLOCK_M=block_m,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,

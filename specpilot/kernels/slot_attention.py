@@ -13,6 +13,15 @@ Two implementations share one contract:
 * :func:`slot_attention_reference` - plain torch (padded, batched SDPA); the CPU production path.
 * :func:`slot_attention_triton` - a flash-attention style Triton kernel for CUDA, with optional
   flash-decoding split over the key axis.
+* :func:`slot_attention_invariant` - the batch-invariant Triton kernel (the target's default on CUDA): a
+  query's output is bitwise a function of its own keys, whatever the pass (prefill, decode, chain or tree
+  verify) and whatever requests share it. A query at position ``p`` reads its keys as one fixed sequence of
+  partials: context splits of ``SPLIT_KEYS`` keys at fixed absolute offsets over keys ``[0, A)``, then a tail
+  of its last ``TAIL_KEYS`` keys ``[A, p]`` (``A = max(p + 1 - TAIL_KEYS, 0)``), merged in that order. A tree
+  node's tail is laid out as the chain it stands for: lane ``i`` holds its ancestor at depth ``p - ctx -
+  (TAIL_KEYS - 1) + i``, read from that node's cache row, so it matches the decode of the same token. One tile
+  shape and launch config for every pass, and no FMA contraction, so the partial and merge arithmetic rounds the
+  same in the split-grid and single-program forms (docs/ARCHITECTURE.md, "Batch invariance").
 """
 
 from __future__ import annotations
@@ -30,11 +39,29 @@ from specpilot.kernels.triton_support import (
     triton,
 )
 
-__all__ = ["HAS_TRITON", "kv_splits", "slot_attention", "slot_attention_reference", "slot_attention_triton"]
+__all__ = [
+    "HAS_TRITON",
+    "INVARIANT_BLOCK_M",
+    "SPLIT_KEYS",
+    "TAIL_KEYS",
+    "kv_splits",
+    "slot_attention",
+    "slot_attention_invariant",
+    "slot_attention_reference",
+    "slot_attention_triton",
+]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 MAX_TREE_Q_LEN = 64  # one int64 of visibility bits per query row
+# The batch-invariant kernel's fixed reduction structure (changing any of them changes rounding, never what
+# is computed): keys per context split, the tail window (>= the deepest tree node's ancestors and itself),
+# and its one tile shape.
+SPLIT_KEYS = 256
+TAIL_KEYS = MAX_TREE_Q_LEN
+INVARIANT_BLOCK_M = 16
+INVARIANT_BLOCK_N = 64
+INVARIANT_SPLIT_GRID_MAX_Q = 64  # passes of at most this many queries per request spread splits over programs
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -240,6 +267,32 @@ def slot_attention_reference(
 if HAS_TRITON:
 
     @triton.jit
+    def _online_update(acc, l_i, m_i, s, v_tile, DOT_PRECISION: tl.constexpr):
+        """Fold one tile of (masked, exp2-domain) scores and its values into the running softmax."""
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v_tile.dtype), v_tile, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        return acc, l_i, m_new
+
+    @triton.jit
+    def _partial(acc, l_i, m_i):
+        """A finished partial as (normalized output, log2-sum-exp); an empty one is (0, -inf)."""
+        has_keys = l_i > 0.0
+        o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+        lse = tl.where(has_keys, m_i + tl.log2(l_i), float("-inf"))
+        return o, lse
+
+    @triton.jit
+    def _merge(m, denom, acc, lse, o):
+        """Fold one partial (lse, o) into the running (max, denominator, weighted sum)."""
+        m_new = tl.maximum(m, lse)
+        alpha = tl.exp2(m - m_new)
+        w = tl.exp2(lse - m_new)
+        return m_new, denom * alpha + w, acc * alpha[:, None] + w[:, None] * o
+
+    @triton.jit
     def _attend_key_tiles(
         acc,
         l_i,
@@ -286,16 +339,11 @@ if HAS_TRITON:
                     in_tree = ((tree_bits[:, None] >> rel[None, :]) & 1) != 0
                     visible = visible & ((cols[None, :] < ctx) | in_tree)
                 s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
             if MASKED:
                 v_tile = tl.load(v_ptrs, mask=col_ok[:, None], other=0.0)
             else:
                 v_tile = tl.load(v_ptrs)
-            acc = tl.dot(p.to(v_tile.dtype), v_tile, acc * alpha[:, None], input_precision=DOT_PRECISION)
-            m_i = m_new
+            acc, l_i, m_i = _online_update(acc, l_i, m_i, s, v_tile, DOT_PRECISION)
         return acc, l_i, m_i
 
     @triton.jit
@@ -400,8 +448,7 @@ if HAS_TRITON:
             hi, MASKED=True, TREE=TREE, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, DOT_PRECISION=DOT_PRECISION,
         )
 
-        has_keys = l_i > 0.0
-        o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+        o, lse = _partial(acc, l_i, m_i)
         if NUM_SPLITS == 1:
             out_ptrs = out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
             tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -409,7 +456,6 @@ if HAS_TRITON:
             # Partials are contiguous [NUM_SPLITS, T * num_heads, (HEAD_DIM)]; an empty split stores lse = -inf.
             flat = split * num_rows + q_rows * (NUM_KV_HEADS * GROUP) + head
             tl.store(part_o_ptr + flat[:, None] * HEAD_DIM + dims[None, :], o, mask=row_ok[:, None])
-            lse = tl.where(has_keys, m_i + tl.log2(l_i), float("-inf"))
             tl.store(part_lse_ptr + flat, lse, mask=row_ok)
 
     @triton.jit
@@ -439,19 +485,145 @@ if HAS_TRITON:
         m = tl.full([BLOCK_R], -1.0e30, dtype=tl.float32)
         denom = tl.zeros([BLOCK_R], dtype=tl.float32)
         acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
-        for s in tl.static_range(NUM_SPLITS):
+        for s in range(NUM_SPLITS):
             lse = tl.load(part_lse_ptr + s * num_rows + rows, mask=row_ok, other=float("-inf"))
             o = tl.load(part_o_ptr + (s * num_rows + rows)[:, None] * HEAD_DIM + dims[None, :], mask=row_ok[:, None])
-            m_new = tl.maximum(m, lse)
-            alpha = tl.exp2(m - m_new)
-            w = tl.exp2(lse - m_new)
-            denom = denom * alpha + w
-            acc = acc * alpha[:, None] + w[:, None] * o
-            m = m_new
+            m, denom, acc = _merge(m, denom, acc, lse, o)
         out = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
         # out is contiguous [T, NUM_HEADS, HEAD_DIM], i.e. flat row r at r * HEAD_DIM.
         out_ptrs = out_ptr + rows[:, None] * HEAD_DIM + dims[None, :]
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+    @triton.jit
+    def _tail_partial(
+        q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, pos_ptr, tree_mask_ptr, q_start, ctx,
+        tok_lo, tok_hi, BLOCK_M: tl.constexpr, TAIL: tl.constexpr, HEAD_DIM: tl.constexpr, TREE: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        """Each token's last TAIL keys as one tile (lane i = virtual key A + i), folded into its rows only.
+
+        A tree node's virtual keys at or past ctx are its ancestors by depth: the (v - ctx)-th set bit of its
+        visibility bits names the block row whose K/V stands at virtual position v.
+        """
+        dims = tl.arange(0, HEAD_DIM)
+        lanes = tl.arange(0, TAIL)
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        for t in range(tok_lo, tok_hi + 1):
+            pos = tl.load(pos_ptr + q_start + t)
+            first = tl.maximum(pos + 1 - TAIL, 0)
+            virtual = first + lanes
+            lane_ok = virtual <= pos
+            phys = virtual
+            if TREE:
+                bits = tl.load(tree_mask_ptr + q_start + t)
+                nodes = tl.arange(0, 64)
+                is_set = ((bits >> nodes.to(tl.int64)) & 1).to(tl.int32)
+                rank = tl.cumsum(is_set, 0) - is_set  # set bits below each node
+                depth = virtual - ctx
+                pick = (rank[None, :] == depth[:, None]) & (is_set[None, :] != 0)
+                node = tl.sum(tl.where(pick, nodes[None, :], 0), 1)
+                phys = tl.where(depth >= 0, ctx + node, virtual)
+            phys = tl.where(lane_ok, phys, 0)
+            k_tile = tl.load(k_base + phys[:, None].to(tl.int64) * stride_kn + dims[None, :], mask=lane_ok[:, None],
+                             other=0.0)
+            v_tile = tl.load(v_base + phys[:, None].to(tl.int64) * stride_vn + dims[None, :], mask=lane_ok[:, None],
+                             other=0.0)
+            s = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION) * qk_scale
+            s = tl.where((tok == t)[:, None] & lane_ok[None, :], s, float("-inf"))
+            acc, l_i, m_i = _online_update(acc, l_i, m_i, s, v_tile, DOT_PRECISION)
+        return _partial(acc, l_i, m_i)
+
+    @triton.jit
+    def _context_split(q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, ctx_end, block_end, block_full, lo,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr):
+        """The partial of context keys [lo, lo + SPLIT), each row's cut at its own ctx_end."""
+        hi = tl.minimum(lo + SPLIT, block_end)
+        mid = lo + tl.maximum(tl.minimum(hi, block_full) - lo, 0) // BLOCK_N * BLOCK_N
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        acc, l_i, m_i = _attend_key_tiles(
+            acc, l_i, m_i, q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, ctx_end, ctx_end, 0, lo, mid,
+            MASKED=False, TREE=False, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, DOT_PRECISION=DOT_PRECISION,
+        )
+        acc, l_i, m_i = _attend_key_tiles(
+            acc, l_i, m_i, q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, ctx_end, ctx_end, 0, mid, hi,
+            MASKED=True, TREE=False, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, DOT_PRECISION=DOT_PRECISION,
+        )
+        return _partial(acc, l_i, m_i)
+
+    @triton.jit
+    def _slot_attn_invariant_kernel(
+        q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, slot_ptr, q_start_ptr, q_len_ptr, kv_len_ptr,
+        pos_ptr, tree_mask_ptr, qk_scale, num_rows, stride_qt, stride_qh, stride_ks, stride_kn, stride_kh,
+        stride_vs, stride_vn, stride_vh, stride_ot, stride_oh,
+        NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, TAIL: tl.constexpr, NUM_SPLITS: tl.constexpr,
+        SPLIT_GRID: tl.constexpr, TREE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ):
+        # Program = (row block, request x kv head, part). With SPLIT_GRID, part < NUM_SPLITS is one context
+        # split and part == NUM_SPLITS the tail, each stored as a partial for the combine kernel; otherwise one
+        # program folds every partial in the same order itself.
+        row_block = tl.program_id(0)
+        req = tl.program_id(1) // NUM_KV_HEADS
+        kv_head = tl.program_id(1) % NUM_KV_HEADS
+        part = tl.program_id(2)
+        q_len = tl.load(q_len_ptr + req)
+        row_lo = row_block * BLOCK_M
+        if row_lo >= q_len * GROUP:
+            return
+        q_start = tl.load(q_start_ptr + req)
+        ctx = tl.load(kv_len_ptr + req) - q_len
+        slot = tl.load(slot_ptr + req).to(tl.int64)
+
+        rows = row_lo + tl.arange(0, BLOCK_M)
+        tok = rows // GROUP
+        head = kv_head * GROUP + rows % GROUP
+        row_ok = tok < q_len
+        dims = tl.arange(0, HEAD_DIM)
+        q_rows = (q_start + tok).to(tl.int64)
+        q_tile = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+                         mask=row_ok[:, None], other=0.0)
+        # Each row's context keys end where its tail starts; context keys are never tree nodes (A <= ctx).
+        pos = tl.load(pos_ptr + q_rows, mask=row_ok, other=0)
+        ctx_end = tl.where(row_ok, tl.maximum(pos + 1 - TAIL, 0), 0).to(tl.int32)
+        block_end = tl.max(ctx_end, 0)
+        block_full = tl.min(tl.where(row_ok, ctx_end, block_end), 0)
+        tok_lo = row_lo // GROUP
+        tok_hi = tl.minimum((row_lo + BLOCK_M - 1) // GROUP, q_len - 1)
+        k_base = k_ptr + slot * stride_ks + kv_head * stride_kh
+        v_base = v_ptr + slot * stride_vs + kv_head * stride_vh
+        flat = q_rows * (NUM_KV_HEADS * GROUP) + head
+
+        if SPLIT_GRID:
+            if part < NUM_SPLITS:
+                o, lse = _context_split(q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, ctx_end, block_end,
+                                        block_full, part * SPLIT, BLOCK_M, BLOCK_N, SPLIT, HEAD_DIM, DOT_PRECISION)
+            else:
+                o, lse = _tail_partial(q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, pos_ptr,
+                                       tree_mask_ptr, q_start, ctx, tok_lo, tok_hi, BLOCK_M, TAIL, HEAD_DIM, TREE,
+                                       DOT_PRECISION)
+            at = part * num_rows + flat
+            tl.store(part_o_ptr + at[:, None] * HEAD_DIM + dims[None, :], o, mask=row_ok[:, None])
+            tl.store(part_lse_ptr + at, lse, mask=row_ok)
+        else:
+            m = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+            denom = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+            for lo in range(0, block_end, SPLIT):
+                o, lse = _context_split(q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, ctx_end, block_end,
+                                        block_full, lo, BLOCK_M, BLOCK_N, SPLIT, HEAD_DIM, DOT_PRECISION)
+                m, denom, acc = _merge(m, denom, acc, lse, o)
+            o, lse = _tail_partial(q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, pos_ptr,
+                                   tree_mask_ptr, q_start, ctx, tok_lo, tok_hi, BLOCK_M, TAIL, HEAD_DIM, TREE,
+                                   DOT_PRECISION)
+            m, denom, acc = _merge(m, denom, acc, lse, o)
+            out = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
+            out_ptrs = out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
+            tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 def kv_splits(device: torch.device, batch_size: int, num_kv_heads: int) -> int:
@@ -489,6 +661,32 @@ def _launch_config(rows_max: int, head_dim: int, dtype: torch.dtype) -> tuple[in
     return block_m, block_n, num_warps, num_stages
 
 
+def _triton_prologue(name: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     slot_ids: torch.Tensor, q_starts: torch.Tensor, q_lens: torch.Tensor, kv_lens: torch.Tensor,
+                     max_q_len: int | None, tree_mask: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    """The Triton kernels' shared checks; returns (the output to fill, max_q_len), max_q_len 0 (or an empty
+    output) when there is nothing to compute."""
+    require_triton(name)
+    _check_inputs(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens)
+    if tree_mask is not None:
+        _check_tree_mask(tree_mask, q)
+    head_dim = q.shape[2]
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"{name} needs a power-of-two head_dim >= 16, got {head_dim}")
+    for t, tensor_name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{tensor_name} must have a unit-stride last dimension")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous")
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    batch = slot_ids.shape[0]
+    if max_q_len is None:
+        max_q_len = int(q_lens.max()) if batch else 0
+    if tree_mask is not None:
+        _check_tree_q_len(max_q_len)
+    return out, 0 if batch == 0 else max_q_len
+
+
 def slot_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -511,31 +709,15 @@ def slot_attention_triton(
     (slot ids, q_len <= kv_len <= max_len) are trusted, not checked, since checking them would sync.
     With ``tree_mask`` (int64 [T], see the module docstring) ``causal`` is ignored and ``max_q_len`` must be <= 64.
     """
-    require_triton("slot_attention_triton")
-    _check_inputs(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens)
-    if tree_mask is not None:
-        _check_tree_mask(tree_mask, q)
-    num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    if head_dim < 16 or head_dim & (head_dim - 1):
-        raise ValueError(f"slot_attention_triton needs a power-of-two head_dim >= 16, got {head_dim}")
     if num_kv_splits < 1:
         raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
-    for t, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must have a unit-stride last dimension")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("k_cache and v_cache must be contiguous")
-
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    batch = slot_ids.shape[0]
-    if max_q_len is None:
-        max_q_len = int(q_lens.max()) if batch else 0
-    if tree_mask is not None:
-        _check_tree_q_len(max_q_len)
-    if batch == 0 or max_q_len == 0 or num_tokens == 0:
+    out, max_q_len = _triton_prologue("slot_attention_triton", q, k_cache, v_cache, slot_ids, q_starts, q_lens,
+                                      kv_lens, max_q_len, tree_mask)
+    if out.numel() == 0 or max_q_len == 0:
         return out
-
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    batch = slot_ids.shape[0]
     group = num_heads // num_kv_heads
     block_m, block_n, num_warps, num_stages = _launch_config(max_q_len * group, head_dim, q.dtype)
     num_rows = num_tokens * num_heads
@@ -602,6 +784,65 @@ def slot_attention_triton(
     return out
 
 
+def slot_attention_invariant(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_ids: torch.Tensor,
+    q_starts: torch.Tensor,
+    q_lens: torch.Tensor,
+    kv_lens: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    max_q_len: int | None = None,
+    tree_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Batch-invariant causal (or tree) slot attention: the module docstring's fixed reduction structure.
+
+    ``positions`` [T] gives each query's position (a tree node's: committed length + depth). As with
+    :func:`slot_attention_triton`, with ``max_q_len`` given nothing syncs and the grid depends only on shapes.
+    Passes of up to INVARIANT_SPLIT_GRID_MAX_Q queries per request spread the key splits over programs and
+    merge them in a second kernel; longer ones (prefill) merge in-program, in the same order and arithmetic.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    if positions.shape != (num_tokens,) or positions.dtype not in _INDEX_DTYPES:
+        raise ValueError(f"positions must be int32/int64 [{num_tokens}], got {positions.dtype} {tuple(positions.shape)}")
+    out, max_q_len = _triton_prologue("slot_attention_invariant", q, k_cache, v_cache, slot_ids, q_starts, q_lens,
+                                      kv_lens, max_q_len, tree_mask)
+    if out.numel() == 0 or max_q_len == 0:
+        return out
+    batch = slot_ids.shape[0]
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    num_splits = triton.cdiv(k_cache.shape[1], SPLIT_KEYS)
+    split_grid = max_q_len <= INVARIANT_SPLIT_GRID_MAX_Q
+    num_rows = num_tokens * num_heads
+    if split_grid:  # the context splits, then the tail
+        part_o = torch.empty((num_splits + 1, num_rows, head_dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((num_splits + 1, num_rows), dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = out
+    block_m = INVARIANT_BLOCK_M
+    grid = (triton.cdiv(max_q_len * group, block_m), batch * num_kv_heads, num_splits + 1 if split_grid else 1)
+    _slot_attn_invariant_kernel[grid](
+        q, k_cache, v_cache, out, part_o, part_lse, slot_ids, q_starts, q_lens, kv_lens, positions,
+        q_lens if tree_mask is None else tree_mask,  # a placeholder pointer without TREE
+        scale * math.log2(math.e), num_rows, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=INVARIANT_BLOCK_N,
+        SPLIT=SPLIT_KEYS, TAIL=TAIL_KEYS, NUM_SPLITS=num_splits, SPLIT_GRID=split_grid, TREE=tree_mask is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4, num_stages=2, enable_fp_fusion=False,
+    )
+    if split_grid:
+        block_r = 16
+        _slot_attn_combine_kernel[(triton.cdiv(max_q_len * num_heads, block_r), batch)](
+            part_o, part_lse, out, q_starts, q_lens, num_rows, NUM_HEADS=num_heads, HEAD_DIM=head_dim,
+            BLOCK_R=block_r, NUM_SPLITS=num_splits + 1, num_warps=4, enable_fp_fusion=False,
+        )
+    return out
+
+
 def slot_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -616,12 +857,20 @@ def slot_attention(
     num_kv_splits: int = 1,
     backend: str = "auto",
     tree_mask: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dispatch: ``"triton"``, ``"torch"``, or ``"auto"`` (triton for CUDA tensors when importable).
 
     ``tree_mask`` (int64 [T], q_lens <= 64) replaces ``causal`` with per-row draft-tree visibility bits.
+    ``positions`` (causal or tree passes only) asks for the batch-invariant kernel on the Triton backend;
+    ``num_kv_splits`` is then unused (its splits are fixed by key position).
     """
     if pick_backend(backend, q) == "triton":
+        if positions is not None:
+            if not causal and tree_mask is None:
+                raise ValueError("the batch-invariant kernel takes causal or tree passes, not a non-causal block")
+            return slot_attention_invariant(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, positions,
+                                            scale, max_q_len, tree_mask)
         return slot_attention_triton(
             q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, scale, causal, max_q_len, num_kv_splits,
             tree_mask=tree_mask,

@@ -13,7 +13,7 @@ from torch import nn
 from specpilot.kernels.fused import rms_norm, rope_and_cache_write, silu_and_mul
 from specpilot.kernels.slot_attention import slot_attention
 from specpilot.models.config import ModelConfig
-from specpilot.models.linear import Linear
+from specpilot.models.linear import Linear, set_batch_invariant
 from specpilot.models.rope import RotaryTable
 from specpilot.state.batch import ForwardBatch
 from specpilot.state.cache import KVCache
@@ -47,6 +47,7 @@ class Attention(nn.Module):
         self.o_proj = Linear(cfg.q_size, cfg.hidden_size)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.batch_invariant = False  # causal and tree passes take the batch-invariant attention kernel
 
     def _rope_and_write(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                         rows: torch.Tensor, cache: KVCache, rope: RotaryTable) -> torch.Tensor:
@@ -69,10 +70,12 @@ class Attention(nn.Module):
         T = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = self._rope_and_write(q, k, v, batch.positions, batch.write_index, cache, rope)
+        invariant = self.batch_invariant and (batch.causal or batch.tree_mask is not None)
         o = slot_attention(
             q, cache.k[self.layer], cache.v[self.layer], batch.slot_ids, batch.q_starts, batch.q_lens,
             batch.kv_lens, scale=self.scale, causal=batch.causal, max_q_len=batch.max_q_len,
             num_kv_splits=batch.num_kv_splits, tree_mask=batch.tree_mask,
+            positions=batch.positions if invariant else None,
         )
         return self.o_proj(o.reshape(T, self.q_size))
 
@@ -117,6 +120,15 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope: RotaryTable | None = None
+        self.batch_invariant = False
+
+    def set_batch_invariant(self, on: bool) -> None:
+        """On CUDA, every projection and attention pass in a fixed reduction order per weight shape and key
+        position (the kernels' "batch invariance"): a token's logits depend on its context only."""
+        set_batch_invariant(self, on)
+        self.batch_invariant = on
+        for layer in self.layers:
+            layer.self_attn.batch_invariant = on
 
     def setup_rope(self, max_positions: int) -> None:
         """Tables for positions [0, max_positions); never shrinks them (engines may share a model)."""

@@ -1,0 +1,116 @@
+"""Batch-invariance scenarios for the GEMM and attention kernels, shared by the CPU interpreter tests and the
+CUDA tests: each returns, per comparison, how many output elements differ from the one-request baseline
+(0 means bitwise equal).
+
+Attention: one request's 16 new tokens after `ctx` context keys, computed as 16 decode passes (the baseline),
+as one chain verify, as a chain verify beside other requests, inside a whole-prompt prefill, and as the path
+of a draft tree whose other nodes hold unrelated K/V - a node's row must equal the decode of the token at its
+depth. GEMM: rows of x alone, in small batches and in a large one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from specpilot.kernels.skinny_gemm import invariant_config, invariant_gemm
+from specpilot.kernels.slot_attention import slot_attention_invariant
+
+NEW = 16  # tokens per verify block
+
+
+def _differing(a: torch.Tensor, b: torch.Tensor) -> int:
+    return int((a.view(-1) != b.view(-1)).sum())
+
+
+def _attend(q, k, v, slots, starts, q_lens, kv_lens, positions, tree_mask=None) -> torch.Tensor:
+    dev = q.device
+
+    def t(x: list[int], dtype=torch.int32) -> torch.Tensor:
+        return torch.tensor(x, dtype=dtype, device=dev)
+
+    return slot_attention_invariant(q, k, v, t(slots), t(starts), t(q_lens), t(kv_lens), t(positions, torch.int64),
+                                    scale=1.0 / math.sqrt(q.shape[-1]), max_q_len=max(q_lens),
+                                    tree_mask=None if tree_mask is None else t(tree_mask, torch.int64))
+
+
+def _tree_with_path() -> tuple[list[int], list[int]]:
+    """Parents of 16 nodes whose odd nodes continue one path from the root (node 0) and whose even nodes hang
+    off random earlier nodes; returns (ancestor-or-self bits per node, the path's nodes by depth)."""
+    g = torch.Generator().manual_seed(3)
+    parents, path = [-1], [0]
+    for i in range(1, NEW):
+        if i % 2:
+            parents.append(path[-1])
+            path.append(i)
+        else:
+            parents.append(int(torch.randint(0, i, (1,), generator=g)))
+    bits: list[int] = []
+    for i, p in enumerate(parents):
+        bits.append((bits[p] if p >= 0 else 0) | (1 << i))
+    return bits, path
+
+
+def attention_report(device: str, dtype: torch.dtype, ctx: int = 330, kv_heads: int = 2, group: int = 3,
+                     head_dim: int = 64) -> dict[str, int]:
+    g = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(dtype).to(device)
+
+    heads, length = kv_heads * group, ctx + NEW
+    k = randn(4, length + 8, kv_heads, head_dim)
+    v = randn(4, length + 8, kv_heads, head_dim)
+    q_new = randn(NEW, heads, head_dim)
+    new_pos = list(range(ctx, length))
+    report: dict[str, int] = {}
+
+    decode = torch.cat([_attend(q_new[i : i + 1], k, v, [0], [0], [1], [ctx + i + 1], [ctx + i]) for i in range(NEW)])
+    chain = _attend(q_new, k, v, [0], [0], [NEW], [length], new_pos)
+    report["chain verify"] = _differing(chain, decode)
+
+    # Beside a decode and a 5-token verify of other slots, in the middle of the batch.
+    others = randn(1 + 5, heads, head_dim)
+    mixed_q = torch.cat([others[:1], q_new, others[1:]])
+    mixed = _attend(mixed_q, k, v, [2, 0, 3], [0, 1, 1 + NEW], [1, NEW, 5], [40, length, 300],
+                    [39, *new_pos, *range(295, 300)])
+    report["chain verify in a batch"] = _differing(mixed[1 : 1 + NEW], decode)
+
+    # The whole prompt in one pass (the single-program form of the splits).
+    prompt_q = torch.cat([randn(ctx, heads, head_dim), q_new])
+    prefill = _attend(prompt_q, k, v, [0], [0], [length], [length], list(range(length)))
+    report["prefill"] = _differing(prefill[ctx:], decode)
+
+    # Slot 1: the same context; the path's nodes hold the chain's K/V and queries, the others noise.
+    bits, path = _tree_with_path()
+    k[1, :ctx], v[1, :ctx] = k[0, :ctx], v[0, :ctx]
+    tree_q = randn(NEW, heads, head_dim)
+    depth = [bin(b).count("1") - 1 for b in bits]
+    for d, node in enumerate(path):
+        k[1, ctx + node], v[1, ctx + node], tree_q[node] = k[0, ctx + d], v[0, ctx + d], q_new[d]
+    tree_pos = [ctx + d for d in depth]
+    tree = _attend(torch.cat([others[:1], tree_q]), k, v, [2, 1], [0, 1], [1, NEW], [40, length], [39, *tree_pos],
+                   tree_mask=[1, *bits])
+    on_path = torch.tensor(path, device=device) + 1
+    report["tree verify"] = _differing(tree[on_path], decode[: len(path)])
+    return report
+
+
+def gemm_report(device: str, dtype: torch.dtype, n: int = 200, k: int = 300, m: int = 300,
+                pinned: bool = False) -> dict[str, int]:
+    """Rows of x @ w.T alone and in batches of 5, 40 and m against the same rows of the m-row result. Each
+    call picks its own tiles by M, or with `pinned` every call takes the decode tiles, 16 rows per program
+    (the interpreter's dot sums each K tile apart and adds it to the accumulator, so there the K tile, unlike
+    on the GPU, changes the rounding)."""
+    config, block_m = (invariant_config(1, n, k)[0], 16) if pinned else (None, None)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(m, k, generator=g).to(dtype).to(device)
+    w = torch.randn(n, k, generator=g).to(dtype).to(device)
+    bias = torch.randn(n, generator=g).to(dtype).to(device)
+    full = invariant_gemm(x, w, bias, block_m=block_m, config=config)
+    report = {}
+    for rows in ((7, 8), (3, 8), (10, 50), (0, m)):
+        part = invariant_gemm(x[rows[0] : rows[1]], w, bias, block_m=block_m, config=config)
+        report[f"rows {rows[0]}:{rows[1]}"] = _differing(part, full[rows[0] : rows[1]])
+    return report
