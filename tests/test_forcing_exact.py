@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from specpilot.forcing.forcing import ForcingVerdict, row_digests
@@ -29,3 +31,12 @@ def test_exact_verdict_needs_identical_rows_and_a_noiseless_stock():
         assert not ForcingVerdict("x", True, 1, positions_checked=10, exact=True, **change).passed, change
     # the statistical mode tolerates stock noise and tie flips
     assert ForcingVerdict("x", True, 1, positions_checked=10, stock_noise=0.2, tie_mismatches=1).passed
+
+
+def test_tie_allowance_scales_the_null_rate_and_adds_three_poisson_sigmas():
+    v = ForcingVerdict("x", True, 1, positions_checked=200, tie_mismatches=5, null_tie_mismatches=2,
+                       null_positions=100)
+    assert v.tie_allowance == 4 + 3 * 2 and v.passed  # expected 4 flips over 200 positions
+    assert not replace(v, tie_mismatches=11).passed
+    assert replace(v, null_tie_mismatches=0).tie_allowance == 3  # at least one sigma of a rate of one
+    assert ForcingVerdict("x", True, 1, positions_checked=10, tie_mismatches=4).tie_allowance is None

@@ -129,3 +129,16 @@ def test_noise_too_small_to_flip_a_token_still_fails_forcing(tiny, monkeypatch):
     verdict = _forcing(ckpt, cand)
     assert not verdict.passed and verdict.logit_deviations > 0, verdict.as_dict()
     assert verdict.max_logit_deviation < 0.1
+
+
+def test_near_tie_flips_beyond_the_null_drafters_rate_fail_forcing(tiny, monkeypatch):  # noqa: F811
+    """With a band so wide that every flip counts as a near-tie, σ 0.3 verify noise still fails: the
+    candidate flips far more often than stock through the same verify width (the null drafter)."""
+    ckpt, paths = tiny
+    cand = engine_for(ckpt, "dflash", paths["dflash"], graphs=False)
+    _noisy_verify(monkeypatch, cand, 0.3)
+    verdict = run_forcing(engine_for(ckpt), cand, mixed_prompts(ckpt.config.vocab_size, 8), GREEDY, "planted",
+                          tie_epsilon=1e9)
+    assert verdict.non_tie_mismatches == 0 and verdict.tie_mismatches > 3, verdict.as_dict()
+    assert verdict.null_positions == verdict.positions_checked and verdict.null_tie_mismatches <= 1
+    assert verdict.tie_mismatches > verdict.tie_allowance and not verdict.passed

@@ -8,10 +8,13 @@
    is what gets committed. Once a decided token differs, the rest of that step is dropped (its target
    K/V came from the wrong token), so the candidate always continues from stock's exact context.
 3. Greedy verdict: positions checked, mismatches where stock's margin is not a near-tie (must be 0),
-   the first divergence. A near-tie is a margin below the dtype's floor or below twice stock's own
-   reordering noise: the largest difference between stock's decode logits and its teacher-forced logits
-   for the same position (its top tokens), since a third evaluation (the candidate's) may move each of
-   the two top logits by that much. At T>0 sampling is keyed (engine/sampling.py: the token at an
+   the first divergence. A near-tie is a margin below the dtype's floor or below twice that position's
+   own reordering noise: the largest difference between stock's decode logits and its teacher-forced
+   logits there (its top tokens), since a third evaluation (the candidate's) may move each of the two top
+   logits by that much. Near-tie flips are bounded too: where there are any, a null drafter's engine
+   (drafters/null.py: stock through the candidate's verify width) is forced over the same prompts, and
+   the candidate may not flip more than that baseline predicts plus three Poisson standard deviations
+   (`tie_allowance`). At T>0 sampling is keyed (engine/sampling.py: the token at an
    output position is a function of the seed, the position and the distribution), so the candidate
    must commit stock's very tokens: a mismatch is excused only where stock's top-2 keyed scores (log p
    plus the position's Gumbel noise, in logit units) are that close, and the total-variation distance
@@ -24,6 +27,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -32,6 +36,7 @@ import torch
 from rich.progress import Progress
 
 from specpilot.config import SamplingParams
+from specpilot.drafters.null import NullDrafter
 from specpilot.engine.engine import Engine
 from specpilot.engine.sampling import keyed_scores, target_probs
 from specpilot.state.request import Request
@@ -62,6 +67,7 @@ class ForcingVerdict:
     first_divergence: Divergence | None = None
     max_tv_distance: float = 0.0
     tie_epsilon: float = NEAR_TIE
+    floor: float = NEAR_TIE  # a near-tie's band at a position: max(floor, 2 x that position's stock noise)
     stock_noise: float = 0.0  # max |decode - teacher-forced| logit of stock's top tokens
     # the candidate's logits at stock's top tokens against stock's teacher-forced ones: the largest
     # difference, and the positions where it exceeds the tie band (a perturbation no flip revealed)
@@ -70,7 +76,18 @@ class ForcingVerdict:
     # exact mode: positions whose whole logits row differs from stock's in any bit
     exact: bool = False
     row_mismatches: int = 0
+    # statistical mode, where near-tie flips occurred: the null drafter's flips over its positions
+    null_tie_mismatches: int | None = None
+    null_positions: int | None = None
     tau: float = 0.0
+
+    @property
+    def tie_allowance(self) -> float | None:
+        """Near-tie flips allowed: the null baseline's rate over our positions + 3 Poisson sigmas."""
+        if not self.null_positions:
+            return None
+        expected = self.null_tie_mismatches * self.positions_checked / self.null_positions
+        return expected + 3 * math.sqrt(max(expected, 1.0))
 
     @property
     def passed(self) -> bool:
@@ -78,12 +95,15 @@ class ForcingVerdict:
             return False
         if self.exact and (self.row_mismatches or self.stock_noise or self.tie_mismatches):
             return False
+        if self.tie_allowance is not None and self.tie_mismatches > self.tie_allowance:
+            return False
         return (self.non_tie_mismatches == 0 and self.logit_deviations == 0
                 and (self.greedy or self.max_tv_distance <= TV_TOLERANCE))
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["passed"] = self.passed
+        out["tie_allowance"] = self.tie_allowance
         return out
 
 
@@ -95,6 +115,8 @@ class StockRun:
     probs: list[torch.Tensor | None] = field(default_factory=list)  # T>0: [n, V] target distributions
     top: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # teacher-forced top ids, logits
     noise: float = 0.0  # max |decode - teacher-forced| over each position's top decode logits
+    # per prompt and output position: that position's own |decode - teacher-forced| (0 where not recorded)
+    noise_at: list[list[float]] = field(default_factory=list)
     digests: list[torch.Tensor] = field(default_factory=list)  # per prompt: row_digests of the teacher-forced logits
 
 
@@ -178,7 +200,9 @@ class ForcingObserver:
         return [None if m else bool(e) for m, e in zip(masked.cpu().tolist(), same.tolist())]
 
     def _mismatch(self, prompt: int, pos: int, expected: int, got: int, margin: float) -> None:
-        if margin < self.verdict.tie_epsilon:
+        noise = self.stock.noise_at[prompt] if self.stock.noise_at and not self.verdict.exact else ()
+        band = max(self.verdict.floor, 2 * noise[pos]) if pos < len(noise) else self.verdict.tie_epsilon
+        if margin < band:
             self.verdict.tie_mismatches += 1
             return
         self.verdict.non_tie_mismatches += 1
@@ -216,7 +240,7 @@ def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams,
     finally:
         engine.forcing = None
     tokens = [r.output_ids for r in reqs]
-    margins, probs, top_logits, digests, noise = [], [], [], [], 0.0
+    margins, probs, top_logits, digests, noise_at = [], [], [], [], []
     passes = progress.add_task("stock teacher-forced", total=len(reqs)) if progress else None
     for req, prompt, out in zip(reqs, prompts, tokens):
         if passes is not None:
@@ -225,9 +249,11 @@ def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams,
         top_values, top_ids = torch.topk(logits.float(), NOISE_TOP_K, dim=-1)
         top_logits.append((top_ids.cpu(), top_values.cpu()))
         digests.append(row_digests(logits).cpu())
+        at = [0.0] * len(out)
         if top := recorder.top.get(req.rid):
             values, ids = (torch.stack(t) for t in zip(*top))
-            noise = max(noise, float((values - logits[: len(top)].float().gather(1, ids)).abs().max()))
+            at[: len(top)] = (values - logits[: len(top)].float().gather(1, ids)).abs().max(1).values.tolist()
+        noise_at.append(at)
         if params.greedy:
             top2 = torch.topk(logits, 2, dim=-1).values
             margins.append((top2[:, 0] - top2[:, 1]).tolist())
@@ -236,7 +262,8 @@ def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams,
             target = target_probs(logits, params)
             margins.append(keyed_margins(target, params, req.sampling_seed))
             probs.append(target.cpu())
-    return StockRun(tokens, margins, probs, top_logits, noise, digests)
+    noise = max((max(at) for at in noise_at if at), default=0.0)
+    return StockRun(tokens, margins, probs, top_logits, noise, noise_at, digests)
 
 
 def keyed_margins(probs: torch.Tensor, params: SamplingParams, seed: int) -> list[float]:
@@ -260,18 +287,36 @@ def run_forcing(stock_engine: Engine, candidate: Engine, prompts: list[list[int]
     if stock is None:
         stock = run_stock(stock_engine, prompts, params, progress)
     exact = stock_engine.exact and candidate.exact
+    floor = tie_epsilon
     if tie_epsilon is None:
-        floor = NEAR_TIE if stock_engine.dtype == torch.float32 else NEAR_TIE_BF16
+        floor = 0.0 if exact else NEAR_TIE if stock_engine.dtype == torch.float32 else NEAR_TIE_BF16
         tie_epsilon = 0.0 if exact else max(floor, 2 * stock.noise)
-    verdict = ForcingVerdict(algorithm, params.greedy, len(prompts), tie_epsilon=tie_epsilon,
+    verdict = ForcingVerdict(algorithm, params.greedy, len(prompts), tie_epsilon=tie_epsilon, floor=floor,
                              stock_noise=stock.noise, exact=exact)
-    reqs = [candidate.add_request(p, params) for p in prompts]
-    observer = ForcingObserver(stock, {r.rid: i for i, r in enumerate(reqs)}, verdict)
-    candidate.forcing = observer
-    try:
-        _run_to_completion(candidate, reqs, progress, f"candidate ({algorithm}), forced")
-    finally:
-        candidate.forcing = None
+    _force(candidate, stock, prompts, params, verdict, progress, f"candidate ({algorithm}), forced")
     verdict.tau = candidate.spec_stats.tau
+    if verdict.tie_mismatches and not exact and candidate.drafter is not None:
+        null = replace(verdict, tie_mismatches=0, positions_checked=0, non_tie_mismatches=0, first_divergence=None)
+        _force(null_engine(candidate), stock, prompts, params, null, progress, "null drafter, forced")
+        verdict.null_tie_mismatches, verdict.null_positions = null.tie_mismatches, null.positions_checked
     return verdict
+
+
+def _force(engine: Engine, stock: StockRun, prompts: list[list[int]], params: SamplingParams,
+           verdict: ForcingVerdict, progress: Progress | None, label: str) -> None:
+    reqs = [engine.add_request(p, params) for p in prompts]
+    engine.forcing = ForcingObserver(stock, {r.rid: i for i, r in enumerate(reqs)}, verdict)
+    try:
+        _run_to_completion(engine, reqs, progress, label)
+    finally:
+        engine.forcing = None
+
+
+def null_engine(candidate: Engine) -> Engine:
+    """Stock through the candidate's verify width: its weights, KV cache and config, a null drafter."""
+    block = candidate.drafter.block_size
+    return Engine(candidate.checkpoint, replace(candidate.config, speculative_algorithm=None,
+                                                speculative_draft_model_path=None, speculative_ngram_assist=0,
+                                                speculative_eagle_topk=1),
+                  model=candidate.model, cache=candidate.cache, drafter_factory=lambda config, ctx: NullDrafter(block))
 
