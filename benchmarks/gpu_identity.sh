@@ -2,6 +2,8 @@
 # H200, inside `gpu_ferry.sh run` (carry .ferry/part3 .ferry/whl .ferry/extra): output ids of speculation
 # against AR on the embedded model in bf16, served configuration (DFlash trees + n-gram assist), on the four
 # bench datasets, at B=1 and 32 requests together, greedy and T=0.8 / top-p 0.95 with per-request seeds.
+# Then the same through the HTTP server, 32 concurrent streams (benchmarks/server_identity.py), unless
+# NO_SERVER is set; ONLY_SAMPLED skips the greedy engine runs.
 # .ferry/extra holds MT-Bench's questions and ShareGPT's opening turns (scripts/export_sharegpt_first_turns.py).
 #   bash benchmarks/gpu_identity.sh [PROMPTS] [TOKENS]       -> $OUT/identity.tgz (bench JSON per run)
 set -uo pipefail
@@ -26,4 +28,15 @@ for f in glob.glob('$out/$name/bench_*.json'):
 [ -z "${ONLY_SAMPLED:-}" ] && run greedy-b32 --batch-size 32
 run t08-b1 --batch-size 1 --temperature 0.8 --top-p 0.95 --sampling-seed 1
 run t08-b32 --batch-size 32 --temperature 0.8 --top-p 0.95 --sampling-seed 1
+server() {  # name, flags...
+    local name=$1; shift
+    local t0=$SECONDS
+    python3 benchmarks/server_identity.py --num-prompts "$prompts" --max-new-tokens "$tokens" --concurrency 32 \
+        --out "$out/$name" "$@" -- --device cuda > "$out/$name.log" 2>&1
+    echo "== $name rc=$? $((SECONDS - t0))s"; tail -n 4 "$out/$name.log"
+}
+if [ -z "${NO_SERVER:-}" ]; then
+    server server-greedy
+    server server-t08 --temperature 0.8 --top-p 0.95
+fi
 tar czf "${OUT:-/tmp/out}/identity.tgz" -C "$out" .
