@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import pathlib
 import sys
 from collections.abc import Sequence
 
@@ -166,6 +167,15 @@ def build_parser() -> argparse.ArgumentParser:
                           help="the drafter whose defaults to show (default: none)")
     registry.add_argument("--json", action="store_true", help="print one JSON object {tunables, mechanisms}")
     registry.set_defaults(func=_cmd_registry)
+
+    memory = sub.add_parser("memory", help="the optimizer's memory: deployments, rounds, candidates, verdicts",
+                            description="Read the optimizer's SQLite memory (it also opens in datasette or the "
+                                        "sqlite3 shell: see the candidate_results view).")
+    memory.add_argument("action", choices=["list", "show", "export", "diff"],
+                        help="list: every round; show ROUND; export: every table as JSON; diff ROUND ROUND")
+    memory.add_argument("rounds", nargs="*", type=int, metavar="ROUND", help="round ids (show: one, diff: two)")
+    memory.add_argument("--db", default=None, help="the memory file (default: ./specpilot-memory.db)")
+    memory.set_defaults(func=_cmd_memory)
     for command in sub.choices.values():
         command.add_argument("--log-level", default=None, type=str.upper,
                              choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -401,6 +411,37 @@ def _cmd_train_drafter(args: argparse.Namespace) -> int:
     state = "done" if report["finished"] else f"stopped at step {report['steps']}/{report['total_steps']}"
     tau = f", validation tau {report['validation'][-1]['tau']:.2f}" if report["validation"] else ""
     print(f"{state}: loss {last.get('loss', float('nan')):.4f}{tau}; wrote {config.out}")
+    return 0
+
+
+def _cmd_memory(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from specpilot.memory import DEFAULT_PATH, Memory
+
+    path = pathlib.Path(args.db or DEFAULT_PATH)
+    wanted = {"list": 0, "show": 1, "export": 0, "diff": 2}[args.action]
+    if len(args.rounds) != wanted:
+        raise ValueError(f"memory {args.action} takes {wanted} ROUND id(s), got {len(args.rounds)}")
+    if not path.is_file():
+        raise FileNotFoundError(f"--db: no memory file at {path}")
+    memory = Memory(path)
+    if args.action == "export":
+        print(json.dumps(memory.export(), indent=2))
+    elif args.action == "show":
+        print(json.dumps(memory.round_report(args.rounds[0]), indent=2))
+    elif args.action == "diff":
+        print(json.dumps(memory.diff(*args.rounds), indent=2))
+    else:
+        table = Table(title=f"{path}: rounds")
+        for col in ("round", "no.", "status", "deployment", "candidates", "accepted"):
+            table.add_column(col, overflow="fold")
+        for row in memory.rounds():
+            deployment = f"{row['target']} + {row['drafter'] or 'AR'}, {row['device']}, {row['dtype']}, {row['load']}"
+            table.add_row(str(row["id"]), str(row["number"]), row["status"], deployment, str(row["candidates"]),
+                          str(row["accepted"]))
+        Console().print(table)
     return 0
 
 
