@@ -168,6 +168,19 @@ def build_parser() -> argparse.ArgumentParser:
     registry.add_argument("--json", action="store_true", help="print one JSON object {tunables, mechanisms}")
     registry.set_defaults(func=_cmd_registry)
 
+    cost = sub.add_parser("costmodel", help="the device's ceilings, the step floors, the speedup ceiling and the gaps",
+                          description="Calibrate the device, take the deployment's shapes and give each step's "
+                                      "floor and the speedup ceiling; with --measure, the measured step breakdown "
+                                      "and the gaps ranked by the speedup each costs (table, JSON, PNG).")
+    _dataset_args(cost, default_prompts=4, default_tokens=64)
+    cost.add_argument("--batch-size", type=_positive_int, default=1, help="requests per step (default 1)")
+    cost.add_argument("--context", type=_positive_int, default=None,
+                      help="tokens in each request's cache for the floors (default: the measured run's mean, else 512)")
+    cost.add_argument("--measure", action="store_true", help="run the deployment to measure its step breakdown")
+    cost.add_argument("--output-dir", default=None, help="folder for the JSON and PNG (default: specpilot-costmodel/)")
+    _engine_args(cost)
+    cost.set_defaults(func=_cmd_costmodel)
+
     memory = sub.add_parser("memory", help="the optimizer's memory: deployments, rounds, candidates, verdicts",
                             description="Read the optimizer's SQLite memory (it also opens in datasette or the "
                                         "sqlite3 shell: see the candidate_results view).")
@@ -411,6 +424,45 @@ def _cmd_train_drafter(args: argparse.Namespace) -> int:
     state = "done" if report["finished"] else f"stopped at step {report['steps']}/{report['total_steps']}"
     tau = f", validation tau {report['validation'][-1]['tau']:.2f}" if report["validation"] else ""
     print(f"{state}: loss {last.get('loss', float('nan')):.4f}{tau}; wrote {config.out}")
+    return 0
+
+
+def _cmd_costmodel(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from specpilot.bench import provenance
+    from specpilot.bench.datasets import apply_chat_template, load_prompts
+    from specpilot.costmodel import calibrate, floors, rank_gaps, shapes_of
+    from specpilot.costmodel.measure import measure
+    from specpilot.costmodel.report import ceilings_table, chart, gaps_table, steps_table
+    from specpilot.engine.engine import Engine
+
+    engine = Engine.from_config(engine_config_from_args(args, max_running_requests=args.batch_size))
+    console = Console()
+    ceilings = calibrate(engine.device, engine.dtype)
+    console.print(ceilings_table(ceilings))
+    measured, context = None, args.context or 512
+    if args.measure:
+        prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts(args.dataset, args.num_prompts)]
+        measured, mean_context = measure(engine, prompts[: args.batch_size] or prompts, args.max_new_tokens)
+        context = args.context or mean_context
+    graphs = engine.config.cuda_graphs and engine.device.type == "cuda"
+    floor = floors(shapes_of(engine), ceilings, args.batch_size, context, graphs)
+    console.print(steps_table(floor, measured))
+    gaps = rank_gaps(measured, floor) if measured else []
+    if gaps:
+        console.print(gaps_table(gaps))
+    out = pathlib.Path(args.output_dir or "specpilot-costmodel")
+    out.mkdir(parents=True, exist_ok=True)
+    prov = provenance.collect(engine.device, str(engine.dtype))
+    report = {"provenance": prov, "config": vars(engine.config), "shapes": vars(shapes_of(engine)),
+              "ceilings": ceilings.as_dict(), "floors": floor.as_dict(),
+              "measured": None if measured is None else vars(measured) | {"speedup": measured.speedup},
+              "gaps": [g.as_dict() for g in gaps]}
+    (out / "costmodel.json").write_text(json.dumps(report, indent=2, default=sorted))
+    if measured is not None:
+        chart(floor, measured, gaps, out / "costmodel.png", provenance.label(prov))
+    print(f"results in {out}/: {', '.join(sorted(p.name for p in out.iterdir()))}")
     return 0
 
 
