@@ -181,6 +181,24 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(cost)
     cost.set_defaults(func=_cmd_costmodel)
 
+    opt = sub.add_parser("optimize", help="rounds of cost model, search agents and the sealed evaluator; a profile",
+                         description="Each round: the cost model ranks the gaps of the best profile so far, "
+                                     "--agents search agents propose profiles in their own processes, the sealed "
+                                     "evaluator admits what forcing proves lossless and interleaved runs prove "
+                                     "faster than stock; the memory (--db) records it all. Ends with a profile "
+                                     "for --profile.")
+    _dataset_args(opt, default_prompts=4, default_tokens=64)
+    opt.add_argument("--rounds", type=_positive_int, default=2)
+    opt.add_argument("--agents", type=_positive_int, default=2, help="search agents per round, each a process")
+    opt.add_argument("--proposals-per-agent", type=_positive_int, default=1,
+                     help="candidates each agent proposes per round (the round's evaluation budget)")
+    opt.add_argument("--repeats", type=_positive_int, default=3, help="interleaved timed runs per candidate")
+    opt.add_argument("--db", default=None, help="the memory file (default: ./specpilot-memory.db)")
+    opt.add_argument("--resume", action="store_true", help="go on from the best profile this deployment has in memory")
+    opt.add_argument("--output-dir", default=None, help="rounds' reports and the profile (default: specpilot-optimize/)")
+    _engine_args(opt)
+    opt.set_defaults(func=_cmd_optimize)
+
     memory = sub.add_parser("memory", help="the optimizer's memory: deployments, rounds, candidates, verdicts",
                             description="Read the optimizer's SQLite memory (it also opens in datasette or the "
                                         "sqlite3 shell: see the candidate_results view).")
@@ -463,6 +481,22 @@ def _cmd_costmodel(args: argparse.Namespace) -> int:
     if measured is not None:
         chart(floor, measured, gaps, out / "costmodel.png", provenance.label(prov))
     print(f"results in {out}/: {', '.join(sorted(p.name for p in out.iterdir()))}")
+    return 0
+
+
+def _cmd_optimize(args: argparse.Namespace) -> int:
+    from specpilot.memory import DEFAULT_PATH
+    from specpilot.optimizer.loop import Settings, optimize
+
+    config = engine_config_from_args(args, max_running_requests=1)
+    if not config.speculative_algorithm:
+        raise ValueError("--speculative-algorithm: optimize tunes a speculative deployment; name its drafter")
+    settings = Settings(config, rounds=args.rounds, agents=args.agents, per_agent=args.proposals_per_agent,
+                        dataset=args.dataset, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
+                        repeats=args.repeats, db=args.db or DEFAULT_PATH, out=args.output_dir or "specpilot-optimize",
+                        resume=args.resume)
+    result = optimize(settings)
+    print(json.dumps({k: result[k] for k in ("profile", "profile_path", "speedup_over_stock")}, indent=2))
     return 0
 
 

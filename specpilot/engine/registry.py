@@ -247,26 +247,31 @@ class Profile:
             raw = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as err:
             raise ValueError(f"--profile {path}: {err}") from None
+        return cls.parse(raw, f"--profile {path}")
+
+    @classmethod
+    def parse(cls, raw: Any, source: str = "profile") -> Profile:
+        """From the JSON value; errors name `source` (the flag and file, or the optimizer's candidate)."""
         if not isinstance(raw, dict) or set(raw) - {"mechanisms", "tunables"} or \
                 not isinstance(raw.get("tunables") or {}, dict):
-            raise ValueError(f"--profile {path}: expected an object with keys mechanisms and tunables "
+            raise ValueError(f"{source}: expected an object with keys mechanisms and tunables "
                              "(an object of name: value)")
         mech = raw.get("mechanisms")
         if isinstance(mech, list):
-            mech = parse_mechanisms(",".join(map(str, mech)) or STOCK, f"--profile {path}: mechanisms")
+            mech = parse_mechanisms(",".join(map(str, mech)) or STOCK, f"{source}: mechanisms")
         elif mech == STOCK:
             mech = frozenset()
         elif mech is not None:
-            raise ValueError(f"--profile {path}: mechanisms must be a list of names or \"stock\"")
+            raise ValueError(f"{source}: mechanisms must be a list of names or \"stock\"")
         tunables = raw.get("tunables") or {}
         unknown = [k for k in tunables if k not in _TUNABLE_BY_NAME]
         if unknown:
-            raise ValueError(f"--profile {path}: unknown tunables {', '.join(unknown)}; choose from "
+            raise ValueError(f"{source}: unknown tunables {', '.join(unknown)}; choose from "
                              f"{', '.join(_TUNABLE_BY_NAME)}")
         for name, value in tunables.items():
             t = _TUNABLE_BY_NAME[name]
             if not t.valid(value):
-                raise ValueError(f"--profile {path}: {name} must be {t.domain}, got {value!r}")
+                raise ValueError(f"{source}: {name} must be {t.domain}, got {value!r}")
         return cls(mech, dict(tunables))
 
     def apply(self, config: EngineConfig) -> EngineConfig:

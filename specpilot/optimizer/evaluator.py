@@ -1,0 +1,141 @@
+"""The sealed evaluator: a separate process (`python -I -m specpilot.optimizer.evaluator REQUEST.json`,
+isolated, so it imports the installed package and nothing from a candidate's directory) that judges one
+candidate profile against stock on this deployment and prints its verdict as JSON.
+
+1. Token forcing of the candidate against stock AR on a held-out prompt slice no agent sees (exact on the
+   batch-invariant CUDA path).
+2. Interleaved repeated runs on the benchmark slice, stock's profile and the candidate's turn about: the
+   speedup per repeat, its median and range, and the noise band (stock's own run-to-run spread).
+3. The plausibility gate: the candidate's speedup over AR may not exceed the cost model's ceiling.
+Accepted: forcing passed, plausible, and the median speedup over stock beats 1 + the noise band.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specpilot.bench.datasets import apply_chat_template, load_prompts
+from specpilot.config import SamplingParams
+from specpilot.costmodel import calibrate, floors, shapes_of
+from specpilot.engine.config import EngineConfig
+from specpilot.engine.engine import Engine
+from specpilot.engine.registry import Profile, ar_changes
+from specpilot.forcing import run_forcing
+
+
+@dataclass
+class Request:
+    """What the orchestrator asks: the deployment's base config, the candidate and the stock profile, and
+    the benchmark (its prompts are a fixed slice; the forcing slice follows it and is never shown)."""
+
+    config: dict[str, Any]  # EngineConfig fields
+    candidate: dict[str, Any]  # a profile: {"mechanisms": [...] or "stock", "tunables": {...}}
+    stock: dict[str, Any] = field(default_factory=lambda: {"mechanisms": "stock"})
+    dataset: str = "humaneval"
+    num_prompts: int = 4
+    max_new_tokens: int = 64
+    repeats: int = 3
+
+
+def config_fields(config: EngineConfig) -> dict[str, Any]:
+    """An EngineConfig as JSON values (Request.config)."""
+    raw = asdict(config)
+    raw["mechanisms"] = None if config.mechanisms is None else sorted(config.mechanisms)
+    raw["cuda_graph_batch_sizes"] = list(config.cuda_graph_batch_sizes)
+    return raw
+
+
+def config_from_fields(raw: dict[str, Any]) -> EngineConfig:
+    mechanisms = raw.get("mechanisms")
+    return EngineConfig(**raw | {"mechanisms": None if mechanisms is None else frozenset(mechanisms),
+                                 "cuda_graph_batch_sizes": tuple(raw["cuda_graph_batch_sizes"])})
+
+
+@dataclass
+class Verdict:
+    accepted: bool
+    reason: str | None
+    forcing: dict[str, Any] | None = None
+    speedup: dict[str, float] | None = None  # candidate over stock: median, min, max
+    speedup_over_ar: float | None = None
+    ceiling: float | None = None
+    noise_band: float | None = None
+    seconds: float = 0.0
+
+
+def _tpot_ms(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> float:
+    """Mean TPOT of the prompts run one at a time (B=1, the latency regime)."""
+    reqs = [r for p in prompts for r in engine.generate([p], params)]
+    tpots = [(r.finished_time - r.first_token_time) / (len(r.output_ids) - 1) for r in reqs if len(r.output_ids) > 1]
+    return 1e3 * statistics.mean(tpots)
+
+
+def evaluate(request: Request) -> Verdict:
+    start = time.perf_counter()
+    base = config_from_fields(request.config)
+    try:
+        candidate_cfg = Profile.parse(request.candidate, "the candidate").apply(base)
+        stock_cfg = Profile.parse(request.stock, "the stock profile").apply(base)
+        candidate = Engine.from_config(candidate_cfg)
+    except ValueError as err:
+        return Verdict(False, f"invalid candidate: {err}", seconds=time.perf_counter() - start)
+    stock = Engine(candidate.checkpoint, stock_cfg, model=candidate.model)
+    ar = candidate.twin(**ar_changes(candidate.config))
+    texts = load_prompts(request.dataset, 2 * request.num_prompts)
+    prompts = [apply_chat_template(candidate.tokenizer, p) for p in texts]
+    bench, held_out = prompts[: request.num_prompts], prompts[request.num_prompts :]
+    params = SamplingParams(max_new_tokens=request.max_new_tokens, ignore_eos=True)
+
+    verdict = run_forcing(ar, candidate, held_out, params, "candidate")
+    forcing = verdict.as_dict()
+    if not verdict.passed:
+        return Verdict(False, f"forcing failed: {verdict.non_tie_mismatches} mismatches, {verdict.row_mismatches} "
+                       "rows differing", forcing, seconds=time.perf_counter() - start)
+
+    for engine in (stock, candidate, ar):
+        engine.warm_up()
+    runs: dict[str, list[float]] = {"stock": [], "candidate": [], "ar": []}
+    for _ in range(request.repeats):  # interleaved, so drift hits every side alike
+        runs["stock"].append(_tpot_ms(stock, bench, params))
+        runs["candidate"].append(_tpot_ms(candidate, bench, params))
+        runs["ar"].append(_tpot_ms(ar, bench, params))
+    speedups = [s / c for s, c in zip(runs["stock"], runs["candidate"])]
+    stock_median = statistics.median(runs["stock"])
+    noise = (max(runs["stock"]) - min(runs["stock"])) / stock_median
+    over_ar = statistics.median(runs["ar"]) / statistics.median(runs["candidate"])
+    context = int(statistics.mean(len(p) for p in bench) + request.max_new_tokens / 2)
+    graphs = candidate.config.cuda_graphs and candidate.device.type == "cuda"
+    ceiling = floors(shapes_of(candidate), calibrate(candidate.device, candidate.dtype), 1, context,
+                     graphs).speedup_ceiling
+    spread = {"median": statistics.median(speedups), "min": min(speedups), "max": max(speedups)}
+    common = dict(forcing=forcing, speedup=spread, speedup_over_ar=over_ar, ceiling=ceiling, noise_band=noise,
+                  seconds=time.perf_counter() - start)
+    if over_ar > ceiling:
+        return Verdict(False, f"implausible: {over_ar:.2f}x over AR exceeds the cost model's ceiling "
+                       f"{ceiling:.2f}x", **common)
+    if spread["median"] <= 1 + noise:
+        return Verdict(False, f"not faster than stock: {spread['median']:.3f}x within the noise band "
+                       f"{noise:.3f}", **common)
+    return Verdict(True, None, **common)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -I -m specpilot.optimizer.evaluator REQUEST.json", file=sys.stderr)
+        return 2
+    path = Path(argv[0])
+    request = Request(**json.loads(path.read_text()))
+    verdict = evaluate(request)
+    print(json.dumps(asdict(verdict)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

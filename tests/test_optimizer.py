@@ -1,0 +1,102 @@
+"""The optimizer: search agents' proposals, the sealed evaluator's verdicts (red team: a candidate that
+skips verification, one whose speedup beats the cost model's ceiling, one outside the registry), and
+`specpilot optimize` end to end on the tiny model with its memory, profile and priors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_speculative import AcceptEverything
+
+from specpilot.cli import main
+from specpilot.costmodel.floors import Floors
+from specpilot.engine.config import EngineConfig
+from specpilot.memory import Memory
+from specpilot.optimizer import evaluator, search
+from specpilot.optimizer.evaluator import Request, config_fields, config_from_fields, evaluate
+
+SPACE = {"block-size": [2, 4, 8], "ngram-assist": [0, 1, 2]}
+
+
+def _brief(**changes) -> search.Brief:
+    base = dict(space=SPACE, best={"mechanisms": "stock", "tunables": {"block-size": 4}},
+                gaps=[{"name": "verify"}, {"name": "acceptance (tau)"}], priors=[], tried=[], count=2, seed=0)
+    return search.Brief(**base | changes)
+
+
+def test_agents_deal_out_the_guided_moves_and_never_repeat_a_tried_profile():
+    a, b = (search.propose(_brief(index=i, agents=2)) for i in (0, 1))
+    assert a[0] == {"mechanisms": None, "tunables": {"block-size": 4}}  # the mechanisms first
+    assert b[0] == {"mechanisms": "stock", "tunables": {"block-size": 2}}  # the verify gap: a smaller block
+    assert not {json.dumps(p, sort_keys=True) for p in a} & {json.dumps(p, sort_keys=True) for p in b}
+    prior = {"mechanisms": "stock", "tunables": {"ngram-assist": 2}}
+    assert search.propose(_brief(priors=[prior]))[0] == prior
+    tried = search.propose(_brief(count=50))
+    assert not set(map(json.dumps, search.propose(_brief(tried=tried, count=50)))) & set(map(json.dumps, tried))
+
+
+def _request(tiny_dir, candidate) -> Request:
+    config = EngineConfig(model_path=str(tiny_dir), device="cpu", max_running_requests=1,
+                          speculative_algorithm="ngram")
+    return Request(config=config_fields(config), candidate=candidate, dataset="math", num_prompts=2,
+                   max_new_tokens=12, repeats=2)
+
+
+def test_config_round_trips_through_the_request():
+    config = EngineConfig(mechanisms=frozenset({"device-acceptance"}), cuda_graph_batch_sizes=(1, 2))
+    assert config_from_fields(json.loads(json.dumps(config_fields(config)))) == config
+
+
+def test_evaluator_accepts_only_a_lossless_plausible_candidate(tiny_dir, monkeypatch):
+    verdict = evaluate(_request(tiny_dir, {"mechanisms": None, "tunables": {"block-size": 4}}))
+    assert verdict.forcing["passed"] and verdict.speedup and verdict.ceiling > verdict.speedup_over_ar
+    assert verdict.accepted == (verdict.speedup["median"] > 1 + verdict.noise_band)
+    assert verdict.accepted or verdict.reason.startswith("not faster than stock")
+    # red team: a speedup above the cost model's ceiling is a hack, whatever forcing says
+    monkeypatch.setattr(evaluator, "floors", lambda *a, **k: Floors(1, 1, 1.0, 0.0, 1.0, 0.0, 0.5))
+    verdict = evaluate(_request(tiny_dir, {"mechanisms": None, "tunables": {}}))
+    assert not verdict.accepted and verdict.reason.startswith("implausible")
+
+
+def test_evaluator_rejects_a_candidate_that_skips_verification(tiny_dir, monkeypatch):
+    monkeypatch.setattr("specpilot.engine.engine.Verifier", AcceptEverything)
+    verdict = evaluate(_request(tiny_dir, {"mechanisms": "stock", "tunables": {}}))
+    assert not verdict.accepted and verdict.reason.startswith("forcing failed") and verdict.speedup is None
+
+
+def test_evaluator_rejects_a_profile_outside_the_registry(tiny_dir):
+    verdict = evaluate(_request(tiny_dir, {"tunables": {"block-size": 1}}))
+    assert not verdict.accepted and "block-size must be" in verdict.reason
+
+
+def test_optimize_records_everything_and_a_second_deployment_starts_from_memory(tiny_dir, tmp_path, capsys):
+    db = tmp_path / "m.db"
+    common = ["--model-path", str(tiny_dir), "--device", "cpu", "--speculative-algorithm", "ngram",
+              "--dataset", "math", "--num-prompts", "2", "--max-new-tokens", "12", "--repeats", "2",
+              "--rounds", "1", "--agents", "2", "--db", str(db)]
+    assert main(["optimize", *common, "--output-dir", str(tmp_path / "a")]) == 0
+    assert "candidate 1 from agent 0" in capsys.readouterr().out
+    memory = Memory(db)
+    [round_] = memory.rounds()
+    assert round_["status"] == "finished" and round_["candidates"] == 2
+    report = memory.round_report(round_["id"])
+    assert len(report["gaps"]) == 4 and all(c["accepted"] is not None for c in report["candidates"])
+    # the result is a --profile file
+    assert main(["generate", "--model-path", str(tiny_dir), "--device", "cpu", "--speculative-algorithm", "ngram",
+                 "--profile", str(tmp_path / "a" / "profile.json"), "--max-new-tokens", "2", "--prompt", "w1 w2"]) == 0
+    # a validated profile on this device: the next deployment (another dtype) is told and tries it first
+    prior = {"mechanisms": "stock", "tunables": {"ngram-assist": 1}}
+    cid = memory.add_candidate(round_["id"], "search-0", params=prior)
+    memory.validate(cid, True, speedup={"median": 1.5, "min": 1.4, "max": 1.6})
+    assert main(["optimize", *common, "--dtype", "bfloat16", "--output-dir", str(tmp_path / "b")]) == 0
+    assert "from memory: 1 profile(s)" in capsys.readouterr().out
+    second = Memory(db).rounds()[-1]
+    first_candidate = Memory(db).round_report(second["id"])["candidates"][0]
+    assert json.loads(first_candidate["params"]) == prior
+
+
+def test_optimize_needs_a_drafter(tiny_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["optimize", "--model-path", str(tiny_dir), "--db", str(tmp_path / "m.db")])
+    assert "--speculative-algorithm" in capsys.readouterr().err
