@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "evaluator admits what forcing proves lossless and interleaved runs prove "
                                      "faster than stock; the memory (--db) records it all. Ends with a profile "
                                      "for --profile.")
-    _dataset_args(opt, default_prompts=4, default_tokens=64)
+    _dataset_args(opt, default_prompts=3, default_tokens=32)
     opt.add_argument("--rounds", type=_positive_int, default=2)
     opt.add_argument("--agents", type=_positive_int, default=2, help="search agents per round, each a process")
     opt.add_argument("--proposals-per-agent", type=_positive_int, default=1,

@@ -5,7 +5,8 @@ candidate profile against stock on this deployment and prints its verdict as JSO
 1. Token forcing of the candidate against stock AR on a held-out prompt slice no agent sees (exact on the
    batch-invariant CUDA path).
 2. Interleaved repeated runs on the benchmark slice, stock's profile and the candidate's turn about: the
-   speedup per repeat, its median and range, and the noise band (stock's own run-to-run spread).
+   speedup per repeat, its median and range, and the noise band (stock's own run-to-run spread); one AR
+   run for the gate below.
 3. The plausibility gate: the candidate's speedup over AR may not exceed the cost model's ceiling.
 Accepted: forcing passed, plausible, and the median speedup over stock beats 1 + the noise band.
 """
@@ -38,8 +39,8 @@ class Request:
     candidate: dict[str, Any]  # a profile: {"mechanisms": [...] or "stock", "tunables": {...}}
     stock: dict[str, Any] = field(default_factory=lambda: {"mechanisms": "stock"})
     dataset: str = "humaneval"
-    num_prompts: int = 4
-    max_new_tokens: int = 64
+    num_prompts: int = 3
+    max_new_tokens: int = 32
     repeats: int = 3
 
 
@@ -100,15 +101,15 @@ def evaluate(request: Request) -> Verdict:
 
     for engine in (stock, candidate, ar):
         engine.warm_up()
-    runs: dict[str, list[float]] = {"stock": [], "candidate": [], "ar": []}
-    for _ in range(request.repeats):  # interleaved, so drift hits every side alike
+    runs: dict[str, list[float]] = {"stock": [], "candidate": []}
+    for _ in range(request.repeats):  # interleaved, so drift hits both sides alike
         runs["stock"].append(_tpot_ms(stock, bench, params))
         runs["candidate"].append(_tpot_ms(candidate, bench, params))
-        runs["ar"].append(_tpot_ms(ar, bench, params))
     speedups = [s / c for s, c in zip(runs["stock"], runs["candidate"])]
     stock_median = statistics.median(runs["stock"])
     noise = (max(runs["stock"]) - min(runs["stock"])) / stock_median
-    over_ar = statistics.median(runs["ar"]) / statistics.median(runs["candidate"])
+    # AR only bounds the claim (the plausibility gate): one run, between two of the candidate's
+    over_ar = _tpot_ms(ar, bench, params) / statistics.median(runs["candidate"])
     context = int(statistics.mean(len(p) for p in bench) + request.max_new_tokens / 2)
     graphs = candidate.config.cuda_graphs and candidate.device.type == "cuda"
     ceiling = floors(shapes_of(candidate), calibrate(candidate.device, candidate.dtype), 1, context,

@@ -34,8 +34,8 @@ class Settings:
     agents: int = 2
     per_agent: int = 1  # proposals per agent per round (the round's evaluation budget: agents x per_agent)
     dataset: str = "humaneval"
-    num_prompts: int = 4
-    max_new_tokens: int = 64
+    num_prompts: int = 3
+    max_new_tokens: int = 32
     repeats: int = 3
     db: str = "specpilot-memory.db"
     out: str = "specpilot-optimize"
