@@ -488,13 +488,27 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     from specpilot.memory import DEFAULT_PATH
     from specpilot.optimizer.loop import Settings, optimize
 
+    from dataclasses import replace
+
+    from specpilot.engine.config import EngineConfig, resolve_device
+    from specpilot.engine.registry import TUNABLES, open_defaults
+
     config = engine_config_from_args(args, max_running_requests=1)
     if not config.speculative_algorithm:
         raise ValueError("--speculative-algorithm: optimize tunes a speculative deployment; name its drafter")
+    # stock is the registry's: no mechanisms, and the tunables left open at their plain defaults (the
+    # device's measured defaults become a prior the search may confirm)
+    device_defaults = open_defaults(resolve_device(args.device).type, config.speculative_algorithm)
+    plain = {f: getattr(EngineConfig, f) for f in device_defaults
+             if getattr(args, f, None) is None and getattr(config, f) == device_defaults[f]}
+    config = replace(config, **plain)
+    by_field = {t.field: t.name for t in TUNABLES}
+    prior = {"mechanisms": None, "tunables": {by_field[f]: device_defaults[f] for f in plain
+                                              if device_defaults[f] != plain[f]}}
     settings = Settings(config, rounds=args.rounds, agents=args.agents, per_agent=args.proposals_per_agent,
                         dataset=args.dataset, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
                         repeats=args.repeats, db=args.db or DEFAULT_PATH, out=args.output_dir or "specpilot-optimize",
-                        resume=args.resume)
+                        resume=args.resume, priors=[prior] if prior["tunables"] else [])
     result = optimize(settings)
     print(json.dumps({k: result[k] for k in ("profile", "profile_path", "speedup_over_stock")}, indent=2))
     return 0

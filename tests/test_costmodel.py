@@ -28,6 +28,7 @@ def test_floors_are_the_roofline_of_each_pass_plus_its_launches():
     assert f.verify_ms == pytest.approx(read_ms + 0.010)  # 16 tokens of 8 B parameters: still read-bound
     assert f.draft_ms == pytest.approx(1e9 / 4e12 * 1e3 + 0.010)
     assert f.speedup_ceiling == pytest.approx(16 * f.ar_step_ms / (f.draft_ms + f.verify_ms + 0.030))
+    assert f.ceiling_over(2 * f.ar_step_ms) == pytest.approx(2 * f.speedup_ceiling)
     big = floors(SHAPES, CEILINGS, batch=64, context=1000, graphs=True)
     assert big.verify_ms == pytest.approx(2 * 8e9 * 64 * 16 / 7e14 * 1e3 + 0.010)  # compute-bound
     eager = floors(SHAPES, CEILINGS, batch=1, context=1000, graphs=False)

@@ -54,7 +54,7 @@ def test_evaluator_accepts_only_a_lossless_plausible_candidate(tiny_dir, monkeyp
     assert verdict.accepted == (verdict.speedup["min"] > 1)
     assert verdict.accepted or verdict.reason.startswith("not faster than stock in every repeat")
     # red team: a speedup above the cost model's ceiling is a hack, whatever forcing says
-    monkeypatch.setattr(evaluator, "floors", lambda *a, **k: Floors(1, 1, 1.0, 0.0, 1.0, 0.0, 0.5))
+    monkeypatch.setattr(evaluator, "floors", lambda *a, **k: Floors(1, 1, 1.0, 0.0, 1e9, 0.0, 1.0))
     verdict = evaluate(_request(tiny_dir, {"mechanisms": None, "tunables": {}}))
     assert not verdict.accepted and verdict.reason.startswith("implausible")
 

@@ -65,7 +65,12 @@ class Floors:
     @property
     def speedup_ceiling(self) -> float:
         """τ_max · T_AR / T_step at the floors."""
-        return self.tau_max * self.ar_step_ms / self.spec_step_ms
+        return self.ceiling_over(self.ar_step_ms)
+
+    def ceiling_over(self, ar_step_ms: float) -> float:
+        """The most a speculative step can gain over an AR step measured at `ar_step_ms`: every draft
+        accepted, at the speculative step's floor (the plausibility gate's bound)."""
+        return self.tau_max * ar_step_ms / self.spec_step_ms
 
     def as_dict(self) -> dict:
         return asdict(self) | {"spec_step_ms": self.spec_step_ms, "speedup_ceiling": self.speedup_ceiling}

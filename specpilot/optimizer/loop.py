@@ -9,7 +9,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ class Settings:
     out: str = "specpilot-optimize"
     resume: bool = False
     load: str = "B=1"
+    priors: list[dict[str, Any]] = field(default_factory=list)  # profiles to try first (the device's defaults)
 
 
 def _space(config: EngineConfig) -> dict[str, list[Any]]:
@@ -129,6 +130,7 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
     if priors:
         console.print(f"from memory: {len(priors)} profile(s) validated on other {device} deployments are tried first")
         memory.event("priors taken", {"profiles": priors})
+    priors += [p for p in settings.priors if p not in priors]
     space = _space(cfg)
     root = Path(settings.out)
     root.mkdir(parents=True, exist_ok=True)
