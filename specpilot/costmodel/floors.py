@@ -41,6 +41,8 @@ def shapes_of(engine) -> Shapes:
     d_bytes = d_params = d_layers = 0
     drafter = engine.drafter
     model = getattr(drafter, "model", None) if drafter is not None else None
+    while model is not None and not isinstance(model, nn.Module):  # a wrapper (n-gram assist) holds the drafter
+        model = getattr(model, "model", None)
     if isinstance(model, nn.Module):
         d_bytes, d_params = linear_weights(model)
         d_layers = sum(1 for m in model.modules() if isinstance(m, nn.ModuleList) for _ in m) or 1

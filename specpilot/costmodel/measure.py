@@ -24,7 +24,9 @@ def _decode_ms(engine: Engine, prompts: list[list[int]], params: SamplingParams)
 
 
 def measure(engine: Engine, prompts: list[list[int]], max_new_tokens: int) -> tuple[Measured, int]:
-    """(the breakdown, the mean context length it ran at). Both modes are warmed first."""
+    """(the breakdown, the mean context length it ran at), the prompts decoding together (at most the
+    engine's running requests). Both modes are warmed first."""
+    prompts = prompts[: engine.config.max_running_requests]
     if engine.drafter is None:
         raise ValueError("the cost model measures a speculative configuration: give --speculative-algorithm")
     params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
@@ -33,11 +35,10 @@ def measure(engine: Engine, prompts: list[list[int]], max_new_tokens: int) -> tu
         engine.warm_up()
         ar_ms = _decode_ms(engine, prompts, params)
     engine.reset_spec_stats()
-    reqs_before = engine.spec_stats.steps
     _decode_ms(engine, prompts, params)
     stats = engine.spec_stats
     split = stats.time_split(wait=True)
-    steps = max((stats.steps - reqs_before) / len(prompts), 1)  # verify passes per request = engine steps
+    steps = max(stats.steps / len(prompts), 1)  # the prompts decode together: verify passes per request = steps
     measured = Measured(ar_ms, 1e3 * split["draft"] / steps, 1e3 * split["verify"] / steps,
                         1e3 * split["other"] / steps, stats.tau)
     return measured, int(statistics.mean(len(p) for p in prompts) + max_new_tokens / 2)
