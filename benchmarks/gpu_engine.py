@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from common import (  # noqa: E402
     write_json,
 )
 
+from specpilot.bench.harness import spread  # noqa: E402
 from specpilot.kernels.slot_attention import (  # noqa: E402
     slot_attention_reference,
     slot_attention_triton,
@@ -91,17 +91,18 @@ def check_fused(device: torch.device) -> dict[str, float]:
     return errs
 
 
-KERNELS = ("fastest", "invariant")  # today's per-M choice (cuBLAS, skinny GEMM, batch-sized key splits); batch-invariant
+# the fastest kernel per pass (cuBLAS, skinny GEMM, batch-sized key splits), and the batch-invariant ones
+KERNELS = ("fastest", "invariant")
 PREFILL = (8, 1024)  # prompts x tokens of the prefill timing
 
 
 def time_interleaved(fns: dict[str, object], repeats: int, **kwargs) -> dict[str, dict[str, float]]:
-    """Each fn timed `repeats` times, alternating between them: median, min and max of the medians."""
+    """Each fn timed `repeats` times, alternating between them: median, min, max and values of the medians."""
     seen: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             seen[name].append(time_cuda(fn, **kwargs))
-    return {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in seen.items()}
+    return {k: spread(v) for k, v in seen.items()}
 
 
 def main() -> None:
@@ -166,7 +167,8 @@ def main() -> None:
         "copy_bandwidth_TBps": bw / 1e12, "weight_GB": weight_bytes_per_step(model) / 1e9, "floor_ms": floor_ms,
         "attention_rel_err_triton_vs_torch": attn_err, "fused_rel_err_triton_vs_torch": fused_errs, "rows": rows,
         "prefill": {"prompts": n, "tokens": length, **{f"{k}_ms": t for k, t in prefill_times.items()},
-                    "invariant_over_fastest": prefill_times["invariant"]["median"] / prefill_times["fastest"]["median"]},
+                    "invariant_over_fastest": (prefill_times["invariant"]["median"]
+                                               / prefill_times["fastest"]["median"])},
     }
     write_json(out / "gpu_engine.json", result)
     print(f"\nGPU {result['gpu']}  copy {bw / 1e12:.2f} TB/s  weights {result['weight_GB']:.2f} GB  "

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 from contextlib import nullcontext
 from dataclasses import replace
@@ -23,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import LLAMA31_8B, out_dir, synthetic_model, time_cuda, write_json  # noqa: E402
 
+from specpilot.bench.harness import spread  # noqa: E402
 from specpilot.config import SamplingParams  # noqa: E402
 from specpilot.drafters.base import DrafterContext  # noqa: E402
 from specpilot.drafters.dflash import DFlashDrafter  # noqa: E402
@@ -73,10 +73,6 @@ def per_step(engine: Engine, prompts: list[list[int]], new_tokens: int) -> tuple
 
 
 KERNELS = {"fastest": False, "invariant": True}  # EngineConfig.batch_invariant
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def main() -> None:
@@ -139,7 +135,8 @@ def main() -> None:
             print(f"B={r['batch']:>2} {kernels:>9}: AR step {k['ar_step_ms']['median']:.3f} ms | spec step "
                   f"{k['spec_step_ms']['median']:.3f} ms (draft {k['draft_ms']['median']:.3f}, verify "
                   f"{k['verify_ms']['median']:.3f})")
-        print(f"      invariant / fastest: AR {r['ar_invariant_over_fastest']:.3f}, spec {r['spec_invariant_over_fastest']:.3f}")
+        print(f"      invariant / fastest: AR {r['ar_invariant_over_fastest']:.3f}, "
+              f"spec {r['spec_invariant_over_fastest']:.3f}")
 
 
 if __name__ == "__main__":

@@ -195,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--repeats", type=_positive_int, default=3, help="interleaved timed runs per candidate")
     opt.add_argument("--db", default=None, help="the memory file (default: ./specpilot-memory.db)")
     opt.add_argument("--resume", action="store_true", help="go on from the best profile this deployment has in memory")
-    opt.add_argument("--output-dir", default=None, help="rounds' reports and the profile (default: specpilot-optimize/)")
+    opt.add_argument("--output-dir", default=None,
+                     help="rounds' reports and the profile (default: specpilot-optimize/)")
     _engine_args(opt)
     opt.set_defaults(func=_cmd_optimize)
 
@@ -465,7 +466,8 @@ def _cmd_costmodel(args: argparse.Namespace) -> int:
         measured, mean_context = measure(engine, prompts[: args.batch_size] or prompts, args.max_new_tokens)
         context = args.context or mean_context
     graphs = engine.config.cuda_graphs and engine.device.type == "cuda"
-    floor = floors(shapes_of(engine), ceilings, args.batch_size, context, graphs)
+    shapes = shapes_of(engine)
+    floor = floors(shapes, ceilings, args.batch_size, context, graphs)
     console.print(steps_table(floor, measured))
     gaps = rank_gaps(measured, floor) if measured else []
     if gaps:
@@ -473,7 +475,7 @@ def _cmd_costmodel(args: argparse.Namespace) -> int:
     out = pathlib.Path(args.output_dir or "specpilot-costmodel")
     out.mkdir(parents=True, exist_ok=True)
     prov = provenance.collect(engine.device, str(engine.dtype))
-    report = {"provenance": prov, "config": vars(engine.config), "shapes": vars(shapes_of(engine)),
+    report = {"provenance": prov, "config": vars(engine.config), "shapes": vars(shapes),
               "ceilings": ceilings.as_dict(), "floors": floor.as_dict(),
               "measured": None if measured is None else vars(measured) | {"speedup": measured.speedup},
               "gaps": [g.as_dict() for g in gaps]}
@@ -485,30 +487,18 @@ def _cmd_costmodel(args: argparse.Namespace) -> int:
 
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
+    from specpilot.engine.registry import TUNABLES
     from specpilot.memory import DEFAULT_PATH
-    from specpilot.optimizer.loop import Settings, optimize
-
-    from dataclasses import replace
-
-    from specpilot.engine.config import EngineConfig, resolve_device
-    from specpilot.engine.registry import TUNABLES, open_defaults
+    from specpilot.optimizer.loop import Settings, optimize, plain_stock
 
     config = engine_config_from_args(args, max_running_requests=1)
     if not config.speculative_algorithm:
         raise ValueError("--speculative-algorithm: optimize tunes a speculative deployment; name its drafter")
-    # stock is the registry's: no mechanisms, and the tunables left open at their plain defaults (the
-    # device's measured defaults become a prior the search may confirm)
-    device_defaults = open_defaults(resolve_device(args.device).type, config.speculative_algorithm)
-    plain = {f: getattr(EngineConfig, f) for f in device_defaults
-             if getattr(args, f, None) is None and getattr(config, f) == device_defaults[f]}
-    config = replace(config, **plain)
-    by_field = {t.field: t.name for t in TUNABLES}
-    prior = {"mechanisms": None, "tunables": {by_field[f]: device_defaults[f] for f in plain
-                                              if device_defaults[f] != plain[f]}}
+    config, prior = plain_stock(config, {t.field for t in TUNABLES if getattr(args, t.field, None) is not None})
     settings = Settings(config, rounds=args.rounds, agents=args.agents, per_agent=args.proposals_per_agent,
                         dataset=args.dataset, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
                         repeats=args.repeats, db=args.db or DEFAULT_PATH, out=args.output_dir or "specpilot-optimize",
-                        resume=args.resume, priors=[prior] if prior["tunables"] else [])
+                        resume=args.resume, priors=[prior] if prior else [])
     result = optimize(settings)
     print(json.dumps({k: result[k] for k in ("profile", "profile_path", "speedup_over_stock")}, indent=2))
     return 0

@@ -74,6 +74,12 @@ class DatasetResult:
         return out | {"spread": spreads, "repeats": repeats}
 
 
+def tpot_ms(reqs: list[Request]) -> float:
+    """Mean over requests of (e2e - first token) / (completion - 1), in ms; NaN when none has two tokens."""
+    tpots = [(r.finished_time - r.first_token_time) / (len(r.output_ids) - 1) for r in reqs if len(r.output_ids) > 1]
+    return 1e3 * statistics.mean(tpots) if tpots else float("nan")
+
+
 def _run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], batch_size: int,
          progress: Progress, task: TaskID) -> tuple[RunResult, list[list[int]]]:
     """Requests `batch_size` at a time (1: one request alone, the latency regime); also their token ids."""
@@ -83,9 +89,8 @@ def _run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams],
         reqs += engine.generate(prompts[i : i + batch_size], params[i : i + batch_size])
         progress.advance(task, min(batch_size, len(prompts) - i))
     wall = time.perf_counter() - start
-    tpots = [(r.finished_time - r.first_token_time) / (len(r.output_ids) - 1) for r in reqs if len(r.output_ids) > 1]
     tokens = sum(len(r.output_ids) for r in reqs)
-    result = RunResult(1e3 * statistics.mean(tpots) if tpots else float("nan"), tokens / wall, tokens, wall)
+    result = RunResult(tpot_ms(reqs), tokens / wall, tokens, wall)
     return result, [r.output_ids for r in reqs]
 
 

@@ -195,9 +195,9 @@ class ForcingObserver:
         """Per row: whether its digest is stock's; None for a row with banned ids (-inf before
         min_new_tokens), which stock's unmasked teacher-forced row cannot match."""
         n = rows.shape[0]
-        masked = torch.isinf(rows).any(1)
-        same = row_digests(rows).cpu() == self.stock.digests[prompt][start : start + n]
-        return [None if m else bool(e) for m, e in zip(masked.cpu().tolist(), same.tolist())]
+        digests, masked = torch.stack([row_digests(rows), torch.isinf(rows).any(1).long()]).cpu()  # one copy
+        same = digests == self.stock.digests[prompt][start : start + n]
+        return [None if m else bool(e) for m, e in zip(masked.tolist(), same.tolist())]
 
     def _mismatch(self, prompt: int, pos: int, expected: int, got: int, margin: float) -> None:
         noise = self.stock.noise_at[prompt] if self.stock.noise_at and not self.verdict.exact else ()

@@ -4,6 +4,7 @@ one transaction, so a process killed mid-round leaves a database that opens clea
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -208,8 +209,6 @@ class Memory:
 
 def _statements(sql: str) -> list[str]:
     """A migration's statements (a trigger's body keeps its own semicolons)."""
-    import sqlite3
-
     out, buf = [], ""
     for line in sql.splitlines(keepends=True):
         if line.lstrip().startswith("--") and not buf:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specpilot.bench.datasets import apply_chat_template, load_prompts
+from specpilot.bench.harness import tpot_ms
 from specpilot.config import SamplingParams
 from specpilot.costmodel import calibrate, floors, shapes_of
 from specpilot.engine.config import EngineConfig
@@ -75,9 +76,7 @@ class Verdict:
 
 def _tpot_ms(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> float:
     """Mean TPOT of the prompts run one at a time (B=1, the latency regime)."""
-    reqs = [r for p in prompts for r in engine.generate([p], params)]
-    tpots = [(r.finished_time - r.first_token_time) / (len(r.output_ids) - 1) for r in reqs if len(r.output_ids) > 1]
-    return 1e3 * statistics.mean(tpots)
+    return tpot_ms([r for p in prompts for r in engine.generate([p], params)])
 
 
 def evaluate(request: Request) -> Verdict:

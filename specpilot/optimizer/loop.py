@@ -9,7 +9,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from specpilot.costmodel import calibrate, floors, rank_gaps, shapes_of
 from specpilot.costmodel.measure import measure
 from specpilot.engine.config import EngineConfig, resolve_device, resolve_dtype
 from specpilot.engine.engine import Engine
-from specpilot.engine.registry import Deployment, Profile, check_tunables
+from specpilot.engine.registry import TUNABLES, Deployment, Profile, check_tunables, open_defaults
 from specpilot.memory import Memory
 from specpilot.optimizer import search
 from specpilot.optimizer.evaluator import Request, config_fields
@@ -42,6 +42,18 @@ class Settings:
     resume: bool = False
     load: str = "B=1"
     priors: list[dict[str, Any]] = field(default_factory=list)  # profiles to try first (the device's defaults)
+
+
+def plain_stock(config: EngineConfig, given: set[str]) -> tuple[EngineConfig, dict[str, Any] | None]:
+    """Stock is the registry's: no mechanisms and every tunable the user left open (fields not in `given`)
+    at its plain default. The device's measured defaults this undoes come back as a prior profile for
+    the search to confirm (None where they undo nothing)."""
+    device_defaults = open_defaults(resolve_device(config.device).type, config.speculative_algorithm)
+    plain = {f: getattr(EngineConfig, f) for f, v in device_defaults.items()
+             if f not in given and getattr(config, f) == v}
+    names = {t.field: t.name for t in TUNABLES}
+    moved = {names[f]: device_defaults[f] for f in plain if device_defaults[f] != plain[f]}
+    return replace(config, **plain), ({"mechanisms": None, "tunables": moved} if moved else None)
 
 
 def _space(config: EngineConfig) -> dict[str, list[Any]]:
@@ -93,8 +105,8 @@ def _agents(briefs: list[search.Brief], root: Path) -> list[list[dict[str, Any]]
         p.start()
     for p in procs:
         p.join()
-    return [json.loads((Path(p).parent / "proposals.json").read_text()) if Path(p).parent.joinpath(
-        "proposals.json").is_file() else [] for p in paths]
+    written = [Path(p).parent / "proposals.json" for p in paths]
+    return [json.loads(w.read_text()) if w.is_file() else [] for w in written]
 
 
 def _measure_gaps(settings: Settings, profile: dict[str, Any], workdir: Path) -> list[dict[str, Any]]:
@@ -116,11 +128,11 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
     if interrupted:
         console.print(f"rounds {interrupted} were left running by a process that died: marked incomplete")
     cfg = settings.config
-    device = resolve_device(cfg.device)
+    torch_device = resolve_device(cfg.device)
+    device = torch_device.type
     drafter = f"{cfg.speculative_algorithm}:{cfg.speculative_draft_model_path or 'default'}"
-    dtype = str(resolve_dtype(cfg.dtype, device)).removeprefix("torch.")
-    dep = memory.deployment(cfg.model_path or "embedded", drafter, device.type, dtype, settings.load)
-    device = device.type
+    dtype = str(resolve_dtype(cfg.dtype, torch_device)).removeprefix("torch.")
+    dep = memory.deployment(cfg.model_path or "embedded", drafter, device, dtype, settings.load)
     best: dict[str, Any] = {"mechanisms": "stock", "tunables": {}}
     best_speedup = 1.0
     tried = [dict(best)]
