@@ -109,7 +109,8 @@ class AcceptEverything(Verifier):
 
     def greedy(self, argmax, drafts, starts, tree=None):
         n, q = argmax.shape
-        return Accepted(torch.full((n,), q), torch.arange(q).repeat(n, 1), torch.cat([drafts, argmax[:, -1:]], 1), starts)
+        return Accepted(torch.full((n,), q, device=argmax.device), torch.arange(q, device=argmax.device).repeat(n, 1),
+                        torch.cat([drafts, argmax[:, -1:]], 1), starts)
 
 
 def test_planted_accept_everything_fails_forcing(tiny, monkeypatch):

@@ -465,13 +465,22 @@ if HAS_TRITON:
         out_ptr,
         q_start_ptr,
         q_len_ptr,
+        pos_ptr,
         num_rows,
         NUM_HEADS: tl.constexpr,
         HEAD_DIM: tl.constexpr,
         BLOCK_R: tl.constexpr,
         NUM_SPLITS: tl.constexpr,
+        ROW_SPLITS: tl.constexpr,
+        SPLIT: tl.constexpr,
+        TAIL: tl.constexpr,
     ):
         # Program = (row block, request); a request's (token, head) rows are contiguous in the flat layout.
+        # Rows fold partials 0 .. n-1, then the last one (NUM_SPLITS - 1). Without ROW_SPLITS n = NUM_SPLITS - 1
+        # (every partial). With it (the invariant kernel) n is the row's own count of context splits (keys
+        # before its tail) and the last partial its tail: skipping a split without keys is exact, since
+        # merging (0, -inf) changes nothing, and the split's program, when no row of its block had keys there,
+        # stored nothing.
         req = tl.program_id(1)
         q_len = tl.load(q_len_ptr + req)
         row_lo = tl.program_id(0) * BLOCK_R
@@ -481,13 +490,22 @@ if HAS_TRITON:
         rows = base + row_lo + tl.arange(0, BLOCK_R)
         row_ok = rows < base + q_len * NUM_HEADS
         dims = tl.arange(0, HEAD_DIM)
+        if ROW_SPLITS:
+            pos = tl.load(pos_ptr + rows // NUM_HEADS, mask=row_ok, other=0)
+            row_splits = tl.where(row_ok, tl.cdiv(tl.maximum(pos + 1 - TAIL, 0), SPLIT), 0)
+        else:
+            row_splits = tl.full([BLOCK_R], NUM_SPLITS - 1, dtype=tl.int32)
+        most = tl.max(row_splits, 0)
 
         m = tl.full([BLOCK_R], -1.0e30, dtype=tl.float32)
         denom = tl.zeros([BLOCK_R], dtype=tl.float32)
         acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
-        for s in range(NUM_SPLITS):
-            lse = tl.load(part_lse_ptr + s * num_rows + rows, mask=row_ok, other=float("-inf"))
-            o = tl.load(part_o_ptr + (s * num_rows + rows)[:, None] * HEAD_DIM + dims[None, :], mask=row_ok[:, None])
+        for s in range(0, most + 1):
+            part = tl.where(s == most, NUM_SPLITS - 1, s)
+            ok = row_ok & ((row_splits > s) | (row_splits * 0 + part == NUM_SPLITS - 1))  # vector form: interpreter
+            lse = tl.load(part_lse_ptr + part * num_rows + rows, mask=ok, other=float("-inf"))
+            o = tl.load(part_o_ptr + (part * num_rows + rows)[:, None] * HEAD_DIM + dims[None, :], mask=ok[:, None],
+                        other=0.0)
             m, denom, acc = _merge(m, denom, acc, lse, o)
         out = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
         # out is contiguous [T, NUM_HEADS, HEAD_DIM], i.e. flat row r at r * HEAD_DIM.
@@ -572,9 +590,20 @@ if HAS_TRITON:
         kv_head = tl.program_id(1) % NUM_KV_HEADS
         part = tl.program_id(2)
         q_len = tl.load(q_len_ptr + req)
-        row_lo = row_block * BLOCK_M
-        if row_lo >= q_len * GROUP:
-            return
+        if SPLIT_GRID and part == NUM_SPLITS:
+            # The tail: each program takes one token's rows, so every token's tail tile runs in parallel (a
+            # row's tail never depends on its tile companions: other tokens' tiles leave it unchanged).
+            per_token = tl.cdiv(GROUP, BLOCK_M)
+            token = row_block // per_token
+            if token >= q_len:
+                return
+            row_lo = token * GROUP + (row_block % per_token) * BLOCK_M
+            row_hi = (token + 1) * GROUP
+        else:
+            row_lo = row_block * BLOCK_M
+            row_hi = q_len * GROUP
+            if row_lo >= row_hi:
+                return
         q_start = tl.load(q_start_ptr + req)
         ctx = tl.load(kv_len_ptr + req) - q_len
         slot = tl.load(slot_ptr + req).to(tl.int64)
@@ -582,7 +611,7 @@ if HAS_TRITON:
         rows = row_lo + tl.arange(0, BLOCK_M)
         tok = rows // GROUP
         head = kv_head * GROUP + rows % GROUP
-        row_ok = tok < q_len
+        row_ok = rows < row_hi
         dims = tl.arange(0, HEAD_DIM)
         q_rows = (q_start + tok).to(tl.int64)
         q_tile = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
@@ -593,13 +622,15 @@ if HAS_TRITON:
         block_end = tl.max(ctx_end, 0)
         block_full = tl.min(tl.where(row_ok, ctx_end, block_end), 0)
         tok_lo = row_lo // GROUP
-        tok_hi = tl.minimum((row_lo + BLOCK_M - 1) // GROUP, q_len - 1)
+        tok_hi = (tl.minimum(row_lo + BLOCK_M, row_hi) - 1) // GROUP
         k_base = k_ptr + slot * stride_ks + kv_head * stride_kh
         v_base = v_ptr + slot * stride_vs + kv_head * stride_vh
         flat = q_rows * (NUM_KV_HEADS * GROUP) + head
 
         if SPLIT_GRID:
             if part < NUM_SPLITS:
+                if part * SPLIT >= block_end:  # no row of the block has keys here: the combine skips it
+                    return
                 o, lse = _context_split(q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, ctx_end, block_end,
                                         block_full, part * SPLIT, BLOCK_M, BLOCK_N, SPLIT, HEAD_DIM, DOT_PRECISION)
             else:
@@ -774,11 +805,15 @@ def slot_attention_triton(
             out,
             q_starts,
             q_lens,
+            q_lens,  # positions: unread without ROW_SPLITS
             num_rows,
             NUM_HEADS=num_heads,
             HEAD_DIM=head_dim,
             BLOCK_R=block_r,
             NUM_SPLITS=num_kv_splits,
+            ROW_SPLITS=False,
+            SPLIT=1,
+            TAIL=1,
             num_warps=4,
         )
     return out
@@ -796,6 +831,9 @@ def slot_attention_invariant(
     scale: float,
     max_q_len: int | None = None,
     tree_mask: torch.Tensor | None = None,
+    *,
+    block_m: int = INVARIANT_BLOCK_M,
+    split_grid: bool | None = None,
 ) -> torch.Tensor:
     """Batch-invariant causal (or tree) slot attention: the module docstring's fixed reduction structure.
 
@@ -803,6 +841,7 @@ def slot_attention_invariant(
     :func:`slot_attention_triton`, with ``max_q_len`` given nothing syncs and the grid depends only on shapes.
     Passes of up to INVARIANT_SPLIT_GRID_MAX_Q queries per request spread the key splits over programs and
     merge them in a second kernel; longer ones (prefill) merge in-program, in the same order and arithmetic.
+    ``block_m`` ((token, head) rows per program) and ``split_grid`` (which form) pin the launch for sweeps.
     """
     num_tokens, num_heads, head_dim = q.shape
     if positions.shape != (num_tokens,) or positions.dtype not in _INDEX_DTYPES:
@@ -815,15 +854,18 @@ def slot_attention_invariant(
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     num_splits = triton.cdiv(k_cache.shape[1], SPLIT_KEYS)
-    split_grid = max_q_len <= INVARIANT_SPLIT_GRID_MAX_Q
+    if split_grid is None:
+        split_grid = max_q_len <= INVARIANT_SPLIT_GRID_MAX_Q
     num_rows = num_tokens * num_heads
     if split_grid:  # the context splits, then the tail
         part_o = torch.empty((num_splits + 1, num_rows, head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_splits + 1, num_rows), dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out
-    block_m = INVARIANT_BLOCK_M
-    grid = (triton.cdiv(max_q_len * group, block_m), batch * num_kv_heads, num_splits + 1 if split_grid else 1)
+    row_blocks = triton.cdiv(max_q_len * group, block_m)
+    if split_grid:  # the tail's programs take one token each
+        row_blocks = max(row_blocks, max_q_len * triton.cdiv(group, block_m))
+    grid = (row_blocks, batch * num_kv_heads, num_splits + 1 if split_grid else 1)
     _slot_attn_invariant_kernel[grid](
         q, k_cache, v_cache, out, part_o, part_lse, slot_ids, q_starts, q_lens, kv_lens, positions,
         q_lens if tree_mask is None else tree_mask,  # a placeholder pointer without TREE
@@ -837,8 +879,9 @@ def slot_attention_invariant(
     if split_grid:
         block_r = 16
         _slot_attn_combine_kernel[(triton.cdiv(max_q_len * num_heads, block_r), batch)](
-            part_o, part_lse, out, q_starts, q_lens, num_rows, NUM_HEADS=num_heads, HEAD_DIM=head_dim,
-            BLOCK_R=block_r, NUM_SPLITS=num_splits + 1, num_warps=4, enable_fp_fusion=False,
+            part_o, part_lse, out, q_starts, q_lens, positions, num_rows, NUM_HEADS=num_heads, HEAD_DIM=head_dim,
+            BLOCK_R=block_r, NUM_SPLITS=num_splits + 1, ROW_SPLITS=True, SPLIT=SPLIT_KEYS, TAIL=TAIL_KEYS,
+            num_warps=4, enable_fp_fusion=False,
         )
     return out
 
