@@ -9,6 +9,7 @@ one request decoded under the profiler shows where the device sits idle (the gap
 by the work on either side).
 
     python benchmarks/gpu_step_profile.py [--out DIR] [--num-prompts 8] [--topk 1 4] [--assist 0 2]
+        [--temperature T --top-p P]
 """
 
 from __future__ import annotations
@@ -142,12 +143,15 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--topk", type=int, nargs="+", default=[1, 4])
     p.add_argument("--assist", type=int, nargs="+", default=[0, 2])
+    p.add_argument("--temperature", type=float, default=0.0, help="> 0: keyed sampling (seed 1)")
+    p.add_argument("--top-p", type=float, default=1.0)
     args = p.parse_args()
     out = out_dir(args.out)
     probe = Engine.from_config(EngineConfig(device="cuda", cuda_graphs=False, max_running_requests=1))
     prompts = [apply_chat_template(probe.tokenizer, q) for q in load_prompts("humaneval", args.num_prompts)]
     del probe
-    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            seed=1 if args.temperature > 0 else None)
     rows = [profile(k, a, prompts, params) for k in args.topk for a in args.assist]
     write_json(out / "step_profile.json", rows)
     print("topk assist   tau  AR TPOT  spec TPOT  speedup  step ms (draft/verify/other)  "

@@ -77,6 +77,18 @@ def attention_report(device: str, dtype: torch.dtype, ctx: int = 330, kv_heads: 
                     [39, *new_pos, *range(295, 300)])
     report["chain verify in a batch"] = _differing(mixed[1 : 1 + NEW], decode)
 
+    # Large batches (on CUDA enough programs that one program folds every split): the chain verify beside 23
+    # other verifies, and one of its tokens decoded beside 80 other decodes.
+    many_q = torch.cat([q_new, randn(23 * NEW, heads, head_dim)])
+    many = _attend(many_q, k, v, [0, *[2, 3] * 11, 2], list(range(0, 24 * NEW, NEW)), [NEW] * 24,
+                   [length, *range(100, 100 + 23 * 9, 9)], [*new_pos, *(p for n in range(23) for p in
+                                                                         range(100 + 9 * n - NEW, 100 + 9 * n))])
+    report["chain verify in a large batch"] = _differing(many[:NEW], decode)
+    crowd_q = torch.cat([randn(40, heads, head_dim), q_new[5:6], randn(40, heads, head_dim)])
+    crowd = _attend(crowd_q, k, v, [2] * 40 + [0] + [3] * 40, list(range(81)), [1] * 81,
+                    [*range(20, 60), ctx + 6, *range(200, 240)], [*range(19, 59), ctx + 5, *range(199, 239)])
+    report["decode in a large batch"] = _differing(crowd[40], decode[5])
+
     # The whole prompt in one pass (the single-program form of the splits).
     prompt_q = torch.cat([randn(ctx, heads, head_dim), q_new])
     prefill = _attend(prompt_q, k, v, [0], [0], [length], [length], list(range(length)))

@@ -75,15 +75,15 @@ def test_gemm_tiles_do_not_change_a_row(dtype: str) -> None:
 
     g = torch.Generator().manual_seed(2)
     x = torch.randn(300, 4096, generator=g).to(getattr(torch, dtype)).cuda()
-    w = torch.randn(1024, 4096, generator=g).to(x.dtype).cuda()
-    decode, _ = invariant_config(1, *w.shape)
-    base = invariant_gemm(x, w, block_m=16, config=decode)
-    for m in (1, 64, 300, 4096):
-        config, block_m = invariant_config(m, *w.shape)
-        for rows in (block_m, 16, 32, 64, 128, 256):
-            assert torch.equal(invariant_gemm(x, w, block_m=rows, config=config), base), (m, rows)
-    assert torch.equal(invariant_gemm(x, w), base)
-
+    for n in (1024, 6144, 12288):  # each width class of the tile table
+        w = torch.randn(n, 4096, generator=g).to(x.dtype).cuda()
+        decode, _ = invariant_config(1, *w.shape)
+        base = invariant_gemm(x, w, block_m=16, config=decode)
+        for m in (1, 64, 128, 256, 384, 512, 4096):
+            config, block_m = invariant_config(m, *w.shape)
+            for rows in (block_m, 16, 64, 256):
+                assert torch.equal(invariant_gemm(x, w, block_m=rows, config=config), base), (n, m, rows)
+        assert torch.equal(invariant_gemm(x, w), base)
 
 if __name__ == "__main__":
     patch_bf16_dot()

@@ -17,7 +17,7 @@ kernel sums them in a fixed order (deterministic, no zero-init, no atomics), add
 Batch invariance: with ``split_k == 1`` each output element is one fp32 accumulator fed the same MMA k-steps in
 K order, whatever the tile: on the H200, every tile shape tried (BLOCK_N 64-256, BLOCK_K 64/128, BLOCK_M
 16-256, 4 or 8 warps) gives bitwise the same rows (docs/RESULTS.md, benchmarks/gpu_gemm_configs.py), so
-:func:`invariant_gemm` may pick its tiles by M for speed - decode tiles up to 64 rows, compute-sized ones
+:func:`invariant_gemm` may pick its tiles by M and N for speed - decode tiles up to 64 rows, compute-sized ones
 beyond - while a row never depends on how many rows share the call (docs/ARCHITECTURE.md, "Batch
 invariance"). Nothing syncs with the host and the grid depends only on shapes, so calls are CUDA-graph
 capturable.
@@ -241,14 +241,32 @@ def skinny_gemm(
     return _launch(x, w, bias, config, None)
 
 
+# invariant_gemm's tiles past the decode sizes, fastest by CUDA-graph replay on an H200 for Llama-3.1-8B's weight
+# shapes (docs/RESULTS.md, benchmarks/gpu_gemm_configs.py): per row limit, (config, x rows per program) by the
+# width of w - "narrow" N <= 4096, "mid" N <= 8192, "wide" beyond.
+_INVARIANT_TILES: list[tuple[int, dict[str, tuple[SkinnyConfig, int]]]] = [
+    (128, {"narrow": (SkinnyConfig(64, 128, 1, 4, 4), 64), "mid": (SkinnyConfig(64, 128, 1, 4, 5), 128),
+           "wide": (SkinnyConfig(256, 64, 1, 8, 4), 128)}),
+    (256, {"narrow": (SkinnyConfig(128, 128, 1, 8, 4), 64), "mid": (SkinnyConfig(128, 64, 1, 8, 4), 128),
+           "wide": (SkinnyConfig(128, 64, 1, 8, 4), 256)}),
+    (384, {"narrow": (SkinnyConfig(128, 64, 1, 8, 4), 128), "mid": (SkinnyConfig(128, 64, 1, 8, 4), 256),
+           "wide": (SkinnyConfig(256, 64, 1, 8, 4), 128)}),
+    (2048, {"narrow": (SkinnyConfig(128, 64, 1, 8, 4), 128), "mid": (SkinnyConfig(128, 64, 1, 8, 4), 256),
+            "wide": (SkinnyConfig(128, 64, 1, 8, 4), 256)}),
+]
+_PREFILL_TILES = (SkinnyConfig(block_n=128, block_k=64, split_k=1, num_warps=8, num_stages=3), 256)
+
+
 def invariant_config(m: int, n: int, k: int) -> tuple[SkinnyConfig, int | None]:
-    """(tiles, x rows per program) of invariant_gemm by M: the decode tiles where the weight read dominates,
-    larger ones as the pass turns compute-bound (the H200 sweep in docs/RESULTS.md); no split-K anywhere."""
-    if m <= 256:
+    """(tiles, x rows per program) of invariant_gemm by M and N: the decode tiles up to 64 rows, then the
+    table above, then prefill's; no split-K anywhere (the tiles never change a row's bits)."""
+    if m <= MAX_M:
         return default_config(m, n, k), None
-    if m <= 2048:
-        return SkinnyConfig(block_n=128, block_k=64, split_k=1, num_warps=8, num_stages=4), 128
-    return SkinnyConfig(block_n=128, block_k=64, split_k=1, num_warps=8, num_stages=3), 256
+    width = "narrow" if n <= 4096 else "mid" if n <= 8192 else "wide"
+    for rows, tiles in _INVARIANT_TILES:
+        if m <= rows:
+            return tiles[width]
+    return _PREFILL_TILES
 
 
 def invariant_gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,

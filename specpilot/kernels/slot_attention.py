@@ -590,20 +590,10 @@ if HAS_TRITON:
         kv_head = tl.program_id(1) % NUM_KV_HEADS
         part = tl.program_id(2)
         q_len = tl.load(q_len_ptr + req)
-        if SPLIT_GRID and part == NUM_SPLITS:
-            # The tail: each program takes one token's rows, so every token's tail tile runs in parallel (a
-            # row's tail never depends on its tile companions: other tokens' tiles leave it unchanged).
-            per_token = tl.cdiv(GROUP, BLOCK_M)
-            token = row_block // per_token
-            if token >= q_len:
-                return
-            row_lo = token * GROUP + (row_block % per_token) * BLOCK_M
-            row_hi = (token + 1) * GROUP
-        else:
-            row_lo = row_block * BLOCK_M
-            row_hi = q_len * GROUP
-            if row_lo >= row_hi:
-                return
+        row_lo = row_block * BLOCK_M
+        row_hi = q_len * GROUP
+        if row_lo >= row_hi:
+            return
         q_start = tl.load(q_start_ptr + req)
         ctx = tl.load(kv_len_ptr + req) - q_len
         slot = tl.load(slot_ptr + req).to(tl.int64)
@@ -657,13 +647,26 @@ if HAS_TRITON:
             tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _split_the_grid(device: torch.device, max_q_len: int, programs: int) -> bool:
+    """Which form of the invariant kernel a pass takes (both give the same bits): the key splits spread over
+    programs (then combined) for passes of up to INVARIANT_SPLIT_GRID_MAX_Q queries per request, on CUDA only
+    while their row-block programs alone would leave SMs idle (a decode or verify of few requests); else one
+    program folds every split (the H200 sweep in docs/RESULTS.md). The interpreter keeps both forms in use."""
+    if max_q_len > INVARIANT_SPLIT_GRID_MAX_Q:
+        return False
+    return device.type != "cuda" or programs < _sm_count(device)
+
+
 def kv_splits(device: torch.device, batch_size: int, num_kv_heads: int) -> int:
     """How many key splits a pass over `batch_size` requests captures: split each request's keys until
     (requests x kv heads x splits) roughly fills the GPU's SMs (1 off CUDA, where the split is unused)."""
     if device.type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(8, sms // (batch_size * num_kv_heads)))
+    return max(1, min(8, _sm_count(device) // (batch_size * num_kv_heads)))
 
 
 # Shared memory a config may plan for (H100/H200 allow 227 KiB per block; leave room for layout conversions).
@@ -839,8 +842,9 @@ def slot_attention_invariant(
 
     ``positions`` [T] gives each query's position (a tree node's: committed length + depth). As with
     :func:`slot_attention_triton`, with ``max_q_len`` given nothing syncs and the grid depends only on shapes.
-    Passes of up to INVARIANT_SPLIT_GRID_MAX_Q queries per request spread the key splits over programs and
-    merge them in a second kernel; longer ones (prefill) merge in-program, in the same order and arithmetic.
+    Passes of up to INVARIANT_SPLIT_GRID_MAX_Q queries per request over few requests spread the key splits over
+    programs and merge them in a second kernel; the rest (prefill, large batches) merge in-program, in the same
+    order and arithmetic (`_split_the_grid`).
     ``block_m`` ((token, head) rows per program) and ``split_grid`` (which form) pin the launch for sweeps.
     """
     num_tokens, num_heads, head_dim = q.shape
@@ -854,17 +858,15 @@ def slot_attention_invariant(
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     num_splits = triton.cdiv(k_cache.shape[1], SPLIT_KEYS)
-    if split_grid is None:
-        split_grid = max_q_len <= INVARIANT_SPLIT_GRID_MAX_Q
     num_rows = num_tokens * num_heads
+    row_blocks = triton.cdiv(max_q_len * group, block_m)
+    if split_grid is None:
+        split_grid = _split_the_grid(q.device, max_q_len, row_blocks * batch * num_kv_heads)
     if split_grid:  # the context splits, then the tail
         part_o = torch.empty((num_splits + 1, num_rows, head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_splits + 1, num_rows), dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out
-    row_blocks = triton.cdiv(max_q_len * group, block_m)
-    if split_grid:  # the tail's programs take one token each
-        row_blocks = max(row_blocks, max_q_len * triton.cdiv(group, block_m))
     grid = (row_blocks, batch * num_kv_heads, num_splits + 1 if split_grid else 1)
     _slot_attn_invariant_kernel[grid](
         q, k_cache, v_cache, out, part_o, part_lse, slot_ids, q_starts, q_lens, kv_lens, positions,
