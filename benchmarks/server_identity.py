@@ -13,42 +13,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from specpilot.bench import provenance
 from specpilot.bench.datasets import BENCH_DATASETS, load_prompts
-
-START_TIMEOUT_S = 900.0  # a cold CUDA start loads the model and captures graphs
-REQUEST_TIMEOUT_S = 600.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(flags: list[str], port: int, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "specpilot", "serve", "--host", "127.0.0.1", "--port", str(port), *flags]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}; see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(1.0)
-    proc.terminate()
-    raise TimeoutError(f"the server did not answer /health within {START_TIMEOUT_S:.0f} s; see {log}")
+from specpilot.optimizer.remote import REQUEST_TIMEOUT_S, Server
 
 
 async def generate_all(port: int, texts: list[str], sampling: dict, seed: int, concurrency: int) -> list[list[int]]:
@@ -67,14 +39,12 @@ async def generate_all(port: int, texts: list[str], sampling: dict, seed: int, c
 
 def run_mode(flags: list[str], prompts: dict[str, list[str]], sampling: dict, seed: int, concurrency: int,
              log: Path) -> dict[str, list[list[int]]]:
-    port = free_port()
-    server = start_server(flags, port, log)
+    server = Server.launch(flags, log, isolated=False).ready()
     try:
-        return {name: asyncio.run(generate_all(port, texts, sampling, seed, concurrency))
+        return {name: asyncio.run(generate_all(server.port, texts, sampling, seed, concurrency))
                 for name, texts in prompts.items()}
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        server.close()
 
 
 def main(argv: list[str] | None = None) -> int:

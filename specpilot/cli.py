@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--served-model-name", default=None, help="model name in the OpenAI API (default: the model path)")
     h.add_argument("--shutdown-grace-period", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on SIGTERM before they are aborted")
+    serve.add_argument("--engine-config", default=None, metavar="FILE",
+                       help="the engine's whole config as JSON fields (as the optimizer's sealed evaluator writes "
+                            "it); the engine flags above are then not read")
     serve.set_defaults(func=_cmd_serve)
 
     train = sub.add_parser("train-drafter", help="train a DFlash drafter for a target (CPU or CUDA)",
@@ -194,7 +197,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="candidates each agent proposes per round (the round's evaluation budget)")
     opt.add_argument("--repeats", type=_positive_int, default=3, help="interleaved timed runs per candidate")
     opt.add_argument("--db", default=None, help="the memory file (default: ./specpilot-memory.db)")
-    opt.add_argument("--resume", action="store_true", help="go on from the best profile this deployment has in memory")
+    opt.add_argument("--resume", action="store_true",
+                     help="go on from the best profile this deployment has in memory, after the last candidate judged")
+    opt.add_argument("--llm-base-url", default=None,
+                     help="an OpenAI-compatible endpoint for the LLM coding agent (default: $SPECPILOT_LLM_BASE_URL; "
+                          "none: no LLM agent)")
+    opt.add_argument("--llm-model", default=None, help="its model name (default: $SPECPILOT_LLM_MODEL, else 'default')")
+    opt.add_argument("--llm-attempts", type=_positive_int, default=3,
+                     help="answers the LLM agent may take per round to give a patch that applies (default 3)")
+    opt.add_argument("--llm-source-chars", type=_positive_int, default=24_000,
+                     help="characters of each source file the LLM agent is shown (fit the endpoint's context)")
+    opt.add_argument("--baseline", action="store_true",
+                     help="also judge as many random profiles as the loop did (the best-of-N baseline)")
     opt.add_argument("--output-dir", default=None,
                      help="rounds' reports and the profile (default: specpilot-optimize/)")
     _engine_args(opt)
@@ -424,7 +438,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from specpilot.server.context import ServerArgs
     from specpilot.server.launch import serve
 
-    return serve(engine_config_from_args(args),
+    if args.engine_config is not None:
+        try:
+            config = EngineConfig.from_fields(json.loads(pathlib.Path(args.engine_config).read_text()))
+        except (OSError, ValueError, TypeError) as err:
+            raise SystemExit(f"specpilot serve: --engine-config {args.engine_config}: {err}") from err
+    else:
+        config = engine_config_from_args(args)
+    return serve(config,
                  ServerArgs(host=args.host, port=args.port, max_queued_requests=args.max_queued_requests,
                             served_model_name=args.served_model_name,
                             shutdown_grace_period=args.shutdown_grace_period))
@@ -489,7 +510,12 @@ def _cmd_costmodel(args: argparse.Namespace) -> int:
 def _cmd_optimize(args: argparse.Namespace) -> int:
     from specpilot.engine.registry import TUNABLES
     from specpilot.memory import DEFAULT_PATH
+    from dataclasses import asdict
+
+    from specpilot.optimizer.llm_agent import Endpoint
     from specpilot.optimizer.loop import Settings, optimize, plain_stock
+
+    endpoint = Endpoint.resolve(args.llm_base_url, args.llm_model)  # the key only from $SPECPILOT_LLM_API_KEY
 
     config = engine_config_from_args(args, max_running_requests=1)
     if not config.speculative_algorithm:
@@ -498,9 +524,12 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     settings = Settings(config, rounds=args.rounds, agents=args.agents, per_agent=args.proposals_per_agent,
                         dataset=args.dataset, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
                         repeats=args.repeats, db=args.db or DEFAULT_PATH, out=args.output_dir or "specpilot-optimize",
-                        resume=args.resume, priors=[prior] if prior else [])
+                        resume=args.resume, priors=[prior] if prior else [], baseline=args.baseline,
+                        llm=asdict(endpoint) if endpoint else None, llm_attempts=args.llm_attempts,
+                        llm_source_chars=args.llm_source_chars)
     result = optimize(settings)
-    print(json.dumps({k: result[k] for k in ("profile", "profile_path", "speedup_over_stock")}, indent=2))
+    keys = ("profile", "profile_path", "patch_path", "speedup_over_stock", "evaluations", "baseline")
+    print(json.dumps({k: result[k] for k in keys if k in result}, indent=2))
     return 0
 
 

@@ -10,11 +10,10 @@ import pytest
 from test_speculative import AcceptEverything
 
 from specpilot.cli import main
-from specpilot.costmodel.floors import Floors
 from specpilot.engine.config import EngineConfig
 from specpilot.memory import Memory
 from specpilot.optimizer import evaluator, search
-from specpilot.optimizer.evaluator import Request, config_fields, config_from_fields, evaluate
+from specpilot.optimizer.evaluator import Request, evaluate
 
 SPACE = {"block-size": [2, 4, 8], "ngram-assist": [0, 1, 2]}
 
@@ -39,13 +38,13 @@ def test_agents_deal_out_the_guided_moves_and_never_repeat_a_tried_profile():
 def _request(tiny_dir, candidate) -> Request:
     config = EngineConfig(model_path=str(tiny_dir), device="cpu", max_running_requests=1,
                           speculative_algorithm="ngram")
-    return Request(config=config_fields(config), candidate=candidate, dataset="math", num_prompts=2,
+    return Request(config=config.to_fields(), candidate=candidate, dataset="math", num_prompts=2,
                    max_new_tokens=12, repeats=2)
 
 
 def test_config_round_trips_through_the_request():
     config = EngineConfig(mechanisms=frozenset({"device-acceptance"}), cuda_graph_batch_sizes=(1, 2))
-    assert config_from_fields(json.loads(json.dumps(config_fields(config)))) == config
+    assert EngineConfig.from_fields(json.loads(json.dumps(config.to_fields()))) == config
 
 
 def test_evaluator_accepts_only_a_lossless_plausible_candidate(tiny_dir, monkeypatch):
@@ -54,7 +53,7 @@ def test_evaluator_accepts_only_a_lossless_plausible_candidate(tiny_dir, monkeyp
     assert verdict.accepted == (verdict.speedup["min"] > 1)
     assert verdict.accepted or verdict.reason.startswith("not faster than stock in every repeat")
     # red team: a speedup above the cost model's ceiling is a hack, whatever forcing says
-    monkeypatch.setattr(evaluator, "floors", lambda *a, **k: Floors(1, 1, 1.0, 0.0, 1e9, 0.0, 1.0))
+    monkeypatch.setattr(evaluator, "speedup_ceiling", lambda *a: 0.5)
     verdict = evaluate(_request(tiny_dir, {"mechanisms": None, "tunables": {}}))
     assert not verdict.accepted and verdict.reason.startswith("implausible")
 
@@ -76,7 +75,7 @@ def test_optimize_records_everything_and_a_second_deployment_starts_from_memory(
               "--dataset", "math", "--num-prompts", "2", "--max-new-tokens", "12", "--repeats", "2",
               "--rounds", "1", "--agents", "2", "--db", str(db)]
     assert main(["optimize", *common, "--output-dir", str(tmp_path / "a")]) == 0
-    assert "candidate 1 from agent 0" in capsys.readouterr().out
+    assert "candidate 1 from search-0" in capsys.readouterr().out
     memory = Memory(db)
     [round_] = memory.rounds()
     assert round_["status"] == "finished" and round_["candidates"] == 2
@@ -100,3 +99,41 @@ def test_optimize_needs_a_drafter(tiny_dir, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["optimize", "--model-path", str(tiny_dir), "--db", str(tmp_path / "m.db")])
     assert "--speculative-algorithm" in capsys.readouterr().err
+
+
+def test_kill_9_mid_round_leaves_a_clean_database_and_resume_goes_on(tiny_dir, tmp_path, capsys):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "m.db"
+    common = ["--model-path", str(tiny_dir), "--device", "cpu", "--speculative-algorithm", "ngram",
+              "--dataset", "math", "--num-prompts", "2", "--max-new-tokens", "8", "--repeats", "1",
+              "--agents", "2", "--db", str(db), "--output-dir", str(tmp_path / "out")]
+    proc = subprocess.Popen([sys.executable, "-m", "specpilot", "optimize", *common, "--rounds", "3"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:  # until the first verdict is written
+            if db.is_file() and Memory(db).db.execute("SELECT COUNT(*) FROM validations").fetchone()[0]:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "optimize ended before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)  # the orchestrator and its evaluator and agents
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    memory = Memory(db)
+    assert memory.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    judged = [json.loads(r["params"]) for r in memory.db.query(
+        "SELECT c.params FROM candidates c JOIN validations v ON v.candidate_id = c.id")]
+    assert judged and memory.rounds()[0]["status"] == "running"
+    assert main(["optimize", *common, "--rounds", "1", "--resume"]) == 0
+    assert "marked incomplete" in capsys.readouterr().out
+    memory = Memory(db)
+    assert memory.rounds()[0]["status"] == "incomplete" and memory.rounds()[-1]["status"] == "finished"
+    later = [json.loads(c["params"]) for c in memory.round_report(memory.rounds()[-1]["id"])["candidates"]]
+    assert later and not [p for p in later if p in judged]  # nothing judged before is judged again

@@ -7,6 +7,8 @@ import statistics
 import time
 
 from specpilot.config import SamplingParams
+from specpilot.costmodel.calibrate import calibrate
+from specpilot.costmodel.floors import floors, shapes_of
 from specpilot.costmodel.gaps import Measured
 from specpilot.engine.engine import Engine
 
@@ -42,3 +44,10 @@ def measure(engine: Engine, prompts: list[list[int]], max_new_tokens: int) -> tu
     measured = Measured(ar_ms, 1e3 * split["draft"] / steps, 1e3 * split["verify"] / steps,
                         1e3 * split["other"] / steps, stats.tau)
     return measured, int(statistics.mean(len(p) for p in prompts) + max_new_tokens / 2)
+
+
+def speedup_ceiling(engine: Engine, ar_ms: float, context: int) -> float:
+    """The speedup over an AR time per token `ar_ms` that this engine's deployment cannot exceed (every draft
+    accepted, at the speculative step's floor): the sealed evaluator's plausibility gate."""
+    graphs = engine.config.cuda_graphs and engine.device.type == "cuda"
+    return floors(shapes_of(engine), calibrate(engine.device, engine.dtype), 1, context, graphs).ceiling_over(ar_ms)

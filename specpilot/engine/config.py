@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -36,6 +37,20 @@ class EngineConfig:
     # the speed mechanisms in effect (engine/registry.py): None = every one whose precondition holds,
     # an empty set = stock
     mechanisms: frozenset[str] | None = None
+
+    def to_fields(self) -> dict[str, Any]:
+        """As JSON values (the optimizer's evaluator requests, `serve --engine-config`)."""
+        raw = asdict(self)
+        raw["mechanisms"] = None if self.mechanisms is None else sorted(self.mechanisms)
+        raw["cuda_graph_batch_sizes"] = list(self.cuda_graph_batch_sizes)
+        return raw
+
+    @classmethod
+    def from_fields(cls, raw: dict[str, Any]) -> EngineConfig:
+        mechanisms = raw.get("mechanisms")
+        return cls(**raw | {"mechanisms": None if mechanisms is None else frozenset(mechanisms),
+                            "cuda_graph_batch_sizes": tuple(raw.get("cuda_graph_batch_sizes",
+                                                                    cls.cuda_graph_batch_sizes))})
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

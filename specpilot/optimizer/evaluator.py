@@ -1,7 +1,8 @@
 """The sealed evaluator: a separate process (`python -I -m specpilot.optimizer.evaluator REQUEST.json`,
 isolated, so it imports the installed package and nothing from a candidate's directory) that judges one
-candidate profile against stock on this deployment and prints its verdict as JSON.
+candidate against stock on this deployment and prints its verdict as JSON.
 
+A profile candidate (settings of the installed engine):
 1. Token forcing of the candidate against stock AR on a held-out prompt slice no agent sees (exact on the
    batch-invariant CUDA path).
 2. Interleaved repeated runs on the benchmark slice, stock's profile and the candidate's turn about: the
@@ -11,7 +12,8 @@ candidate profile against stock on this deployment and prints its verdict as JSO
    that AR run (every draft accepted, at the speculative step's floor).
 Accepted: forcing passed, plausible, and faster than stock in every interleaved repeat (each repeat pairs
 a stock run with the candidate's next to it, so slow drift of the machine cancels; the noise band, stock's
-own spread across repeats, is recorded beside it).
+own spread across repeats, is recorded beside it). A patch candidate (code) runs in servers of its own
+(optimizer/patched.py) under the same rule.
 """
 
 from __future__ import annotations
@@ -20,58 +22,19 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from specpilot.bench.datasets import apply_chat_template, load_prompts
 from specpilot.bench.harness import tpot_ms
 from specpilot.config import SamplingParams
-from specpilot.costmodel import calibrate, floors, shapes_of
+from specpilot.costmodel.measure import speedup_ceiling
 from specpilot.engine.config import EngineConfig
 from specpilot.engine.engine import Engine
 from specpilot.engine.registry import Profile, ar_changes
 from specpilot.forcing import run_forcing
-
-
-@dataclass
-class Request:
-    """What the orchestrator asks: the deployment's base config, the candidate and the stock profile, and
-    the benchmark (its prompts are a fixed slice; the forcing slice follows it and is never shown)."""
-
-    config: dict[str, Any]  # EngineConfig fields
-    candidate: dict[str, Any]  # a profile: {"mechanisms": [...] or "stock", "tunables": {...}}
-    stock: dict[str, Any] = field(default_factory=lambda: {"mechanisms": "stock"})
-    dataset: str = "humaneval"
-    num_prompts: int = 3
-    max_new_tokens: int = 32
-    repeats: int = 3
-
-
-def config_fields(config: EngineConfig) -> dict[str, Any]:
-    """An EngineConfig as JSON values (Request.config)."""
-    raw = asdict(config)
-    raw["mechanisms"] = None if config.mechanisms is None else sorted(config.mechanisms)
-    raw["cuda_graph_batch_sizes"] = list(config.cuda_graph_batch_sizes)
-    return raw
-
-
-def config_from_fields(raw: dict[str, Any]) -> EngineConfig:
-    mechanisms = raw.get("mechanisms")
-    return EngineConfig(**raw | {"mechanisms": None if mechanisms is None else frozenset(mechanisms),
-                                 "cuda_graph_batch_sizes": tuple(raw["cuda_graph_batch_sizes"])})
-
-
-@dataclass
-class Verdict:
-    accepted: bool
-    reason: str | None
-    forcing: dict[str, Any] | None = None
-    speedup: dict[str, float] | None = None  # candidate over stock: median, min, max
-    speedup_over_ar: float | None = None
-    ceiling: float | None = None
-    noise_band: float | None = None
-    seconds: float = 0.0
+from specpilot.optimizer.patched import evaluate_patch
+from specpilot.optimizer.verdicts import Request, Verdict, decide
 
 
 def _tpot_ms(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> float:
@@ -79,9 +42,9 @@ def _tpot_ms(engine: Engine, prompts: list[list[int]], params: SamplingParams) -
     return tpot_ms([r for p in prompts for r in engine.generate([p], params)])
 
 
-def evaluate(request: Request) -> Verdict:
+def evaluate_profile(request: Request) -> Verdict:
     start = time.perf_counter()
-    base = config_from_fields(request.config)
+    base = EngineConfig.from_fields(request.config)
     try:
         candidate_cfg = Profile.parse(request.candidate, "the candidate").apply(base)
         stock_cfg = Profile.parse(request.stock, "the stock profile").apply(base)
@@ -107,26 +70,17 @@ def evaluate(request: Request) -> Verdict:
     for _ in range(request.repeats):  # interleaved, so drift hits both sides alike
         runs["stock"].append(_tpot_ms(stock, bench, params))
         runs["candidate"].append(_tpot_ms(candidate, bench, params))
-    speedups = [s / c for s, c in zip(runs["stock"], runs["candidate"])]
-    stock_median = statistics.median(runs["stock"])
-    noise = (max(runs["stock"]) - min(runs["stock"])) / stock_median
     # AR only bounds the claim (the plausibility gate): one run after the candidate's
     ar_ms = _tpot_ms(ar, bench, params)
     over_ar = ar_ms / statistics.median(runs["candidate"])
     context = int(statistics.mean(len(p) for p in bench) + request.max_new_tokens / 2)
-    graphs = candidate.config.cuda_graphs and candidate.device.type == "cuda"
-    ceiling = floors(shapes_of(candidate), calibrate(candidate.device, candidate.dtype), 1, context,
-                     graphs).ceiling_over(ar_ms)
-    spread = {"median": statistics.median(speedups), "min": min(speedups), "max": max(speedups)}
-    common = dict(forcing=forcing, speedup=spread, speedup_over_ar=over_ar, ceiling=ceiling, noise_band=noise,
-                  seconds=time.perf_counter() - start)
-    if over_ar > ceiling:
-        return Verdict(False, f"implausible: {over_ar:.2f}x over AR exceeds the cost model's ceiling "
-                       f"{ceiling:.2f}x", **common)
-    if spread["min"] <= 1.0:  # paired repeats: drift between them cancels, so each must be faster
-        return Verdict(False, f"not faster than stock in every repeat: {spread['min']:.3f}x at worst "
-                       f"(median {spread['median']:.3f}x; stock's own spread {noise:.3f})", **common)
-    return Verdict(True, None, **common)
+    return decide(runs["stock"], runs["candidate"], over_ar, speedup_ceiling(candidate, ar_ms, context), forcing,
+                  time.perf_counter() - start)
+
+
+def evaluate(request: Request) -> Verdict:
+    """A patch candidate in servers of its own, a profile candidate in this process."""
+    return evaluate_patch(request) if request.patch is not None else evaluate_profile(request)
 
 
 def main(argv: list[str] | None = None) -> int:

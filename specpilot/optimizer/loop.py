@@ -1,12 +1,16 @@
-"""`specpilot optimize`: rounds of cost model → gaps → search agents (K processes, each in its own sandbox
-directory) → the sealed evaluator (one isolated process per candidate) → memory, ending in a profile that
-`--profile` applies. A deployment starts from profiles validated on others of the same device type."""
+"""`specpilot optimize`: rounds of cost model → gaps → agents (K search agents and, given an endpoint, an LLM
+coding agent, each a process in its own sandbox directory) → the sealed evaluator (one isolated process per
+candidate) → an integration step that combines the round's accepted candidates → memory, with a Markdown and
+PNG report per round; it ends in a profile that `--profile` applies (and the accepted patch, if one won). A
+deployment starts from profiles validated on others of the same device type; `--resume` goes on after the
+last candidate judged; `--baseline` judges as many random profiles (best-of-N) beside the loop's result."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
 import os
+import random
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field, replace
@@ -21,8 +25,8 @@ from specpilot.engine.config import EngineConfig, resolve_device, resolve_dtype
 from specpilot.engine.engine import Engine
 from specpilot.engine.registry import TUNABLES, Deployment, Profile, check_tunables, open_defaults
 from specpilot.memory import Memory
-from specpilot.optimizer import search
-from specpilot.optimizer.evaluator import Request, config_fields
+from specpilot.optimizer import llm_agent, report, search
+from specpilot.optimizer.verdicts import Request
 
 EVALUATOR_TIMEOUT_S = 3600
 
@@ -42,6 +46,19 @@ class Settings:
     resume: bool = False
     load: str = "B=1"
     priors: list[dict[str, Any]] = field(default_factory=list)  # profiles to try first (the device's defaults)
+    llm: dict[str, Any] | None = None  # an LLM coding agent's endpoint (llm_agent.Endpoint fields), one per round
+    llm_attempts: int = 3
+    llm_source_chars: int = llm_agent.MAX_SOURCE_CHARS
+    baseline: bool = False  # also evaluate as many random profiles as the loop evaluated (best-of-N)
+
+
+@dataclass
+class Candidate:
+    agent: str  # "search-<i>", "llm:<model>", "integration", "baseline"
+    profile: dict[str, Any]
+    patch: str | None = None
+    parent: int | None = None  # the candidate it builds on (lineage)
+    exchanges: list[dict[str, Any]] = field(default_factory=list)  # an LLM agent's prompts and responses
 
 
 def plain_stock(config: EngineConfig, given: set[str]) -> tuple[EngineConfig, dict[str, Any] | None]:
@@ -75,11 +92,13 @@ def _valid(config: EngineConfig, device: str, profile: dict[str, Any]) -> bool:
         return False
 
 
-def evaluate(settings: Settings, profile: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    """One candidate through the sealed evaluator, an isolated process of the installed package."""
-    request = Request(config=config_fields(settings.config), candidate=profile, dataset=settings.dataset,
+def evaluate(settings: Settings, candidate: Candidate, workdir: Path) -> dict[str, Any]:
+    """One candidate through the sealed evaluator, an isolated process of the installed package; the memory's
+    files are guarded (a candidate that writes them is rejected)."""
+    request = Request(config=settings.config.to_fields(), candidate=candidate.profile, dataset=settings.dataset,
                       num_prompts=settings.num_prompts, max_new_tokens=settings.max_new_tokens,
-                      repeats=settings.repeats)
+                      repeats=settings.repeats, patch=candidate.patch,
+                      guarded=[str(Path(settings.db).resolve()), str(Path(settings.db).resolve()) + "-wal"])
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "request.json"
     path.write_text(json.dumps(asdict(request)))
@@ -91,25 +110,37 @@ def evaluate(settings: Settings, profile: dict[str, Any], workdir: Path) -> dict
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _agents(briefs: list[search.Brief], root: Path) -> list[list[dict[str, Any]]]:
-    """Each brief to a search agent in its own process and sandbox directory; their proposals."""
-    paths = []
+def _agents(briefs: list[search.Brief], llm: llm_agent.LlmBrief | None, root: Path) -> list[Candidate]:
+    """Each brief to an agent in its own process and sandbox directory (search agents, and the LLM agent
+    where an endpoint is given); their candidates."""
+    jobs = []
     for i, brief in enumerate(briefs):
-        sandbox = root / f"agent-{i}"
-        sandbox.mkdir(parents=True, exist_ok=True)
-        (sandbox / "brief.json").write_text(json.dumps(asdict(brief)))
-        paths.append(str(sandbox / "brief.json"))
+        jobs.append((search.run_agent, root / f"agent-{i}", asdict(brief)))
+    if llm is not None:
+        jobs.append((llm_agent.run_agent, root / "agent-llm", asdict(llm)))
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=search.run_agent, args=(p,)) for p in paths]
+    procs = []
+    for target, sandbox, brief in jobs:
+        sandbox.mkdir(parents=True, exist_ok=True)
+        (sandbox / "brief.json").write_text(json.dumps(brief))
+        procs.append(ctx.Process(target=target, args=(str(sandbox / "brief.json"),)))
     for p in procs:
         p.start()
     for p in procs:
         p.join()
-    written = [Path(p).parent / "proposals.json" for p in paths]
-    return [json.loads(w.read_text()) if w.is_file() else [] for w in written]
+    out = []
+    for i in range(len(briefs)):
+        written = root / f"agent-{i}" / "proposals.json"
+        out += [Candidate(f"search-{i}", p) for p in (json.loads(written.read_text()) if written.is_file() else [])]
+    written = root / "agent-llm" / "proposal.json"
+    if llm is not None and written.is_file():
+        proposal = json.loads(written.read_text())
+        out.append(Candidate(f"llm:{llm.endpoint['model']}", proposal["profile"], proposal["patch"],
+                             exchanges=proposal["exchanges"]))
+    return out
 
 
-def _measure_gaps(settings: Settings, profile: dict[str, Any], workdir: Path) -> list[dict[str, Any]]:
+def _measure_gaps(settings: Settings, profile: dict[str, Any]) -> list[dict[str, Any]]:
     """The cost model on the current best profile: its gaps, ranked."""
     from specpilot.bench.datasets import apply_chat_template, load_prompts
 
@@ -121,79 +152,184 @@ def _measure_gaps(settings: Settings, profile: dict[str, Any], workdir: Path) ->
     return [g.as_dict() for g in rank_gaps(measured, floor)]
 
 
+def integrate(accepted: list[dict[str, Any]], best: dict[str, Any]) -> Candidate | None:
+    """The accepted candidates of a round combined: every accepted profile's changes to the round's best
+    (the faster one's value where two change the same tunable), with the best accepted patch, if any; None
+    where there is nothing to combine (fewer than two accepted)."""
+    if len(accepted) < 2:
+        return None
+    ranked = sorted(accepted, key=lambda r: r["speedup"]["median"])
+    base = dict(best.get("tunables") or {})
+    tunables = dict(base)
+    mechanisms = best.get("mechanisms")
+    for r in ranked:  # slowest first, so the fastest's values win
+        changes = {k: v for k, v in (r["profile"].get("tunables") or {}).items() if base.get(k) != v}
+        tunables |= changes
+        if r["profile"].get("mechanisms") != best.get("mechanisms"):
+            mechanisms = r["profile"].get("mechanisms")
+    patches = [r for r in ranked if r.get("patch")]
+    return Candidate("integration", {"mechanisms": mechanisms, "tunables": tunables},
+                     patches[-1]["patch"] if patches else None, parent=ranked[-1]["candidate"])
+
+
+def random_profiles(space: dict[str, list[Any]], n: int, seed: int, tried: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The best-of-N baseline's N configurations: every tunable of the space drawn at random, the step's
+    mechanisms on (the loop's first move off stock)."""
+    rng = random.Random(seed)
+    out: list[dict[str, Any]] = []
+    for _ in range(50 * n):
+        if len(out) >= n or not space:
+            break
+        profile = {"mechanisms": None, "tunables": {name: rng.choice(values) for name, values in sorted(space.items())}}
+        if profile not in out and profile not in tried:
+            out.append(profile)
+    return out
+
+
+class _Loop:
+    """One `optimize` call: the memory, the deployment, and the candidates judged so far."""
+
+    def __init__(self, settings: Settings, console: Console) -> None:
+        self.settings, self.console = settings, console
+        self.memory = Memory(settings.db)
+        interrupted = self.memory.mark_interrupted()
+        if interrupted:
+            console.print(f"rounds {interrupted} were left running by a process that died: marked incomplete")
+        cfg = settings.config
+        torch_device = resolve_device(cfg.device)
+        self.device = torch_device.type
+        drafter = f"{cfg.speculative_algorithm}:{cfg.speculative_draft_model_path or 'default'}"
+        dtype = str(resolve_dtype(cfg.dtype, torch_device)).removeprefix("torch.")
+        self.dep = self.memory.deployment(cfg.model_path or "embedded", drafter, self.device, dtype, settings.load)
+        self.tried: list[dict[str, Any]] = [{"mechanisms": "stock", "tunables": {}}]
+        self.patches: set[str] = set()
+        if settings.resume:  # go on after the last finished candidate: nothing judged is judged again
+            self.tried += _judged_profiles(self.memory, self.dep)
+            self.patches |= _judged_patches(self.memory, self.dep)
+        self.evaluations = 0
+
+    def judge(self, round_id: int, candidate: Candidate, work: Path) -> dict[str, Any] | None:
+        """Record, evaluate and validate one candidate (None where it was judged before)."""
+        if candidate.patch is None and candidate.profile in self.tried[1:]:
+            return None
+        if candidate.patch is not None and candidate.patch in self.patches and candidate.agent != "integration":
+            return None
+        if candidate.patch is None:
+            self.tried.append(candidate.profile)
+        else:
+            self.patches.add(candidate.patch)
+        memory = self.memory
+        cid = memory.add_candidate(round_id, candidate.agent, params=candidate.profile, patch=candidate.patch,
+                                   parent_id=candidate.parent)
+        for exchange in candidate.exchanges:
+            memory.event("llm exchange", {"candidate": cid, **exchange}, round_id)
+        what = f"a patch of {len(candidate.patch.splitlines())} lines" if candidate.patch is not None else ""
+        self.console.print(f"round {round_id}: candidate {cid} from {candidate.agent}: {what} "
+                           f"{json.dumps(candidate.profile)}")
+        verdict = evaluate(self.settings, candidate, work / f"candidate-{cid}")
+        self.evaluations += 1
+        memory.validate(cid, verdict["accepted"], verdict.get("reason"), verdict.get("forcing"),
+                        verdict.get("speedup"), verdict.get("noise_band"))
+        self.console.print(f"  -> accepted, {verdict['speedup']['median']:.3f}x stock" if verdict["accepted"]
+                           else f"  -> rejected: {verdict.get('reason')}")
+        return {"candidate": cid, "agent": candidate.agent, "profile": candidate.profile, "patch": candidate.patch,
+                **verdict}
+
+
 def optimize(settings: Settings, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
-    memory = Memory(settings.db)
-    interrupted = memory.mark_interrupted()
-    if interrupted:
-        console.print(f"rounds {interrupted} were left running by a process that died: marked incomplete")
-    cfg = settings.config
-    torch_device = resolve_device(cfg.device)
-    device = torch_device.type
-    drafter = f"{cfg.speculative_algorithm}:{cfg.speculative_draft_model_path or 'default'}"
-    dtype = str(resolve_dtype(cfg.dtype, torch_device)).removeprefix("torch.")
-    dep = memory.deployment(cfg.model_path or "embedded", drafter, device, dtype, settings.load)
+    loop = _Loop(settings, console)
+    memory, dep = loop.memory, loop.dep
     best: dict[str, Any] = {"mechanisms": "stock", "tunables": {}}
+    best_patch: str | None = None
     best_speedup = 1.0
-    tried = [dict(best)]
     if settings.resume:
         best, best_speedup = _best_so_far(memory, dep) or (best, best_speedup)
-    priors = _priors(memory, dep, device)
+    priors = _priors(memory, dep, loop.device)
     if priors:
-        console.print(f"from memory: {len(priors)} profile(s) validated on other {device} deployments are tried first")
+        console.print(f"from memory: {len(priors)} profile(s) validated on other {loop.device} deployments are tried "
+                      "first")
         memory.event("priors taken", {"profiles": priors})
     priors += [p for p in settings.priors if p not in priors]
-    space = _space(cfg)
+    space = _space(settings.config)
     root = Path(settings.out)
     root.mkdir(parents=True, exist_ok=True)
-    rounds = []
+    rounds: list[dict[str, Any]] = []
+    gaps = _measure_gaps(settings, best)
     for _ in range(settings.rounds):
         round_id = memory.start_round(dep)
         work = root / f"round-{round_id}"
         work.mkdir(parents=True, exist_ok=True)
-        gaps = _measure_gaps(settings, best, work)
         memory.add_gaps(round_id, [{"name": g["name"], "measured_ms": g["measured"], "floor_ms": g["best"],
                                     "lost_speedup": g["lost_speedup"]} for g in gaps])
-        briefs = [search.Brief(space, best, gaps, priors, tried, settings.per_agent, seed=1000 * round_id + i,
+        briefs = [search.Brief(space, best, gaps, priors, loop.tried, settings.per_agent, seed=1000 * round_id + i,
                                index=i, agents=settings.agents) for i in range(settings.agents)]
-        proposals = _agents(briefs, work)
+        llm = None if settings.llm is None else llm_agent.LlmBrief(settings.llm, gaps, best, settings.llm_attempts,
+                                                                     source_chars=settings.llm_source_chars)
         priors = []
-        results = []
-        for agent, profiles in enumerate(proposals):
-            for profile in profiles:
-                if any(profile == t for t in tried):
-                    continue
-                tried.append(profile)
-                cid = memory.add_candidate(round_id, f"search-{agent}", params=profile)
-                console.print(f"round {round_id}: candidate {cid} from agent {agent}: {json.dumps(profile)}")
-                verdict = evaluate(settings, profile, work / f"candidate-{cid}")
-                memory.validate(cid, verdict["accepted"], verdict.get("reason"), verdict.get("forcing"),
-                                verdict.get("speedup"), verdict.get("noise_band"))
-                results.append({"candidate": cid, "profile": profile, **verdict})
-                console.print(f"  -> accepted, {verdict['speedup']['median']:.3f}x stock" if verdict["accepted"]
-                              else f"  -> rejected: {verdict.get('reason')}")
+        results = [r for c in _agents(briefs, llm, work) if (r := loop.judge(round_id, c, work))]
         accepted = [r for r in results if r["accepted"]]
+        combined = integrate(accepted, best)
+        if combined is not None and (r := loop.judge(round_id, combined, work)):
+            results.append(r)
+            accepted += [r] if r["accepted"] else []
         if accepted:
             top = max(accepted, key=lambda r: r["speedup"]["median"])
             # a candidate is measured against stock, so the best is the best ratio to stock seen so far
             if top["speedup"]["median"] > best_speedup:
-                best, best_speedup = top["profile"], top["speedup"]["median"]
+                best, best_patch, best_speedup = top["profile"], top.get("patch"), top["speedup"]["median"]
         memory.finish_round(round_id)
         rounds.append({"round": round_id, "gaps": gaps, "results": results, "best": best,
                        "best_speedup_over_stock": best_speedup})
-        (work / "report.json").write_text(json.dumps(rounds[-1], indent=2))
+        gaps = _measure_gaps(settings, best)
+        report.write(rounds[-1], gaps, work, f"specpilot optimize, deployment {dep}, round {round_id}")
+    result = {"deployment": dep, "rounds": rounds, "profile": best, "speedup_over_stock": best_speedup,
+              "evaluations": loop.evaluations, "resumed_from_memory": bool(settings.resume)}
+    if settings.baseline:
+        result["baseline"] = _baseline(loop, space, root)
     profile_path = root / "profile.json"
     profile_path.write_text(json.dumps(best, indent=2))
-    return {"deployment": dep, "rounds": rounds, "profile": best, "profile_path": str(profile_path),
-            "speedup_over_stock": best_speedup, "resumed_from_memory": bool(settings.resume)}
+    result["profile_path"] = str(profile_path)
+    if best_patch:
+        (root / "accepted.patch").write_text(best_patch)
+        result["patch_path"] = str(root / "accepted.patch")
+    return result
+
+
+def _baseline(loop: _Loop, space: dict[str, list[Any]], root: Path) -> dict[str, Any]:
+    """Best-of-N: as many random profiles as the loop judged, through the same evaluator, in a round of their own."""
+    n = loop.evaluations
+    round_id = loop.memory.start_round(loop.dep)
+    work = root / f"baseline-{round_id}"
+    results = [r for p in random_profiles(space, n, seed=round_id, tried=loop.tried)
+               if (r := loop.judge(round_id, Candidate("baseline", p), work))]
+    loop.memory.finish_round(round_id)
+    accepted = [r for r in results if r["accepted"]]
+    top = max(accepted, key=lambda r: r["speedup"]["median"], default=None)
+    return {"round": round_id, "evaluations": len(results), "best": top["profile"] if top else None,
+            "best_speedup_over_stock": top["speedup"]["median"] if top else 1.0}
 
 
 def _best_so_far(memory: Memory, dep: int) -> tuple[dict[str, Any], float] | None:
     rows = list(memory.db.query(
         "SELECT c.params, v.speedup_median FROM candidates c JOIN validations v ON v.candidate_id = c.id "
-        "JOIN rounds r ON r.id = c.round_id WHERE r.deployment_id = ? AND v.accepted = 1 "
-        "ORDER BY v.speedup_median DESC LIMIT 1", [dep]))
+        "JOIN rounds r ON r.id = c.round_id WHERE r.deployment_id = ? AND v.accepted = 1 AND c.patch IS NULL "
+        "AND c.agent != 'baseline' ORDER BY v.speedup_median DESC LIMIT 1", [dep]))
     return (json.loads(rows[0]["params"]), rows[0]["speedup_median"]) if rows else None
+
+
+def _judged_profiles(memory: Memory, dep: int) -> list[dict[str, Any]]:
+    rows = memory.db.query(
+        "SELECT c.params FROM candidates c JOIN validations v ON v.candidate_id = c.id JOIN rounds r "
+        "ON r.id = c.round_id WHERE r.deployment_id = ? AND c.patch IS NULL", [dep])
+    return [json.loads(r["params"]) for r in rows]
+
+
+def _judged_patches(memory: Memory, dep: int) -> set[str]:
+    rows = memory.db.query(
+        "SELECT c.patch FROM candidates c JOIN validations v ON v.candidate_id = c.id JOIN rounds r "
+        "ON r.id = c.round_id WHERE r.deployment_id = ? AND c.patch IS NOT NULL", [dep])
+    return {r["patch"] for r in rows}
 
 
 def _priors(memory: Memory, dep: int, device: str) -> list[dict[str, Any]]:
@@ -202,6 +338,5 @@ def _priors(memory: Memory, dep: int, device: str) -> list[dict[str, Any]]:
         "SELECT r.deployment_id, c.params, MAX(v.speedup_median) FROM candidates c "
         "JOIN validations v ON v.candidate_id = c.id JOIN rounds r ON r.id = c.round_id "
         "JOIN deployments d ON d.id = r.deployment_id WHERE v.accepted = 1 AND d.id != ? AND d.device = ? "
-        "GROUP BY r.deployment_id", [dep, device])
+        "AND c.patch IS NULL AND c.agent != 'baseline' GROUP BY r.deployment_id", [dep, device])
     return [json.loads(r["params"]) for r in rows]
-

@@ -1,0 +1,62 @@
+"""A round's report, as people read it: Markdown (gaps before and after, every candidate and its verdict, what
+was accepted, the speedup with its spread) and a PNG of the candidates' speedups over stock."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from specpilot.bench.charts import plt, save
+
+
+def _speedup(result: dict[str, Any]) -> str:
+    s = result.get("speedup")
+    return f"{s['median']:.3f}× ({s['min']:.3f}–{s['max']:.3f})" if s else "–"
+
+
+def _what(result: dict[str, Any]) -> str:
+    if result.get("patch"):
+        return f"patch ({len(result['patch'].splitlines())} lines) under {json.dumps(result['profile'])}"
+    return json.dumps(result["profile"])
+
+
+def markdown(round_: dict[str, Any], gaps_after: list[dict[str, Any]] | None) -> str:
+    after = {g["name"]: g for g in gaps_after or []}
+    lines = [f"# Round {round_['round']}", "", "## Gaps (ms: measured − floor; lost speedup)", "",
+             "| gap | before | after |", "|---|---|---|"]
+    for g in round_["gaps"]:
+        a = after.get(g["name"])
+        lines.append(f"| {g['name']} | {g['measured'] - g['best']:.3f} ms, {g['lost_speedup']:.3f}× | "
+                     + (f"{a['measured'] - a['best']:.3f} ms, {a['lost_speedup']:.3f}× |" if a else "– |"))
+    lines += ["", "## Candidates", "", "| id | agent | candidate | verdict | speedup over stock (min–max) |",
+              "|---|---|---|---|---|"]
+    for r in round_["results"]:
+        verdict = "accepted" if r["accepted"] else f"rejected: {r.get('reason')}"
+        lines.append(f"| {r['candidate']} | {r['agent']} | `{_what(r)}` | {verdict} | {_speedup(r)} |")
+    accepted = [r for r in round_["results"] if r["accepted"]]
+    lines += ["", f"Accepted: {len(accepted)} of {len(round_['results'])}. Best so far: "
+              f"`{json.dumps(round_['best'])}`, {round_['best_speedup_over_stock']:.3f}× stock.", ""]
+    return "\n".join(lines)
+
+
+def chart(round_: dict[str, Any], path: Path, footer: str) -> Path:
+    results = [r for r in round_["results"] if r.get("speedup")]
+    fig, ax = plt.subplots(figsize=(max(4, 1 + 0.8 * len(results)), 3.5))
+    medians = [r["speedup"]["median"] for r in results]
+    whiskers = [[m - r["speedup"]["min"] for m, r in zip(medians, results)],
+                [r["speedup"]["max"] - m for m, r in zip(medians, results)]]
+    colors = ["tab:green" if r["accepted"] else "tab:gray" for r in results]
+    ax.bar(range(len(results)), medians, yerr=whiskers, capsize=3, color=colors)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(results)), [f"{r['candidate']}\n{r['agent']}" for r in results], fontsize=7)
+    ax.set_ylabel("speedup over stock")
+    ax.set_title(f"round {round_['round']}: candidates (green: accepted)")
+    return save(fig, path, footer)
+
+
+def write(round_: dict[str, Any], gaps_after: list[dict[str, Any]] | None, folder: Path, footer: str) -> None:
+    """report.md, report.json and report.png of one round in its folder."""
+    (folder / "report.json").write_text(json.dumps(round_ | {"gaps_after": gaps_after}, indent=2))
+    (folder / "report.md").write_text(markdown(round_, gaps_after))
+    chart(round_, folder / "report.png", footer)
