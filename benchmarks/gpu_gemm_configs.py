@@ -6,7 +6,8 @@ the decode tiles' (the rows a decode pass computes) and timed beside cuBLAS and 
 Attention: one layer at Llama-3.1-8B's and the embedded model's heads, today's fastest kernel (batch-sized key
 splits) beside the invariant one at several tile heights, whose outputs are checked against 16-row tiles'.
 
-    python benchmarks/gpu_gemm_configs.py [--out DIR] [--old-attention PATH]
+    python benchmarks/gpu_gemm_configs.py [--out DIR] [--old-attention PATH] [--model embedded] [--m 1 16 64]
+        [--skip-gemm] [--skip-attention]
 
 ``--old-attention``: an older slot_attention.py, timed and checked beside today's invariant kernel.
 """
@@ -29,8 +30,12 @@ from common import out_dir, write_json  # noqa: E402
 from specpilot.kernels.skinny_gemm import SkinnyConfig, default_config, invariant_config, invariant_gemm  # noqa: E402
 from specpilot.kernels.slot_attention import kv_splits, slot_attention_invariant, slot_attention_triton  # noqa: E402
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
-          "lm_head": (128256, 4096)}
+MODEL_SHAPES = {
+    "llama-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+                 "lm_head": (128256, 4096)},
+    "embedded": {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
+                 "lm_head": (49152, 576)},  # SmolLM2-135M
+}
 M_VALUES = (16, 64, 128, 256, 512, 8192)
 # (config, rows of x per program)
 CANDIDATES = [
@@ -55,6 +60,10 @@ CANDIDATES = [
     (SkinnyConfig(64, 128, 1, 8, 4), 64),
     (SkinnyConfig(64, 256, 1, 4, 3), 64),
     (SkinnyConfig(64, 128, 1, 4, 5), 128),
+    (SkinnyConfig(32, 64, 1, 4, 4), 16),
+    (SkinnyConfig(32, 128, 1, 4, 4), 16),
+    (SkinnyConfig(16, 128, 1, 4, 4), 16),
+    (SkinnyConfig(64, 64, 1, 4, 4), 16),
 ]
 L2_BYTES = 256 * 2**20  # copies per timed graph: at least this much weight (the H200's L2 is 50 MiB)
 ATTENTION_CASES = ((1, 1), (1, 16), (8, 1), (8, 16), (32, 1), (32, 16))
@@ -85,10 +94,10 @@ def graph_ms(fn, replays: int = 15) -> float:
     return statistics.median(times)
 
 
-def gemm_rows(m_values: list[int]) -> list[dict]:
+def gemm_rows(shapes: dict[str, tuple[int, int]], m_values: list[int]) -> list[dict]:
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in shapes.items():
         copies = max(1, -(-L2_BYTES // (n * k * 2)))
         ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(copies)]
         for m in m_values:
@@ -181,10 +190,12 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--old-attention", default=None)
     ap.add_argument("--skip-gemm", action="store_true")
+    ap.add_argument("--skip-attention", action="store_true")
     ap.add_argument("--m", type=int, nargs="+", default=list(M_VALUES), help="GEMM rows to sweep")
+    ap.add_argument("--model", default="llama-8b", choices=sorted(MODEL_SHAPES), help="whose weight shapes")
     args = ap.parse_args()
-    attention = attention_rows(load_old_attention(args.old_attention))
-    rows = [] if args.skip_gemm else gemm_rows(args.m)
+    attention = [] if args.skip_attention else attention_rows(load_old_attention(args.old_attention))
+    rows = [] if args.skip_gemm else gemm_rows(MODEL_SHAPES[args.model], args.m)
     write_json(out_dir(args.out) / "gpu_gemm_configs.json", {"device": torch.cuda.get_device_name(), "rows": rows,
                                                          "attention": attention})
 

@@ -154,7 +154,7 @@ def propose(brief: LlmBrief, sandbox: Path, transport: httpx.BaseTransport | Non
         exchanges.append(Exchange(list(messages), response, patch, error))
         if error is None:
             return LlmProposal(patch, brief.profile, True, exchanges)
-        messages = [*messages, {"role": "assistant", "content": response},
+        messages = [*messages, {"role": "assistant", "content": response[:2000]},  # short: the context may be
                     {"role": "user", "content": f"That change cannot be used: {error}. Answer again with one "
                                                 "change in the format asked for."}]
     return LlmProposal(patch, brief.profile, False, exchanges)

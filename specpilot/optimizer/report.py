@@ -21,14 +21,19 @@ def _what(result: dict[str, Any]) -> str:
     return json.dumps(result["profile"])
 
 
+def _gap(g: dict[str, Any] | None) -> str:
+    """measured against its floor (ms) or ceiling (τ), and the speedup it costs."""
+    if g is None:
+        return "–"
+    return f"{g['measured']:.3f} / {g['best']:.3f} {g.get('unit', 'ms')}, costs {g['lost_speedup']:.3f}×"
+
+
 def markdown(round_: dict[str, Any], gaps_after: list[dict[str, Any]] | None) -> str:
     after = {g["name"]: g for g in gaps_after or []}
-    lines = [f"# Round {round_['round']}", "", "## Gaps (ms: measured − floor; lost speedup)", "",
-             "| gap | before | after |", "|---|---|---|"]
+    lines = [f"# Round {round_['round']}", "", "## Gaps (measured / best possible; the speedup each costs)", "",
+             "| gap | at the start | after the round |", "|---|---|---|"]
     for g in round_["gaps"]:
-        a = after.get(g["name"])
-        lines.append(f"| {g['name']} | {g['measured'] - g['best']:.3f} ms, {g['lost_speedup']:.3f}× | "
-                     + (f"{a['measured'] - a['best']:.3f} ms, {a['lost_speedup']:.3f}× |" if a else "– |"))
+        lines.append(f"| {g['name']} | {_gap(g)} | {_gap(after.get(g['name']))} |")
     lines += ["", "## Candidates", "", "| id | agent | candidate | verdict | speedup over stock (min–max) |",
               "|---|---|---|---|---|"]
     for r in round_["results"]:
