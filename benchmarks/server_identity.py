@@ -39,7 +39,7 @@ async def generate_all(port: int, texts: list[str], sampling: dict, seed: int, c
 
 def run_mode(flags: list[str], prompts: dict[str, list[str]], sampling: dict, seed: int, concurrency: int,
              log: Path) -> dict[str, list[list[int]]]:
-    server = Server.launch(flags, log, isolated=False).ready()
+    server = Server.launch(flags, log).ready()
     try:
         return {name: asyncio.run(generate_all(server.port, texts, sampling, seed, concurrency))
                 for name, texts in prompts.items()}

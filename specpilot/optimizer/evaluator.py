@@ -1,6 +1,7 @@
-"""The sealed evaluator: a separate process (`python -I -m specpilot.optimizer.evaluator REQUEST.json`,
-isolated, so it imports the installed package and nothing from a candidate's directory) that judges one
-candidate against stock on this deployment and prints its verdict as JSON.
+"""The sealed evaluator: a separate process (`python -P -s -m specpilot.optimizer.evaluator REQUEST.json`: no
+current directory or user site on its path, so it imports the installed package and nothing from a
+candidate's directory) that judges one candidate against stock on this deployment and prints its verdict as
+JSON.
 
 A profile candidate (settings of the installed engine):
 1. Token forcing of the candidate against stock AR on a held-out prompt slice no agent sees (exact on the
@@ -86,7 +87,7 @@ def evaluate(request: Request) -> Verdict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -I -m specpilot.optimizer.evaluator REQUEST.json", file=sys.stderr)
+        print("usage: python -P -s -m specpilot.optimizer.evaluator REQUEST.json", file=sys.stderr)
         return 2
     path = Path(argv[0])
     request = Request(**json.loads(path.read_text()))

@@ -1,6 +1,6 @@
 """`specpilot optimize`: rounds of cost model → gaps → agents (K search agents and, given an endpoint, an LLM
-coding agent, each a process in its own sandbox directory) → the sealed evaluator (one isolated process per
-candidate) → an integration step that combines the round's accepted candidates → memory, with a Markdown and
+coding agent, each a process in its own sandbox directory) → the sealed evaluator (one process of the installed
+package per candidate) → an integration step that combines the round's accepted candidates → memory, with a Markdown and
 PNG report per round; it ends in a profile that `--profile` applies (and the accepted patch, if one won). A
 deployment starts from profiles validated on others of the same device type; `--resume` goes on after the
 last candidate judged; `--baseline` judges as many random profiles (best-of-N) beside the loop's result."""
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import random
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from specpilot.engine.config import EngineConfig, resolve_device, resolve_dtype
 from specpilot.engine.engine import Engine
 from specpilot.engine.registry import TUNABLES, Deployment, Profile, check_tunables, open_defaults
 from specpilot.memory import Memory
-from specpilot.optimizer import llm_agent, report, search
+from specpilot.optimizer import llm_agent, remote, report, search
 from specpilot.optimizer.verdicts import Request
 
 EVALUATOR_TIMEOUT_S = 3600
@@ -93,8 +92,8 @@ def _valid(config: EngineConfig, device: str, profile: dict[str, Any]) -> bool:
 
 
 def evaluate(settings: Settings, candidate: Candidate, workdir: Path) -> dict[str, Any]:
-    """One candidate through the sealed evaluator, an isolated process of the installed package; the memory's
-    files are guarded (a candidate that writes them is rejected)."""
+    """One candidate through the sealed evaluator, a process of the installed package that imports nothing
+    from its work directory; the memory's files are guarded (a candidate that writes them is rejected)."""
     request = Request(config=settings.config.to_fields(), candidate=candidate.profile, dataset=settings.dataset,
                       num_prompts=settings.num_prompts, max_new_tokens=settings.max_new_tokens,
                       repeats=settings.repeats, patch=candidate.patch,
@@ -102,9 +101,8 @@ def evaluate(settings: Settings, candidate: Candidate, workdir: Path) -> dict[st
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "request.json"
     path.write_text(json.dumps(asdict(request)))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-I", "-m", "specpilot.optimizer.evaluator", str(path)], cwd=workdir,
-                          capture_output=True, text=True, timeout=EVALUATOR_TIMEOUT_S, env=env)
+    proc = subprocess.run([sys.executable, *remote.PYTHON_FLAGS, "-m", "specpilot.optimizer.evaluator", str(path)],
+                          cwd=workdir, capture_output=True, text=True, timeout=EVALUATOR_TIMEOUT_S)
     if proc.returncode != 0:
         return {"accepted": False, "reason": f"the evaluator failed: {proc.stderr.strip()[-500:]}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])

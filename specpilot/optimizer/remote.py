@@ -25,22 +25,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def source_env(tree: Path | None, isolated: bool = True) -> dict[str, str]:
-    """The environment of a process that imports `specpilot` from `tree` (None: the installed package, or
-    without `isolated` whatever this process imports)."""
-    if tree is None and not isolated:
-        return dict(os.environ)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+# No current directory or user site on the path: a process started in a candidate's work directory imports
+# nothing from it. The caller's PYTHONPATH is kept (it is how a package is installed by path, the device's
+# ferry for one); a candidate's tree goes before it.
+PYTHON_FLAGS = ("-P", "-s")
+
+
+def source_env(tree: Path | None) -> dict[str, str]:
+    """The environment of a process that imports `specpilot` from `tree` (None: what this process imports)."""
+    env = dict(os.environ)
     if tree is not None:
-        env["PYTHONPATH"] = str(tree)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)
     return env
 
 
 def imported_from(tree: Path | None, cwd: Path) -> Path:
     """Where a process with source_env(tree) imports the package from (the evaluator checks it is the tree)."""
-    flags = [] if tree is not None else ["-I"]
-    out = subprocess.run([sys.executable, *flags, "-c", "import specpilot; print(specpilot.__file__)"], cwd=cwd,
-                         env=source_env(tree), capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run([sys.executable, *PYTHON_FLAGS, "-c", "import specpilot; print(specpilot.__file__)"],
+                         cwd=cwd, env=source_env(tree), capture_output=True, text=True, check=True, timeout=120)
     return Path(out.stdout.strip()).resolve().parent
 
 
@@ -53,15 +55,14 @@ class Server:
     log: Path
 
     @classmethod
-    def launch(cls, flags: list[str], log: Path, tree: Path | None = None, cwd: Path | None = None,
-               isolated: bool = True) -> Server:
-        """`specpilot serve FLAGS` on a free loopback port, importing the package from `tree` (None: the
-        installed one, isolated from the caller's paths unless not `isolated`); `ready()` waits for it."""
+    def launch(cls, flags: list[str], log: Path, tree: Path | None = None, cwd: Path | None = None) -> Server:
+        """`specpilot serve FLAGS` on a free loopback port, importing the package from `tree` (None: the one
+        this process imports); `ready()` waits for it."""
         port = free_port()
-        python = [sys.executable, "-I"] if tree is None and isolated else [sys.executable]
-        cmd = [*python, "-m", "specpilot", "serve", "--host", "127.0.0.1", "--port", str(port), *flags]
+        cmd = [sys.executable, *PYTHON_FLAGS, "-m", "specpilot", "serve", "--host", "127.0.0.1", "--port", str(port),
+               *flags]
         log.parent.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=source_env(tree, isolated),
+        proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=source_env(tree),
                                 cwd=cwd or log.parent)
         return cls(proc, port, log)
 
