@@ -473,7 +473,7 @@ def _cmd_costmodel(args: argparse.Namespace) -> int:
     from specpilot.bench import provenance
     from specpilot.bench.datasets import apply_chat_template, load_prompts
     from specpilot.costmodel import calibrate, floors, rank_gaps, shapes_of
-    from specpilot.costmodel.measure import measure
+    from specpilot.costmodel.measure import measure, replays_graphs
     from specpilot.costmodel.report import ceilings_table, chart, gaps_table, steps_table
     from specpilot.engine.engine import Engine
 
@@ -486,9 +486,8 @@ def _cmd_costmodel(args: argparse.Namespace) -> int:
         prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts(args.dataset, args.num_prompts)]
         measured, mean_context = measure(engine, prompts[: args.batch_size] or prompts, args.max_new_tokens)
         context = args.context or mean_context
-    graphs = engine.config.cuda_graphs and engine.device.type == "cuda"
     shapes = shapes_of(engine)
-    floor = floors(shapes, ceilings, args.batch_size, context, graphs)
+    floor = floors(shapes, ceilings, args.batch_size, context, replays_graphs(engine))
     console.print(steps_table(floor, measured))
     gaps = rank_gaps(measured, floor) if measured else []
     if gaps:
@@ -508,10 +507,10 @@ def _cmd_costmodel(args: argparse.Namespace) -> int:
 
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
-    from specpilot.engine.registry import TUNABLES
-    from specpilot.memory import DEFAULT_PATH
     from dataclasses import asdict
 
+    from specpilot.engine.registry import TUNABLES
+    from specpilot.memory import DEFAULT_PATH
     from specpilot.optimizer.llm_agent import Endpoint
     from specpilot.optimizer.loop import Settings, optimize, plain_stock
 

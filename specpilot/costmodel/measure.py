@@ -8,7 +8,7 @@ import time
 
 from specpilot.config import SamplingParams
 from specpilot.costmodel.calibrate import calibrate
-from specpilot.costmodel.floors import floors, shapes_of
+from specpilot.costmodel.floors import Floors, floors, shapes_of
 from specpilot.costmodel.gaps import Measured
 from specpilot.engine.engine import Engine
 
@@ -46,8 +46,16 @@ def measure(engine: Engine, prompts: list[list[int]], max_new_tokens: int) -> tu
     return measured, int(statistics.mean(len(p) for p in prompts) + max_new_tokens / 2)
 
 
+def replays_graphs(engine: Engine) -> bool:
+    return engine.config.cuda_graphs and engine.device.type == "cuda"
+
+
+def floors_of(engine: Engine, context: int) -> Floors:
+    """The B=1 floors of this engine's deployment: its shapes on the device, calibrated."""
+    return floors(shapes_of(engine), calibrate(engine.device, engine.dtype), 1, context, replays_graphs(engine))
+
+
 def speedup_ceiling(engine: Engine, ar_ms: float, context: int) -> float:
     """The speedup over an AR time per token `ar_ms` that this engine's deployment cannot exceed (every draft
     accepted, at the speculative step's floor): the sealed evaluator's plausibility gate."""
-    graphs = engine.config.cuda_graphs and engine.device.type == "cuda"
-    return floors(shapes_of(engine), calibrate(engine.device, engine.dtype), 1, context, graphs).ceiling_over(ar_ms)
+    return floors_of(engine, context).ceiling_over(ar_ms)

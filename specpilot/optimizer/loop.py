@@ -18,8 +18,8 @@ from typing import Any
 
 from rich.console import Console
 
-from specpilot.costmodel import calibrate, floors, rank_gaps, shapes_of
-from specpilot.costmodel.measure import measure
+from specpilot.costmodel import rank_gaps
+from specpilot.costmodel.measure import floors_of, measure
 from specpilot.engine.config import EngineConfig, resolve_device, resolve_dtype
 from specpilot.engine.engine import Engine
 from specpilot.engine.registry import TUNABLES, Deployment, Profile, check_tunables, open_defaults
@@ -145,9 +145,7 @@ def _measure_gaps(settings: Settings, profile: dict[str, Any]) -> list[dict[str,
     engine = Engine.from_config(Profile.parse(profile, "the best profile").apply(settings.config))
     prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts(settings.dataset, 1)]
     measured, context = measure(engine, prompts, settings.max_new_tokens)
-    floor = floors(shapes_of(engine), calibrate(engine.device, engine.dtype), 1, context,
-                   engine.config.cuda_graphs and engine.device.type == "cuda")
-    return [g.as_dict() for g in rank_gaps(measured, floor)]
+    return [g.as_dict() for g in rank_gaps(measured, floors_of(engine, context))]
 
 
 def integrate(accepted: list[dict[str, Any]], best: dict[str, Any]) -> Candidate | None:
