@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 from specpilot.drafters import ALGORITHMS
 from specpilot.engine.config import EngineConfig
+from specpilot.optimizer.significance import min_pairs
+from specpilot.optimizer.verdicts import REPEATS
 
 DEFAULT_PROMPT = "Write a haiku about the sea."
 
@@ -195,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--agents", type=_positive_int, default=2, help="search agents per round, each a process")
     opt.add_argument("--proposals-per-agent", type=_positive_int, default=1,
                      help="candidates each agent proposes per round (the round's evaluation budget)")
-    opt.add_argument("--repeats", type=_positive_int, default=3, help="interleaved timed runs per candidate")
+    opt.add_argument("--repeats", type=_positive_int, default=REPEATS,
+                     help=f"interleaved timed pairs (stock, candidate) per candidate, at least {min_pairs()}: the "
+                          f"paired test accepts only a speedup shown at p <= 0.05 (default {REPEATS})")
     opt.add_argument("--db", default=None, help="the memory file (default: ./specpilot-memory.db)")
     opt.add_argument("--resume", action="store_true",
                      help="go on from the best profile this deployment has in memory, after the last candidate judged")
@@ -516,6 +520,9 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
 
     endpoint = Endpoint.resolve(args.llm_base_url, args.llm_model)  # the key only from $SPECPILOT_LLM_API_KEY
 
+    if args.repeats < min_pairs():
+        raise ValueError(f"--repeats: {args.repeats} pairs can never show a speedup at p <= 0.05; give at least "
+                         f"{min_pairs()}")
     config = engine_config_from_args(args, max_running_requests=1)
     if not config.speculative_algorithm:
         raise ValueError("--speculative-algorithm: optimize tunes a speculative deployment; name its drafter")

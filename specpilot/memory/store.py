@@ -148,7 +148,7 @@ class Memory:
 
     def validate(self, candidate_id: int, accepted: bool, reason: str | None = None, forcing: dict | None = None,
                  speedup: dict | None = None, noise_band: float | None = None, commit: str | None = None) -> int:
-        """The evaluator's verdict; `speedup`: {median, min, max}; a rejection needs its reason."""
+        """The evaluator's verdict; `speedup`: {median, min, max, lower, p, pairs}; a rejection needs its reason."""
         self._get("candidates", candidate_id)
         if not accepted and not reason:
             raise MemoryStoreError("a rejected candidate needs the reason it was rejected")
@@ -157,7 +157,8 @@ class Memory:
             "candidate_id": candidate_id, "accepted": int(accepted), "reason": reason, "forcing": _json(forcing),
             "exact": None if forcing is None else int(bool(forcing.get("exact"))),
             "speedup_median": speedup.get("median"), "speedup_min": speedup.get("min"),
-            "speedup_max": speedup.get("max"), "noise_band": noise_band, "commit_sha": commit, "created_utc": _now()})
+            "speedup_max": speedup.get("max"), "speedup_lower": speedup.get("lower"), "p_value": speedup.get("p"),
+            "pairs": speedup.get("pairs"), "noise_band": noise_band, "commit_sha": commit, "created_utc": _now()})
 
     def add_mechanism(self, name: str, description: str, preconditions: dict, candidate_id: int | None = None) -> int:
         return self._insert("mechanisms", {"name": name, "description": description,
@@ -187,7 +188,7 @@ class Memory:
             "directions": list(self.db["directions"].rows_where("round_id = ?", [round_id], order_by="id")),
             "candidates": list(self.db.query(
                 "SELECT c.id, c.agent, c.parent_id, c.params, v.accepted, v.reason, v.exact, v.speedup_median, "
-                "v.speedup_min, v.speedup_max FROM candidates c LEFT JOIN validations v ON v.candidate_id = c.id "
+                "v.speedup_min, v.speedup_max, v.speedup_lower, v.p_value, v.pairs FROM candidates c LEFT JOIN validations v ON v.candidate_id = c.id "
                 "WHERE c.round_id = ? ORDER BY c.id", [round_id])),
         }
 

@@ -11,9 +11,9 @@ A profile candidate (settings of the installed engine):
    run for the gate below.
 3. The plausibility gate: the candidate's speedup over AR may not exceed the cost model's ceiling over
    that AR run (every draft accepted, at the speculative step's floor).
-Accepted: forcing passed, plausible, and faster than stock in every interleaved repeat (each repeat pairs
-a stock run with the candidate's next to it, so slow drift of the machine cancels; the noise band, stock's
-own spread across repeats, is recorded beside it). A patch candidate (code) runs in servers of its own
+Accepted: forcing passed, plausible, and shown faster than stock by the paired sign-flip test over the
+interleaved repeats (each repeat pairs a stock run with the candidate's next to it, so slow drift of the
+machine cancels; the noise band, stock's own spread across repeats, is recorded beside it). A patch candidate (code) runs in servers of its own
 (optimizer/patched.py) under the same rule.
 """
 

@@ -25,7 +25,7 @@ from specpilot.engine.engine import Engine
 from specpilot.engine.registry import TUNABLES, Deployment, Profile, check_tunables, open_defaults
 from specpilot.memory import Memory
 from specpilot.optimizer import llm_agent, remote, report, search
-from specpilot.optimizer.verdicts import Request
+from specpilot.optimizer.verdicts import REPEATS, Request
 
 EVALUATOR_TIMEOUT_S = 3600
 
@@ -39,7 +39,7 @@ class Settings:
     dataset: str = "humaneval"
     num_prompts: int = 3
     max_new_tokens: int = 32
-    repeats: int = 3
+    repeats: int = REPEATS
     db: str = "specpilot-memory.db"
     out: str = "specpilot-optimize"
     resume: bool = False

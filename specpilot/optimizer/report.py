@@ -12,7 +12,10 @@ from specpilot.bench.charts import plt, save
 
 def _speedup(result: dict[str, Any]) -> str:
     s = result.get("speedup")
-    return f"{s['median']:.3f}× ({s['min']:.3f}–{s['max']:.3f})" if s else "–"
+    if not s:
+        return "–"
+    shown = f"{s['median']:.3f}× ({s['min']:.3f}–{s['max']:.3f})"
+    return shown + (f", ≥ {s['lower']:.3f}× at p = {s['p']:.3f}" if "p" in s else "")
 
 
 def _what(result: dict[str, Any]) -> str:
@@ -34,7 +37,7 @@ def markdown(round_: dict[str, Any], gaps_after: list[dict[str, Any]] | None) ->
              "| gap | at the start | after the round |", "|---|---|---|"]
     for g in round_["gaps"]:
         lines.append(f"| {g['name']} | {_gap(g)} | {_gap(after.get(g['name']))} |")
-    lines += ["", "## Candidates", "", "| id | agent | candidate | verdict | speedup over stock (min–max) |",
+    lines += ["", "## Candidates", "", "| id | agent | candidate | verdict | speedup over stock: median (min–max), 95% bound, p |",
               "|---|---|---|---|---|"]
     for r in round_["results"]:
         verdict = "accepted" if r["accepted"] else f"rejected: {r.get('reason')}"

@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specpilot.optimizer.significance import ALPHA, min_pairs, paired_test
+
+REPEATS = 6  # interleaved pairs per candidate: enough for the test to accept with one pair to spare
 
 @dataclass
 class Request:
@@ -22,7 +25,7 @@ class Request:
     dataset: str = "humaneval"
     num_prompts: int = 3
     max_new_tokens: int = 32
-    repeats: int = 3
+    repeats: int = REPEATS
     patch: str | None = None
     guarded: list[str] = field(default_factory=list)  # files besides the installed package (the memory's)
 
@@ -32,7 +35,7 @@ class Verdict:
     accepted: bool
     reason: str | None
     forcing: dict[str, Any] | None = None
-    speedup: dict[str, float] | None = None  # candidate over stock: median, min, max
+    speedup: dict[str, float] | None = None  # candidate over stock: median, min, max, lower (bound), p, pairs
     speedup_over_ar: float | None = None
     ceiling: float | None = None
     noise_band: float | None = None
@@ -40,21 +43,28 @@ class Verdict:
 
 
 def decide(stock_runs: list[float], candidate_runs: list[float], over_ar: float, ceiling: float,
-           forcing: dict[str, Any] | None, seconds: float) -> Verdict:
+           forcing: dict[str, Any] | None, seconds: float, alpha: float = ALPHA) -> Verdict:
     """Paired interleaved runs (times, lower is faster) into a verdict: implausible above the ceiling, else
-    accepted only if the candidate beat stock in every pair (drift between pairs cancels); stock's own
-    spread across pairs is the noise band recorded beside it."""
+    accepted only if the paired sign-flip test shows the candidate faster than stock at `alpha`, i.e. its
+    speedup's lower confidence bound is above 1. Stock's own spread across pairs is the noise band stated
+    beside it."""
     speedups = [s / c for s, c in zip(stock_runs, candidate_runs)]
     noise = (max(stock_runs) - min(stock_runs)) / statistics.median(stock_runs)
-    spread = {"median": statistics.median(speedups), "min": min(speedups), "max": max(speedups)}
+    test = paired_test(stock_runs, candidate_runs, alpha)
+    spread = {"median": statistics.median(speedups), "min": min(speedups), "max": max(speedups),
+              "lower": test.lower, "p": test.p_value, "pairs": len(speedups)}
     common = dict(forcing=forcing, speedup=spread, speedup_over_ar=over_ar, ceiling=ceiling, noise_band=noise,
                   seconds=seconds)
     if over_ar > ceiling:
         return Verdict(False, f"implausible: {over_ar:.2f}x over AR exceeds the cost model's ceiling "
                        f"{ceiling:.2f}x", **common)
-    if spread["min"] <= 1.0:
-        return Verdict(False, f"not faster than stock in every repeat: {spread['min']:.3f}x at worst "
-                       f"(median {spread['median']:.3f}x; stock's own spread {noise:.3f})", **common)
+    if len(speedups) < min_pairs(alpha):
+        return Verdict(False, f"too few repeats: {len(speedups)} pairs cannot show a speedup at p <= {alpha}; "
+                       f"at least {min_pairs(alpha)} are needed", **common)
+    if test.p_value > alpha:
+        return Verdict(False, f"not shown faster than stock: p = {test.p_value:.3f} > {alpha} over "
+                       f"{len(speedups)} pairs (median {spread['median']:.3f}x, {1 - alpha:.0%} bound "
+                       f"{test.lower:.3f}x; stock's own spread {noise:.3f})", **common)
     return Verdict(True, None, **common)
 
 
