@@ -9,7 +9,7 @@ one request decoded under the profiler shows where the device sits idle (the gap
 by the work on either side).
 
     python benchmarks/gpu_step_profile.py [--out DIR] [--num-prompts 8] [--topk 1 4] [--assist 0 2]
-        [--temperature T --top-p P]
+        [--temperature T --top-p P] [--batch-invariant 1 0]
 """
 
 from __future__ import annotations
@@ -105,10 +105,11 @@ def tpot_ms(engine: Engine, prompts: list[list[int]], params: SamplingParams) ->
     return 1e3 * statistics.mean(tpots), sum(len(r.output_ids) for r in reqs)
 
 
-def profile(topk: int, assist: int, prompts: list[list[int]], params: SamplingParams) -> dict:
+def profile(topk: int, assist: int, invariant: bool, prompts: list[list[int]], params: SamplingParams) -> dict:
     engine = Engine.from_config(EngineConfig(
         device="cuda", speculative_algorithm="dflash", speculative_num_draft_tokens=BLOCK,
-        speculative_eagle_topk=topk, speculative_ngram_assist=assist, max_running_requests=8))
+        speculative_eagle_topk=topk, speculative_ngram_assist=assist, max_running_requests=8,
+        batch_invariant=invariant))
     engine.warm_up()
     with engine.autoregressive():
         ar_ms, _ = tpot_ms(engine, prompts, params)
@@ -129,10 +130,11 @@ def profile(topk: int, assist: int, prompts: list[list[int]], params: SamplingPa
     waits = timeline(engine, prompts[0], params)
     step_ms = spec_ms * stats.tau  # a verify pass commits tau tokens
     return {
-        "topk": topk, "assist": assist, "tau": stats.tau, "steps": stats.steps, "tokens": tokens,
+        "topk": topk, "assist": assist, "batch_invariant": invariant, "tau": stats.tau, "steps": stats.steps, "tokens": tokens,
         "ar_tpot_ms": ar_ms, "spec_tpot_ms": spec_ms, "speedup": ar_ms / spec_ms, "step_ms": step_ms,
         "step_split_ms": {k: 1e3 * v / stats.steps for k, v in stats.time_split(wait=True).items()},
-        "bare_replay_ms": bare, "chained_step_graphs_ms": chained, "kernels": kernel_tables, "timeline": waits, "host_exposed_ms": step_ms - sum(v for k, v in bare.items() if k != "ar_graph"),
+        "bare_replay_ms": bare, "chained_step_graphs_ms": chained, "kernels": kernel_tables, "timeline": waits,
+        "host_exposed_ms": step_ms - sum(v for k, v in bare.items() if k != "ar_graph"),
     }
 
 
@@ -145,6 +147,8 @@ def main() -> None:
     p.add_argument("--assist", type=int, nargs="+", default=[0, 2])
     p.add_argument("--temperature", type=float, default=0.0, help="> 0: keyed sampling (seed 1)")
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--batch-invariant", type=int, nargs="+", choices=[0, 1], default=[1],
+                   help="1: the batch-invariant kernels (the default path), 0: the fastest kernel per pass")
     args = p.parse_args()
     out = out_dir(args.out)
     probe = Engine.from_config(EngineConfig(device="cuda", cuda_graphs=False, max_running_requests=1))
@@ -152,19 +156,20 @@ def main() -> None:
     del probe
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             seed=1 if args.temperature > 0 else None)
-    rows = [profile(k, a, prompts, params) for k in args.topk for a in args.assist]
+    rows = [profile(k, a, bool(i), prompts, params) for i in args.batch_invariant for k in args.topk
+            for a in args.assist]
     write_json(out / "step_profile.json", rows)
-    print("topk assist   tau  AR TPOT  spec TPOT  speedup  step ms (draft/verify/other)  "
+    print("inv topk assist   tau  AR TPOT  spec TPOT  speedup  step ms (draft/verify/other)  "
           "bare AR/verify/accept/prep/body/tree  chained  exposed")
     for r in rows:
         s, b = r["step_split_ms"], r["bare_replay_ms"]
         bare = "/".join(f"{b[k]:.3f}" for k in ("ar_graph", "verify_graph", "acceptance_graph", "draft_prep_graph",
                                                 "draft_body_graph", "draft_tree_graph"))
-        print(f"{r['topk']:4d} {r['assist']:6d} {r['tau']:5.2f} {r['ar_tpot_ms']:8.3f} {r['spec_tpot_ms']:10.3f} "
+        print(f"{r['batch_invariant']:3d} {r['topk']:4d} {r['assist']:6d} {r['tau']:5.2f} {r['ar_tpot_ms']:8.3f} {r['spec_tpot_ms']:10.3f} "
               f"{r['speedup']:8.2f}  {r['step_ms']:.3f} ({s['draft']:.3f}/{s['verify']:.3f}/{s['other']:.3f})  "
               f"{bare}  {r['chained_step_graphs_ms']:.3f}  {r['host_exposed_ms']:.3f}")
     for r in rows:
-        print(f"-- kernels per replay, topk {r['topk']} assist {r['assist']}")
+        print(f"-- kernels per replay, invariant {r['batch_invariant']} topk {r['topk']} assist {r['assist']}")
         for name, t in r["kernels"].items():
             top = ", ".join(f"{k['name'][:40]} {k['count']:g}x {k['us']:.1f}us" for k in t["by_name"][:6])
             print(f"{name}: {t['kernels']:g} kernels, {t['kernel_us']:.1f} us of kernels, "
