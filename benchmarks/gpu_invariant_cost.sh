@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # H200, inside `gpu_ferry.sh run`: what the batch-invariant kernels cost the embedded deployment at B=1.
 # `specpilot bench` on HumanEval with the invariant kernels (the default) and with --no-batch-invariant,
-# alternated REPEATS times, then the step profile (graph replays, kernels, idle gaps) of both.
+# alternated REPEATS times (REPEATS=0: none), then the step profile (graph replays, kernels, idle gaps) of
+# each configuration in a process of its own, so that one failing leaves the others' results.
 set -uo pipefail
 WORK=/tmp/invariant-cost  # one archive comes back: $OUT takes few files
 mkdir -p "$WORK" "$OUT"
@@ -14,6 +15,11 @@ for r in $(seq 1 "${REPEATS:-2}"); do
             2>&1 | tail -4
     done
 done
-python benchmarks/gpu_step_profile.py --out "$WORK/profile" --num-prompts 4 --topk 1 4 --assist 0 \
-    --batch-invariant 1 0 2>&1 | tail -60
+for inv in 1 0; do
+    for topk in ${TOPK:-4 1}; do
+        python benchmarks/gpu_step_profile.py --out "$WORK/profile_inv${inv}_topk${topk}" --num-prompts 4 \
+            --topk "$topk" --assist "${ASSIST:-2}" --batch-invariant "$inv" > "$WORK/profile_inv${inv}_topk${topk}.log" 2>&1
+        echo "== invariant $inv topk $topk: exit $?"; grep -v "^\[W" "$WORK/profile_inv${inv}_topk${topk}.log" | head -40
+    done
+done
 tar -czf "$OUT/invariant_cost.tgz" -C /tmp invariant-cost
