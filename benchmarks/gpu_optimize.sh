@@ -14,8 +14,9 @@ flags=(--speculative-algorithm dflash --device cuda --rounds "${ROUNDS:-3}" --ag
 [ "${RESUME:-0}" = 1 ] && flags+=(--resume)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 git log --oneline -1 2>/dev/null || true
-# timeout signals its whole process group (the evaluator too); the next start marks the round incomplete
-timeout -s TERM "${BUDGET_S:-540}" python -m specpilot optimize "${flags[@]}" 2>&1 | tee -a "$WORK/optimize.log"
+# at the budget, SIGTERM to the orchestrator alone: it stops after the candidate being judged (the round
+# paused, for RESUME=1); the evaluator is not signalled, so no verdict is cut short
+timeout --foreground -k 120 -s TERM "${BUDGET_S:-540}" python -m specpilot optimize "${flags[@]}" 2>&1 | tee -a "$WORK/optimize.log"
 echo "optimize exit: ${PIPESTATUS[0]}"
 python -m specpilot memory list --db "$WORK/memory.db" || true
 tar -czf "$OUT/optimize.tgz" -C /tmp specpilot-optimize
