@@ -527,7 +527,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
                         llm=asdict(endpoint) if endpoint else None, llm_attempts=args.llm_attempts,
                         llm_source_chars=args.llm_source_chars)
     result = optimize(settings)
-    keys = ("profile", "profile_path", "patch_path", "speedup_over_stock", "evaluations", "baseline")
+    keys = ("profile", "profile_path", "patch_path", "speedup_over_stock", "evaluations", "baseline", "paused")
     print(json.dumps({k: result[k] for k in keys if k in result}, indent=2))
     return 0
 

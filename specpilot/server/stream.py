@@ -34,6 +34,7 @@ class Output:
         self.item = item
         self.index = index  # position in the submission (the choice index in OpenAI responses)
         self.ids: list[int] = []
+        self.origins: list[str] = []  # how each id came (Request.token_origins)
         self.req: Request | None = None
         # a partial text may not show a tail that could still grow into a stop string (trimmed later)
         self._holdback = max((len(s) for s in item.params.stop), default=1) - 1
@@ -45,6 +46,7 @@ class Output:
 
     def apply(self, update: Update) -> None:
         self.ids.extend(update.new_ids)
+        self.origins.extend(update.new_origins)
         if update.req is not None:
             self.req = update.req
 
@@ -70,7 +72,7 @@ class Output:
         if self.req is not None:
             return self.req.meta_info()
         return {"id": self.item.rid, "finish_reason": None, "prompt_tokens": len(self.item.prompt_ids),
-                "completion_tokens": len(self.ids)}
+                "completion_tokens": len(self.ids), "token_origins": list(self.origins)}
 
     @property
     def finish_reason(self) -> str | None:
