@@ -214,6 +214,15 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(opt)
     opt.set_defaults(func=_cmd_optimize)
 
+    tui = sub.add_parser("tui", help="the terminal app: rounds, the memory, a server",
+                         description="A Textual app: start, pause, resume and stop optimizer rounds (each its own "
+                                     "process: closing the app leaves it running), browse the memory, and watch a "
+                                     "running server with a streamed, colour-coded generation.")
+    tui.add_argument("--db", default=None, help="the memory file (default: ./specpilot-memory.db)")
+    tui.add_argument("--server", default="http://127.0.0.1:30000", help="the server's URL (default: %(default)s)")
+    tui.add_argument("--mode", choices=["rounds", "memory", "server"], default="rounds", help="the first screen")
+    tui.set_defaults(func=_cmd_tui)
+
     memory = sub.add_parser("memory", help="the optimizer's memory: deployments, rounds, candidates, verdicts",
                             description="Read the optimizer's SQLite memory (it also opens in datasette or the "
                                         "sqlite3 shell: see the candidate_results view).")
@@ -532,6 +541,14 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tui(args: argparse.Namespace) -> int:
+    from specpilot.memory import DEFAULT_PATH
+    from specpilot.tui.app import SpecPilotApp
+
+    SpecPilotApp(args.db or DEFAULT_PATH, server=args.server, mode=args.mode).run()
+    return 0
+
+
 def _cmd_memory(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -618,7 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     # one-shot generation prints only its text; the long-running commands say what they are doing
-    level = args.log_level or ("WARNING" if args.command == "generate" else "INFO")
+    level = args.log_level or ("WARNING" if args.command in ("generate", "tui") else "INFO")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))  # a line per request
     try:

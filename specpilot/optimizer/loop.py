@@ -242,7 +242,7 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
     memory, dep = loop.memory, loop.dep
     # where a watcher (the terminal app) finds this run: its process group takes SIGSTOP/SIGCONT, it SIGTERM
     memory.event("optimizer started", {"pid": os.getpid(), "pgid": os.getpgrp(), "deployment": dep,
-                                       "rounds": settings.rounds, "resume": settings.resume})
+                                       "rounds": settings.rounds, "agents": settings.agents, "resume": settings.resume})
     _stop_on_sigterm(loop)
     best: dict[str, Any] = {"mechanisms": "stock", "tunables": {}}
     best_patch: str | None = None

@@ -35,6 +35,7 @@ class Output:
         self.index = index  # position in the submission (the choice index in OpenAI responses)
         self.ids: list[int] = []
         self.origins: list[str] = []  # how each id came (Request.token_origins)
+        self._texts: list[str] = []  # each id decoded on its own, as far as token_texts() got
         self.req: Request | None = None
         # a partial text may not show a tail that could still grow into a stop string (trimmed later)
         self._holdback = max((len(s) for s in item.params.stop), default=1) - 1
@@ -59,6 +60,13 @@ class Output:
         # a trailing U+FFFD is an incomplete multi-byte character that the next token completes
         text = self.ctx.tokenizer.decode(self.ids, skip_special_tokens=True).rstrip("\ufffd")
         return text[: max(len(text) - self._holdback, 0)]
+
+    def token_texts(self) -> list[str]:
+        """Each id's own text (a streamed chunk's metadata, so a client can show tokens apart); a piece of a
+        multi-byte character decodes as U+FFFD."""
+        if self.ctx.tokenizer is not None:
+            self._texts += [self.ctx.tokenizer.decode([i]) for i in self.ids[len(self._texts):]]
+        return list(self._texts)
 
     def delta(self) -> str:
         """Text not yet returned by delta() (OpenAI streaming)."""
