@@ -4,6 +4,7 @@ and the gaps of its latest round."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -24,7 +25,7 @@ class CompareScreen(ModalScreen[None]):
         self.deployments = deployments
 
     def compose(self) -> ComposeResult:
-        options = [(f"#{d['id']} {d['target']} · {d['device']} {d['dtype']} · {d['load']}", d["id"])
+        options = [(f"#{d['id']} {Path(d['target']).name} · {d['device']} {d['dtype']} · {d['load']}", d["id"])
                    for d in self.deployments]
         ids = [d["id"] for d in self.deployments]
         with Horizontal(id="compare"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
@@ -31,7 +32,9 @@ class HelpScreen(ModalScreen[None]):
         table.add_column("where", style="dim")
         seen = set()
         for where, bindings in (("everywhere", self.app.BINDINGS), (type(self.under).__name__, self.under.BINDINGS)):
-            for key, action, description in bindings:
+            for binding in bindings:
+                key, action, description = (binding.key, binding.action, binding.description) if isinstance(
+                    binding, Binding) else binding
                 if (key, action) not in seen:
                     seen.add((key, action))
                     table.add_row(_keys(key), description, where)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from pathlib import Path
 from typing import Any
 
 from rich.syntax import Syntax
@@ -18,6 +19,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Label, Select, Static, TabbedContent, TabPane, Tree
 
+from specpilot.tui.screens.closing import while_shown
 from specpilot.tui.data import PAGE, CandidateFilter, forcing_summary, speedup_text, verdict_text
 
 VERDICTS = [("all verdicts", "all"), ("accepted", "accepted"), ("rejected", "rejected"), ("pending", "pending")]
@@ -77,6 +79,7 @@ class MemoryScreen(Screen):
             return
         self.app.call_from_thread(self._fill_tree, deployments, rounds, mechanisms)
 
+    @while_shown
     def _fill_tree(self, deployments: list[dict[str, Any]], rounds: list[dict[str, Any]],
                    mechanisms: list[dict[str, Any]]) -> None:
         tree = self.query_one("#deployments", Tree)
@@ -84,7 +87,8 @@ class MemoryScreen(Screen):
         tree.root.data = ("all", None)
         tree.root.expand()
         for d in deployments:
-            node = tree.root.add(f"#{d['id']} {d['target']} · {d['drafter']} · {d['device']} {d['dtype']} · {d['load']}",
+            node = tree.root.add(f"#{d['id']} {Path(d['target']).name} · {d['drafter']} · {d['device']} {d['dtype']} · "
+                                 f"{d['load']}",
                                  data=("deployment", d["id"]), expand=True)
             for r in rounds:
                 if r["deployment_id"] == d["id"]:
@@ -133,6 +137,7 @@ class MemoryScreen(Screen):
             return
         self.app.call_from_thread(self._add_rows, flt, offset, total, rows)
 
+    @while_shown
     def _add_rows(self, flt: CandidateFilter, offset: int, total: int, rows: list[dict[str, Any]]) -> None:
         if flt != self.filter or offset != self.loaded:  # a newer filter or page came first
             return
@@ -196,6 +201,7 @@ class MemoryScreen(Screen):
             return
         self.app.call_from_thread(self._show, cand, parent, lineage)
 
+    @while_shown
     def _show(self, cand: dict[str, Any], parent: dict[str, Any] | None,
               lineage: tuple[list[dict[str, Any]], list[dict[str, Any]]]) -> None:
         self.current = cand["id"]

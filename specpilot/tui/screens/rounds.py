@@ -16,6 +16,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Header, Label, RichLog, Select
 
+from specpilot.tui.screens.closing import while_shown
 from specpilot.tui.data import forcing_summary, speedup_text, verdict_text
 from specpilot.tui.runs import RunState, StartSpec
 from specpilot.tui.screens.dialogs import StartDialog
@@ -128,6 +129,7 @@ class RoundsScreen(Screen):
         view.agents = json.loads(started["detail"]).get("agents", 0) if started else 0
         return view
 
+    @while_shown
     def _apply(self, view: RoundView) -> None:
         self.view = view
         options = [(f"#{d['id']} {Path(d['target']).name} · {d['drafter'].split(':')[0]} · {d['device']} {d['dtype']}",

@@ -15,6 +15,7 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Sparkline
 
+from specpilot.tui.screens.closing import while_shown
 from specpilot.tui.client import ServerClient, ServerState
 from specpilot.tui.widgets import Histogram, TokenView
 
@@ -26,7 +27,7 @@ SERIES = {"throughput": "throughput (tok/s)", "accept": "accept length (tok/pass
 
 
 class ServerScreen(Screen):
-    AUTO_FOCUS = None  # printable keys reach the app's bindings until an input is clicked or ctrl+g
+    AUTO_FOCUS = ""  # nothing: printable keys reach the bindings until an input is clicked (or ctrl+g)
     BINDINGS = [("ctrl+g", "focus_prompt", "Prompt"), ("escape", "blur", "Leave the input")]
 
     def __init__(self) -> None:
@@ -93,6 +94,7 @@ class ServerScreen(Screen):
             state = err
         self.app.call_from_thread(self._apply, client, state)
 
+    @while_shown
     def _apply(self, client: ServerClient, state: ServerState | Exception) -> None:
         if client is not self.client:  # a poll of the server before a reconnect
             return
@@ -143,6 +145,7 @@ class ServerScreen(Screen):
         finally:
             client.close()
 
+    @while_shown
     def _show_chunk(self, texts: list[str], origins: list[str], text: str) -> None:
         self.query_one(TokenView).show(texts, origins, text)
         legend = TokenView.legend(origins) if origins else Text("this server gives no token origins", style="dim")

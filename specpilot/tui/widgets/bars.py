@@ -45,7 +45,10 @@ class GapChart(Static):
 class Histogram(Static):
     """Verify passes by how many tokens they committed."""
 
+    counts: list[int] = []  # what is shown
+
     def show(self, counts: list[int]) -> None:
+        self.counts = counts
         total = sum(counts)
         if not total:
             self.update(Text("no verify passes yet", style="dim"))

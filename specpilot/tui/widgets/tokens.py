@@ -10,8 +10,12 @@ ORIGIN_STYLES = {"draft": "bold green", "bonus": "bold yellow", "ngram": "bold m
 
 
 class TokenView(Static):
+    texts: list[str] = []  # what is shown: each token's text and origin
+    origins: list[str] = []
+
     def show(self, texts: list[str], origins: list[str], fallback: str = "") -> None:
         """`texts` and `origins` per token; where the server gives no per-token texts, `fallback` uncoloured."""
+        self.texts, self.origins = texts, origins
         text = Text()
         if texts:
             for piece, origin in zip(texts, origins + ["target"] * (len(texts) - len(origins))):
