@@ -138,7 +138,7 @@ async def test_memory_screen_pages_filters_shows_a_candidate_and_exports(tui_db,
         # a candidate with a patch and a parent: highlighted patch, diff, lineage
         patched = MemoryReader(db).query("SELECT id FROM candidates WHERE patch IS NOT NULL AND parent_id IS NOT NULL "
                                          "ORDER BY id LIMIT 1")[0]["id"]
-        screen.show_candidate(patched)
+        screen.choose(patched)
         await until(pilot, lambda: screen.current == patched)
         seen = {}
         for tab in ("tab-patch", "tab-diff", "tab-lineage", "tab-mechanisms", "tab-verdict"):

@@ -6,6 +6,7 @@ Pilot tests (test_tui.py) instead of by picture."""
 from __future__ import annotations
 
 import pytest
+from textual.widgets import Input
 from tui_support import copy_db
 
 from specpilot.tui.app import SpecPilotApp
@@ -15,13 +16,18 @@ CLOSED = "http://127.0.0.1:9"
 
 
 @pytest.fixture
-def db(tui_db, tmp_path):
-    return copy_db(tui_db, tmp_path / "snap" / "memory.db")
+def db(tui_db, tmp_path, monkeypatch):
+    """A copy of the real memory, opened by a relative path (the header shows it as given)."""
+    monkeypatch.chdir(tmp_path)
+    copy_db(tui_db, tmp_path / "memory.db")
+    return "memory.db"
 
 
 async def _settle(pilot) -> None:
     await pilot.pause(0.5)
     await pilot.app.workers.wait_for_complete()
+    for field in pilot.app.screen.query(Input):  # a blinking cursor is caught on or off at random
+        field.cursor_blink = False
     await pilot.pause(0.1)
 
 
@@ -47,11 +53,12 @@ def test_help_screen_light_theme(snap_compare, db):
     assert snap_compare(SpecPilotApp(db, server=CLOSED, mode="server"), terminal_size=SIZE, run_before=run_before)
 
 
-def test_start_dialog(snap_compare, tmp_path):
+def test_start_dialog(snap_compare, tmp_path, monkeypatch):
     async def run_before(pilot) -> None:
         await _settle(pilot)
         await pilot.press("s")
         await _settle(pilot)
 
-    app = SpecPilotApp(tmp_path / "new.db", server=CLOSED)  # no memory yet: the embedded model's defaults
+    monkeypatch.chdir(tmp_path)
+    app = SpecPilotApp("new.db", server=CLOSED)  # no memory yet: the embedded model's defaults
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)

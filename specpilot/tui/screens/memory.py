@@ -36,7 +36,8 @@ class MemoryScreen(Screen):
         self.total = 0
         self.loaded = 0
         self.marked: set[int] = set()
-        self.current: int | None = None
+        self.current: int | None = None  # the candidate whose detail is shown
+        self.wanted: int | None = None  # the one last chosen
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -153,7 +154,15 @@ class MemoryScreen(Screen):
         self.query_one("#count", Label).update(
             f"{total} candidates ({self.loaded} loaded)" + (f", {len(self.marked)} marked" if self.marked else ""))
         if offset == 0 and rows:
-            self.show_candidate(rows[0]["id"])
+            self.choose(rows[0]["id"])
+        elif offset == 0:
+            self._clear_detail()
+
+    def _clear_detail(self) -> None:
+        self.current = self.wanted = None
+        for pane in ("#verdict-text", "#patch-text", "#diff-text"):
+            self.query_one(pane, Static).update(Text("no candidate matches the filter", style="dim"))
+        self.query_one("#lineage", Tree).clear()
 
     @on(DataTable.RowHighlighted, "#candidates")
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -161,7 +170,7 @@ class MemoryScreen(Screen):
             return
         if event.cursor_row >= self.loaded - 20 and self.loaded < self.total:
             self.load_page(self.filter, self.loaded)
-        self.show_candidate(int(event.row_key.value))
+        self.choose(int(event.row_key.value))
 
     def action_focus_search(self) -> None:
         self.query_one("#search", Input).focus()
@@ -187,6 +196,11 @@ class MemoryScreen(Screen):
         return [r["id"] for r in self.app.reader.candidates(self.filter, 0, max(self.total, 1))]
 
     # ---- the chosen candidate -----------------------------------------------------------------
+    def choose(self, cid: int) -> None:
+        """Show this candidate's detail (a slower answer for one chosen before is dropped)."""
+        self.wanted = cid
+        self.show_candidate(cid)
+
     @work(thread=True, exclusive=True, group="memory-detail")
     def show_candidate(self, cid: int) -> None:
         try:
@@ -204,6 +218,8 @@ class MemoryScreen(Screen):
     @while_shown
     def _show(self, cand: dict[str, Any], parent: dict[str, Any] | None,
               lineage: tuple[list[dict[str, Any]], list[dict[str, Any]]]) -> None:
+        if cand["id"] != self.wanted:
+            return
         self.current = cand["id"]
         self.query_one("#verdict-text", Static).update(_verdict_table(cand))
         patch = cand["patch"]
