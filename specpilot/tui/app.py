@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from textual.app import App
 from textual.binding import Binding
+from textual.worker import Worker, WorkerState
 
 from specpilot.tui.commands import ActionsProvider
 from specpilot.tui.data import MemoryReader
@@ -51,6 +52,11 @@ class SpecPilotApp(App[None]):
             self.notify(f"no memory file at {self.reader.path} yet: start a round (s) to make one",
                         severity="warning", title="memory")
         self.switch_mode(self.first_mode)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """A worker's unexpected error: a notification, and the app goes on."""
+        if event.state == WorkerState.ERROR and event.worker.error is not None:
+            self.report(event.worker.error, event.worker.group or event.worker.name)
 
     def report(self, err: BaseException, where: str) -> None:
         """Every error the app meets, as a notification (never a traceback)."""
@@ -134,7 +140,8 @@ class SpecPilotApp(App[None]):
         screen = self.screen
         if path is None or not isinstance(screen, MemoryScreen):
             return
-        self.run_worker(lambda: self._write_export(screen, Path(path)), thread=True, group="export")
+        self.run_worker(lambda: self._write_export(screen, Path(path)), thread=True, group="export",
+                        exit_on_error=False)
 
     def _write_export(self, screen: MemoryScreen, path: Path) -> None:
         try:

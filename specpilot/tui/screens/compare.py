@@ -43,7 +43,7 @@ class CompareScreen(ModalScreen[None]):
     def _changed(self, event: Select.Changed) -> None:
         self.load(event.select.id.removeprefix("dep-"), event.value)
 
-    @work(thread=True, group="compare")
+    @work(thread=True, group="compare", exit_on_error=False)
     def load(self, side: str, deployment: int) -> None:
         try:
             profile = self.app.reader.profile(int(deployment))

@@ -17,11 +17,13 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Input, Label, Select, Static, TabbedContent, TabPane, Tree
 
 from specpilot.tui.screens.closing import while_shown
 from specpilot.tui.data import PAGE, CandidateFilter, forcing_summary, speedup_text, verdict_text
 
+DETAIL_DELAY_S = 0.08
 VERDICTS = [("all verdicts", "all"), ("accepted", "accepted"), ("rejected", "rejected"), ("pending", "pending")]
 
 
@@ -38,6 +40,7 @@ class MemoryScreen(Screen):
         self.marked: set[int] = set()
         self.current: int | None = None  # the candidate whose detail is shown
         self.wanted: int | None = None  # the one last chosen
+        self._settle: Timer | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -70,7 +73,7 @@ class MemoryScreen(Screen):
         self.reload()
 
     # ---- the tree of deployments and rounds ---------------------------------------------------
-    @work(thread=True, exclusive=True, group="memory-tree")
+    @work(thread=True, exclusive=True, group="memory-tree", exit_on_error=False)
     def load_tree(self) -> None:
         try:
             reader = self.app.reader
@@ -127,7 +130,7 @@ class MemoryScreen(Screen):
         self.query_one("#candidates", DataTable).clear()
         self.load_page(self.filter, 0)
 
-    @work(thread=True, exclusive=True, group="memory-page")
+    @work(thread=True, exclusive=True, group="memory-page", exit_on_error=False)
     def load_page(self, flt: CandidateFilter, offset: int) -> None:
         try:
             reader = self.app.reader
@@ -170,7 +173,11 @@ class MemoryScreen(Screen):
             return
         if event.cursor_row >= self.loaded - 20 and self.loaded < self.total:
             self.load_page(self.filter, self.loaded)
-        self.choose(int(event.row_key.value))
+        # the detail follows once the cursor rests, so holding a key scrolls at the table's own pace
+        if self._settle is not None:
+            self._settle.stop()
+        cid = int(event.row_key.value)
+        self._settle = self.set_timer(DETAIL_DELAY_S, lambda: self._show_candidate(cid))
 
     def action_focus_search(self) -> None:
         self.query_one("#search", Input).focus()
@@ -197,11 +204,17 @@ class MemoryScreen(Screen):
 
     # ---- the chosen candidate -----------------------------------------------------------------
     def choose(self, cid: int) -> None:
-        """Show this candidate's detail (a slower answer for one chosen before is dropped)."""
+        """Show this candidate's detail (a slower answer for one chosen before is dropped, and a cursor's
+        pending choice is cancelled)."""
+        if self._settle is not None:
+            self._settle.stop()
+        self._show_candidate(cid)
+
+    def _show_candidate(self, cid: int) -> None:
         self.wanted = cid
         self.show_candidate(cid)
 
-    @work(thread=True, exclusive=True, group="memory-detail")
+    @work(thread=True, exclusive=True, group="memory-detail", exit_on_error=False)
     def show_candidate(self, cid: int) -> None:
         try:
             reader = self.app.reader

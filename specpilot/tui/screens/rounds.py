@@ -52,6 +52,8 @@ class RoundsScreen(Screen):
         self.view: RoundView | None = None
         self._log_seen: list[str] = []
         self._options: list[tuple[str, int]] = []
+        self._shown: list[dict[str, Any]] | None = None  # the candidates the tables were built from
+        self.view_state: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -98,7 +100,7 @@ class RoundsScreen(Screen):
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.app.run_action(f"{event.button.id}_round")
 
-    @work(thread=True, exclusive=True, group="rounds-poll")
+    @work(thread=True, exclusive=True, group="rounds-poll", exit_on_error=False)
     def poll(self) -> None:
         try:
             view = self._read()
@@ -125,6 +127,9 @@ class RoundsScreen(Screen):
             view.gaps_before = reader.gaps(view.round["id"])
             view.gaps_after = reader.gaps(rounds[at + 1]["id"]) if at + 1 < len(rounds) else []
             view.candidates = reader.candidates_of_round(view.round["id"])
+            if not view.log:  # a run started elsewhere: its log is not beside the database, its events are
+                view.log = [f"{e['created_utc']}  {e['kind']}  {e['detail'] or ''}"[:300]
+                            for e in reader.events(view.round["id"])]
         started = reader.last_event("optimizer started")
         view.agents = json.loads(started["detail"]).get("agents", 0) if started else 0
         return view
@@ -155,18 +160,23 @@ class RoundsScreen(Screen):
             r = view.round
             self.query_one("#round-title", Label).update(f"Round {r['number']} (id {r['id']}): {r['status']}")
         self.query_one(GapChart).show(view.gaps_before, view.gaps_after)
-        self._fill_candidates(view)
-        self._fill_agents(view)
+        if view.candidates != self._shown or view.run.state != (self.view_state or view.run.state):
+            self._fill_candidates(view)  # rebuilt only on a change, so the cursor and scroll stay put
+            self._fill_agents(view)
+        self._shown, self.view_state = view.candidates, view.run.state
         self._fill_log(view.log)
 
     def _fill_candidates(self, view: RoundView) -> None:
         table = self.query_one("#round-candidates", DataTable)
+        row = table.cursor_row
         table.clear()
         for c in view.candidates:
             verdict = verdict_text(c)
             style = {"accepted": "green", "rejected": "red"}.get(verdict, "yellow")
             table.add_row(str(c["id"]), c["agent"], f"[{style}]{verdict}[/]", forcing_summary(c["forcing"], c["exact"]),
                           speedup_text(c), (c["reason"] or c["params"] or "")[:80], key=str(c["id"]))
+        if table.row_count:
+            table.move_cursor(row=min(row, table.row_count - 1), animate=False)
 
     def _fill_agents(self, view: RoundView) -> None:
         table = self.query_one("#agents", DataTable)

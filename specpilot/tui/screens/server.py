@@ -83,7 +83,7 @@ class ServerScreen(Screen):
     def action_focus_prompt(self) -> None:
         self.query_one("#prompt", Input).focus()
 
-    @work(thread=True, exclusive=True, group="server-poll")
+    @work(thread=True, exclusive=True, group="server-poll", exit_on_error=False)
     def poll(self) -> None:
         client = self.client
         if client is None:
@@ -134,7 +134,7 @@ class ServerScreen(Screen):
         if event.value.strip():
             self.generate(event.value, 128)
 
-    @work(thread=True, exclusive=True, group="server-generate")
+    @work(thread=True, exclusive=True, group="server-generate", exit_on_error=False)
     def generate(self, prompt: str, max_new_tokens: int) -> None:
         client = ServerClient(self.url, timeout=30.0)
         try:
