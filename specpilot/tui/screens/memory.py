@@ -19,11 +19,15 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Input, Label, Select, Static, TabbedContent, TabPane, Tree
+from textual.widgets.data_table import RowDoesNotExist
 
 from specpilot.tui.screens.closing import while_shown
 from specpilot.tui.data import PAGE, CandidateFilter, forcing_summary, speedup_text, verdict_text
 
 DETAIL_DELAY_S = 0.08
+COLUMNS = (" ", "id", "dep", "round", "agent", "verdict", "forcing", "speedup ± spread", "reason / profile")
+LINEAGE_DEPTH = 24  # ancestors shown nested; older ones are summed up in one line
+LINEAGE_CHILDREN = 50
 VERDICTS = [("all verdicts", "all"), ("accepted", "accepted"), ("rejected", "rejected"), ("pending", "pending")]
 
 
@@ -66,8 +70,6 @@ class MemoryScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#candidates", DataTable).add_columns(
-            " ", "id", "dep", "round", "agent", "verdict", "forcing", "speedup ± spread", "reason / profile")
         self.query_one("#mechanisms", DataTable).add_columns("mechanism", "speedup", "preconditions", "description")
         self.load_tree()
         self.reload()
@@ -127,7 +129,9 @@ class MemoryScreen(Screen):
 
     def reload(self) -> None:
         self.loaded = 0
-        self.query_one("#candidates", DataTable).clear()
+        table = self.query_one("#candidates", DataTable)
+        table.clear(columns=True)  # the columns too: their widths then fit the rows this filter shows
+        table.add_columns(*COLUMNS)
         self.load_page(self.filter, 0)
 
     @work(thread=True, exclusive=True, group="memory-page", exit_on_error=False)
@@ -162,6 +166,8 @@ class MemoryScreen(Screen):
             self._clear_detail()
 
     def _clear_detail(self) -> None:
+        if self._settle is not None:
+            self._settle.stop()
         self.current = self.wanted = None
         for pane in ("#verdict-text", "#patch-text", "#diff-text"):
             self.query_one(pane, Static).update(Text("no candidate matches the filter", style="dim"))
@@ -177,7 +183,16 @@ class MemoryScreen(Screen):
         if self._settle is not None:
             self._settle.stop()
         cid = int(event.row_key.value)
-        self._settle = self.set_timer(DETAIL_DELAY_S, lambda: self._show_candidate(cid))
+        self._settle = self.set_timer(DETAIL_DELAY_S, lambda: self._rest_on(cid))
+
+    def _rest_on(self, cid: int) -> None:
+        """The cursor rested on this row: its detail, if the row is still in the table (a filter may have
+        replaced the rows since)."""
+        try:
+            self.query_one("#candidates", DataTable).get_row_index(str(cid))
+        except RowDoesNotExist:
+            return
+        self._show_candidate(cid)
 
     def action_focus_search(self) -> None:
         self.query_one("#search", Input).focus()
@@ -245,10 +260,15 @@ class MemoryScreen(Screen):
         chain, children = lineage
         node = tree.root
         tree.root.set_label("lineage")
+        if len(chain) > LINEAGE_DEPTH:  # a tree that deep is unreadable (and Textual's is recursive)
+            node = node.add(f"… {len(chain) - LINEAGE_DEPTH} earlier ancestors, from #{chain[0]['id']}", expand=True)
+            chain = chain[-LINEAGE_DEPTH:]
         for anc in chain:
             node = node.add(f"#{anc['id']} {anc['agent']}", expand=True)
-        for child in children:
+        for child in children[:LINEAGE_CHILDREN]:
             node.add_leaf(f"#{child['id']} {child['agent']} (child)")
+        if len(children) > LINEAGE_CHILDREN:
+            node.add_leaf(f"… {len(children) - LINEAGE_CHILDREN} more children")
         tree.root.expand_all()
 
 
