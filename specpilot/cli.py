@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from specpilot.drafters import ALGORITHMS
 from specpilot.engine.config import EngineConfig
+from specpilot.tui import launch as tui_launch
 
 DEFAULT_PROMPT = "Write a haiku about the sea."
 
@@ -215,13 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     opt.set_defaults(func=_cmd_optimize)
 
     tui = sub.add_parser("tui", help="the terminal app: rounds, the memory, a server",
-                         description="A Textual app: start, pause, resume and stop optimizer rounds (each its own "
-                                     "process: closing the app leaves it running), browse the memory, and watch a "
-                                     "running server with a streamed, colour-coded generation.")
-    tui.add_argument("--db", default=None, help="the memory file (default: ./specpilot-memory.db)")
-    tui.add_argument("--server", default="http://127.0.0.1:30000", help="the server's URL (default: %(default)s)")
-    tui.add_argument("--mode", choices=["rounds", "memory", "server"], default="rounds", help="the first screen")
-    tui.set_defaults(func=_cmd_tui)
+                         description=tui_launch.DESCRIPTION)
+    tui_launch.add_arguments(tui)
+    tui.set_defaults(func=tui_launch.run)
 
     memory = sub.add_parser("memory", help="the optimizer's memory: deployments, rounds, candidates, verdicts",
                             description="Read the optimizer's SQLite memory (it also opens in datasette or the "
@@ -538,14 +535,6 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     result = optimize(settings)
     keys = ("profile", "profile_path", "patch_path", "speedup_over_stock", "evaluations", "baseline", "paused")
     print(json.dumps({k: result[k] for k in keys if k in result}, indent=2))
-    return 0
-
-
-def _cmd_tui(args: argparse.Namespace) -> int:
-    from specpilot.memory import DEFAULT_PATH
-    from specpilot.tui.app import SpecPilotApp
-
-    SpecPilotApp(args.db or DEFAULT_PATH, server=args.server, mode=args.mode).run()
     return 0
 
 

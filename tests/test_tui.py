@@ -119,22 +119,22 @@ async def test_a_round_started_from_the_app_outlives_it_pauses_resumes_and_stops
 
 async def test_memory_screen_pages_filters_shows_a_candidate_and_exports(tui_db, tmp_path):
     db = copy_db(tui_db, tmp_path / "big.db")
-    fill(db, 450)
+    fill(db, 260)
     app = SpecPilotApp(db, server=CLOSED, mode="memory")
     async with app.run_test(size=SIZE) as pilot:
         screen = app.screen
         assert isinstance(screen, MemoryScreen)
         table = screen.query_one("#candidates", DataTable)
-        await until(pilot, lambda: screen.loaded == 200 and screen.total == 450, what="the first page")
+        await until(pilot, lambda: screen.loaded == 200 and screen.total == 260, what="the first page")
         await until(pilot, lambda: screen.current == 1, what="the first candidate's detail")
         assert "#1 from search-0" in shown(app)
         tree = screen.query_one("#deployments", Tree)
         await until(pilot, lambda: len(tree.root.children) == 1)
-        assert len(tree.root.children[0].children) == 6  # the real round and five filled ones
+        assert len(tree.root.children[0].children) == 4  # the real round and three filled ones
         # the cursor near the end of the page loads the next
         table.focus()
         table.move_cursor(row=199)
-        await until(pilot, lambda: screen.loaded == 400, what="the second page")
+        await until(pilot, lambda: screen.loaded == 260, what="the second page")
         # a candidate with a patch and a parent: highlighted patch, diff, lineage
         patched = MemoryReader(db).query("SELECT id FROM candidates WHERE patch IS NOT NULL AND parent_id IS NOT NULL "
                                          "ORDER BY id LIMIT 1")[0]["id"]
@@ -152,7 +152,7 @@ async def test_memory_screen_pages_filters_shows_a_candidate_and_exports(tui_db,
         # search and verdict filters
         await pilot.press("slash")
         await pilot.press(*'"block-size": 8')
-        await until(pilot, lambda: screen.filter.text == '"block-size": 8' and 0 < screen.total < 450 and
+        await until(pilot, lambda: screen.filter.text == '"block-size": 8' and 0 < screen.total < 260 and
                     screen.loaded == min(screen.total, 200), what="the search")
         await pilot.press("escape")
         screen.query_one("#verdict", Select).value = "accepted"

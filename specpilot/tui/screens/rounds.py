@@ -41,6 +41,7 @@ class RoundView:
 
 
 class RoundsScreen(Screen):
+    AUTO_FOCUS = "#round-candidates"  # not the deployment Select: it would take printable keys
     BINDINGS = [("s", "app.start_round", "Start"), ("p", "app.pause_round", "Pause"),
                 ("r", "app.resume_round", "Resume"), ("x", "app.stop_round", "Stop"),
                 ("left_square_bracket", "older", "Older round"), ("right_square_bracket", "newer", "Newer round")]
@@ -210,8 +211,18 @@ class RoundsScreen(Screen):
 
     def start_spec(self) -> StartSpec:
         """The start dialog's defaults: the chosen deployment's flags (else the embedded model's)."""
-        deployments = self.view.deployments if self.view else []
-        chosen = [d for d in deployments if d["id"] == self.query_one("#deployment", Select).value]
+        reader = self.app.reader
+        try:  # read now (milliseconds): the first poll may not have come back yet
+            deployments = reader.deployments() if reader.exists else []
+        except (OSError, ValueError) as err:
+            self.app.report(err, "start")
+            deployments = []
+        value = self.query_one("#deployment", Select).value
+        if value is Select.BLANK:
+            value = self.deployment if self.deployment is not None else self.app.runs.state().deployment
+        if value is None and deployments:
+            value = deployments[-1]["id"]
+        chosen = [d for d in deployments if d["id"] == value]
         return StartSpec.of_deployment(chosen[0]) if chosen else StartSpec()
 
     def open_start(self, callback: Any) -> None:
