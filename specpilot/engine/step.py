@@ -192,6 +192,8 @@ class SpeculativeStep:
             # token forcing may commit stock's tokens instead: a draft launched for ours no longer fits
             redraft |= not done and req.output_ids[-n:] != decision.tokens
             req.accept_lengths.append(n)
+            assisted = plan.draft.assisted is not None and plan.draft.assisted[i]
+            req.token_origins += origins(n, len(decision.tokens), assisted)
             engine.spec_stats.record(n)
             committed.append(n)
             if done:
@@ -339,6 +341,13 @@ class SpeculativeStep:
             if static is not None and static.tree is not None:
                 self.placement[b] = GraphBackend.capture(lambda g=g, s=static: _place(g.batch, s), pool)
         GraphBackend.synchronize(self.device)
+
+
+def origins(committed: int, decided: int, assisted: bool) -> list[str]:
+    """How a verify pass's `committed` tokens came, of the `decided` its acceptance chose (accepted drafts,
+    then the bonus; a stop may end the pass before its bonus)."""
+    drafts = min(committed, decided - 1)
+    return ["ngram" if assisted else "draft"] * drafts + ["bonus"] * (committed - drafts)
 
 
 def _place(batch: ForwardBatch, draft: Draft) -> None:

@@ -116,6 +116,14 @@ class Memory:
             self.db["events"].insert({"round_id": round_id, "kind": "round finished", "detail": None,
                                       "created_utc": _now()})
 
+    def pause_round(self, round_id: int) -> None:
+        """A round its process stopped cleanly (SIGTERM): 'incomplete', for `--resume` to go on after it."""
+        self._get("rounds", round_id)
+        with self.transaction():
+            self.db["rounds"].update(round_id, {"status": "incomplete"})
+            self.db["events"].insert({"round_id": round_id, "kind": "round paused", "detail": None,
+                                      "created_utc": _now()})
+
     def mark_interrupted(self) -> list[int]:
         """Rounds left 'running' by a process that died: marked 'incomplete' (call before a new run)."""
         with self.transaction():

@@ -3,13 +3,16 @@ coding agent, each a process in its own sandbox directory) → the sealed evalua
 package per candidate) → an integration step that combines the round's accepted candidates → memory, with a Markdown and
 PNG report per round; it ends in a profile that `--profile` applies (and the accepted patch, if one won). A
 deployment starts from profiles validated on others of the same device type; `--resume` goes on after the
-last candidate judged; `--baseline` judges as many random profiles (best-of-N) beside the loop's result."""
+last candidate judged (SIGTERM stops a run after the candidate being judged, its round marked paused, for
+`--resume` to go on); `--baseline` judges as many random profiles (best-of-N) beside the loop's result."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import random
+import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field, replace
@@ -203,6 +206,7 @@ class _Loop:
             self.tried += _judged_profiles(self.memory, self.dep)
             self.patches |= _judged_patches(self.memory, self.dep)
         self.evaluations = 0
+        self.stopping = False  # SIGTERM asked for a clean stop: no candidate is started after it
 
     def judge(self, round_id: int, candidate: Candidate, work: Path) -> dict[str, Any] | None:
         """Record, evaluate and validate one candidate (None where it was judged before)."""
@@ -236,6 +240,10 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
     console = console or Console()
     loop = _Loop(settings, console)
     memory, dep = loop.memory, loop.dep
+    # where a watcher (the terminal app) finds this run: its process group takes SIGSTOP/SIGCONT, it SIGTERM
+    memory.event("optimizer started", {"pid": os.getpid(), "pgid": os.getpgrp(), "deployment": dep,
+                                       "rounds": settings.rounds, "agents": settings.agents, "resume": settings.resume})
+    _stop_on_sigterm(loop)
     best: dict[str, Any] = {"mechanisms": "stock", "tunables": {}}
     best_patch: str | None = None
     best_speedup = 1.0
@@ -253,6 +261,8 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
     rounds: list[dict[str, Any]] = []
     gaps = _measure_gaps(settings, best)
     for _ in range(settings.rounds):
+        if loop.stopping:
+            break
         round_id = memory.start_round(dep)
         work = root / f"round-{round_id}"
         work.mkdir(parents=True, exist_ok=True)
@@ -263,7 +273,16 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
         llm = None if settings.llm is None else llm_agent.LlmBrief(settings.llm, gaps, best, settings.llm_attempts,
                                                                      source_chars=settings.llm_source_chars)
         priors = []
-        results = [r for c in _agents(briefs, llm, work) if (r := loop.judge(round_id, c, work))]
+        results = []
+        for candidate in _agents(briefs, llm, work):
+            if loop.stopping:
+                break
+            if r := loop.judge(round_id, candidate, work):
+                results.append(r)
+        if loop.stopping:
+            memory.pause_round(round_id)
+            console.print(f"round {round_id} paused (SIGTERM): --resume goes on after its last verdict")
+            break
         accepted = [r for r in results if r["accepted"]]
         combined = integrate(accepted, best)
         if combined is not None and (r := loop.judge(round_id, combined, work)):
@@ -279,9 +298,10 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
                        "best_speedup_over_stock": best_speedup})
         gaps = _measure_gaps(settings, best)
         report.write(rounds[-1], gaps, work, f"specpilot optimize, deployment {dep}, round {round_id}")
-    result = {"deployment": dep, "rounds": rounds, "profile": best, "speedup_over_stock": best_speedup,
+    result = {"deployment": dep, "rounds": rounds, "paused": loop.stopping, "profile": best,
+              "speedup_over_stock": best_speedup,
               "evaluations": loop.evaluations, "resumed_from_memory": bool(settings.resume)}
-    if settings.baseline:
+    if settings.baseline and not loop.stopping:
         result["baseline"] = _baseline(loop, space, root)
     profile_path = root / "profile.json"
     profile_path.write_text(json.dumps(best, indent=2))
@@ -290,6 +310,21 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
         (root / "accepted.patch").write_text(best_patch)
         result["patch_path"] = str(root / "accepted.patch")
     return result
+
+
+def _stop_on_sigterm(loop: _Loop) -> None:
+    """SIGTERM sets `stopping` (the candidate being judged finishes, its verdict is kept) where this is the main
+    thread; a second SIGTERM is the default one (the process ends at once)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        loop.stopping = True
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _baseline(loop: _Loop, space: dict[str, list[Any]], root: Path) -> dict[str, Any]:

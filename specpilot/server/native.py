@@ -50,7 +50,9 @@ async def _generate_events(follower: Follower, batch: bool) -> AsyncIterator[dic
     async with follower:
         async for changed in follower.changes():
             for out in changed:
-                yield _result(out, batch)
+                result = _result(out, batch)
+                result["meta_info"]["token_texts"] = out.token_texts()
+                yield result
 
 
 class AbortRequest(BaseModel):

@@ -57,6 +57,7 @@ class Update:
     index: int
     new_ids: list[int]
     req: Request | None = None
+    new_origins: list[str] = field(default_factory=list)  # how each new id came (Request.token_origins)
     error: str | None = None
 
 
@@ -265,7 +266,8 @@ class Scheduler:
             if new or req.finished:
                 live.sent += len(new)
                 self._window_tokens += len(new)
-                messages.append((live.sub, Update(live.index, new, req if req.finished else None)))
+                origins = req.token_origins[live.sent - len(new):live.sent]
+                messages.append((live.sub, Update(live.index, new, req if req.finished else None, new_origins=origins)))
             if req.finished:
                 done.append(rid)
         if messages:

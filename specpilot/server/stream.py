@@ -34,6 +34,8 @@ class Output:
         self.item = item
         self.index = index  # position in the submission (the choice index in OpenAI responses)
         self.ids: list[int] = []
+        self.origins: list[str] = []  # how each id came (Request.token_origins)
+        self._texts: list[str] = []  # each id decoded on its own, as far as token_texts() got
         self.req: Request | None = None
         # a partial text may not show a tail that could still grow into a stop string (trimmed later)
         self._holdback = max((len(s) for s in item.params.stop), default=1) - 1
@@ -45,6 +47,7 @@ class Output:
 
     def apply(self, update: Update) -> None:
         self.ids.extend(update.new_ids)
+        self.origins.extend(update.new_origins)
         if update.req is not None:
             self.req = update.req
 
@@ -58,6 +61,13 @@ class Output:
         text = self.ctx.tokenizer.decode(self.ids, skip_special_tokens=True).rstrip("\ufffd")
         return text[: max(len(text) - self._holdback, 0)]
 
+    def token_texts(self) -> list[str]:
+        """Each id's own text (a streamed chunk's metadata, so a client can show tokens apart); a piece of a
+        multi-byte character decodes as U+FFFD."""
+        if self.ctx.tokenizer is not None:
+            self._texts += [self.ctx.tokenizer.decode([i]) for i in self.ids[len(self._texts):]]
+        return list(self._texts)
+
     def delta(self) -> str:
         """Text not yet returned by delta() (OpenAI streaming)."""
         text = self.text()
@@ -70,7 +80,7 @@ class Output:
         if self.req is not None:
             return self.req.meta_info()
         return {"id": self.item.rid, "finish_reason": None, "prompt_tokens": len(self.item.prompt_ids),
-                "completion_tokens": len(self.ids)}
+                "completion_tokens": len(self.ids), "token_origins": list(self.origins)}
 
     @property
     def finish_reason(self) -> str | None:

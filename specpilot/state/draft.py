@@ -25,6 +25,8 @@ class Draft:
     # the tensors are the first rows of the drafter's graph outputs for this batch-size bucket (what the
     # step's placement graph of the bucket reads); None: tensors of their own
     bucket: int | None = None
+    # per request, whether n-gram assist's lookup supplied its row instead of the model drafter (None: none did)
+    assisted: list[bool] | None = None
 
     def widths(self) -> list[int]:
         """Verify rows per request: its newest committed token and its drafts."""

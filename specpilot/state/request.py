@@ -27,6 +27,10 @@ class Request:
     finished_time: float | None = None
     # speculative decoding statistics: tokens committed per verify pass
     accept_lengths: list[int] = field(default_factory=list)
+    # how each output token came, parallel to output_ids (metadata only: it never changes a token):
+    # "target" (prefill or plain decode), "draft" (an accepted draft), "ngram" (an accepted draft that
+    # n-gram assist's lookup supplied), "bonus" (the target's own token that ends a verify pass)
+    token_origins: list[str] = field(default_factory=list)
     stop_ids: frozenset[int] | None = field(default=None, repr=False)  # StopChecker's, on first use
 
     @property
@@ -50,7 +54,8 @@ class Request:
     def meta_info(self) -> dict[str, Any]:
         """SGLang's meta_info, with the speculative fields when the request speculated."""
         info = {"id": self.rid, "prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.output_ids),
-                "finish_reason": self.finish_reason, "e2e_latency": round(self.e2e_latency, 6)}
+                "finish_reason": self.finish_reason, "e2e_latency": round(self.e2e_latency, 6),
+                "token_origins": list(self.token_origins)}
         if not self.params.greedy:
             info["sampling_seed"] = self.sampling_seed
         if self.accept_lengths:
