@@ -84,7 +84,7 @@ async def test_a_round_started_from_the_app_outlives_it_pauses_resumes_and_stops
         dialog.query_one("#f-rounds", Input).value = "2"
         dialog.query_one("#f-agents", Input).value = "1"
         dialog.query_one("#f-max_new_tokens", Input).value = "8"
-        dialog.query_one("#f-extra", Input).value = "--dataset math --num-prompts 1 --repeats 1"
+        dialog.query_one("#f-extra", Input).value = "--dataset math --num-prompts 1 --repeats 5"
         await pilot.click("#start")
         await until(pilot, lambda: app.runs.state().state == "running" and
                     MemoryReader(db).last_event("optimizer started")["id"] > 0 and

@@ -16,7 +16,7 @@ from test_server_support import free_port
 from tiny_models import make_tiny_model_dir
 
 OPTIMIZE_FLAGS = ["--device", "cpu", "--speculative-algorithm", "ngram", "--dataset", "math", "--num-prompts", "1",
-                  "--max-new-tokens", "8", "--repeats", "1", "--agents", "1"]
+                  "--max-new-tokens", "8", "--repeats", "5", "--agents", "1"]
 
 
 def tiny_model(base: Path) -> Path:
