@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 from invariance_cases import attention_report, gemm_report
-from triton_interpret import interpreter_fixture, patch_bf16_dot
+from triton_interpret import interpreter_fixture, patch_dot
 
 DTYPES = ("float32", "bfloat16")
 
@@ -86,5 +86,5 @@ def test_gemm_tiles_do_not_change_a_row(dtype: str) -> None:
         assert torch.equal(invariant_gemm(x, w), base)
 
 if __name__ == "__main__":
-    patch_bf16_dot()
+    patch_dot()
     print(json.dumps(_reports("cpu")))

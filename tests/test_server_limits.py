@@ -17,6 +17,7 @@ from test_server_support import (
     free_port,
     serve,
     sse_events,
+    wait_healthy,
 )
 
 from specpilot.server import ServerArgs
@@ -107,15 +108,7 @@ def test_serve_cli_with_sigterm(tiny_dir):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "specpilot serve did not come up"
-            try:
-                if httpx.get(url + "/health", trust_env=False).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_healthy(proc, url, 60)
         info = httpx.get(url + "/get_server_info", trust_env=False).json()
         assert (info["speculative_algorithm"], info["max_running_requests"], info["port"]) == ("ngram", 2, port)
         assert info["kv_cache"]["num_slots"] == 2 and info["kv_cache"]["total_tokens"] == 2 * 4096

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +24,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout: float) -> None:
+    """Until a `specpilot serve` process answers /health (its stderr in the failure if it exits first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr else ""
+            raise AssertionError((err.decode() if isinstance(err, bytes) else err)[-2000:])
+        assert time.monotonic() < deadline, "specpilot serve did not come up"
+        try:
+            if httpx.get(url + "/health", trust_env=False).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
 
 
 class LiveServer:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from triton_interpret import interpreter_fixture, patch_bf16_dot
+from triton_interpret import interpreter_fixture, patch_dot
 
 from specpilot.kernels.skinny_gemm import (
     CANDIDATE_CONFIGS,
@@ -158,7 +158,7 @@ def _poison_allocations() -> None:
 
 def _triton_errors() -> dict[str, float]:
     """Runs in the interpreter subprocess: relative error of each case against float64."""
-    patch_bf16_dot()
+    patch_dot()
     _poison_allocations()
     errors = {}
     for case in TRITON_CASES:

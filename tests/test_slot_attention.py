@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from triton_interpret import interpreter_fixture, patch_bf16_dot
+from triton_interpret import interpreter_fixture, patch_dot
 
 from specpilot.kernels.slot_attention import slot_attention, slot_attention_reference
 
@@ -327,7 +327,7 @@ def _triton_errors() -> dict[str, float]:
     """Runs in the interpreter subprocess: max |triton - reference| over covered rows, per case."""
     from specpilot.kernels.slot_attention import slot_attention_triton
 
-    patch_bf16_dot()
+    patch_dot()
 
     errors = {}
     for case in TRITON_CASES + TREE_TRITON_CASES:

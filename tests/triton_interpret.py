@@ -42,9 +42,13 @@ def run_module(path: str, timeout: int = 600) -> Any:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def patch_bf16_dot() -> None:
-    """The interpreter keeps bf16 as raw uint16 bits, which np.matmul would multiply as integers: widen
-    bf16 dot operands to the float32 values they encode (exact), as the GPU's MMA consumes them."""
+def patch_dot() -> None:
+    """Make the interpreter's tl.dot compute what the GPU's MMA computes.
+    - bf16: the interpreter keeps bf16 as raw uint16 bits, which np.matmul would multiply as integers. The
+      operands are widened to the float32 values they encode (exact), as the MMA consumes them.
+    - Row by row: an MMA row's result never depends on the rows beside it. np.matmul's does: OpenBLAS
+      takes another kernel, and another summation order, for one row than for many on some CPUs. So each
+      row is its own product."""
     import numpy as np
     import triton.language as tl
     from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
@@ -57,7 +61,13 @@ def patch_bf16_dot() -> None:
         return TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
 
     def create_dot(self, a, b, d, *args):
-        return original(self, as_float32(a), as_float32(b), d, *args)
+        a, b = as_float32(a), as_float32(b)
+        if a.data.ndim != 2 or a.data.shape[0] == 1:
+            return original(self, a, b, d, *args)
+        rows = [original(self, TensorHandle(a.data[i : i + 1], a.dtype.scalar), b,
+                         TensorHandle(d.data[i : i + 1], d.dtype.scalar), *args).data
+                for i in range(a.data.shape[0])]
+        return TensorHandle(np.concatenate(rows), d.dtype.scalar)
 
     InterpreterBuilder.create_dot = create_dot
 

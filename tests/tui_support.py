@@ -11,8 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
-from test_server_support import free_port
+from test_server_support import free_port, wait_healthy
 from tiny_models import make_tiny_model_dir
 
 OPTIMIZE_FLAGS = ["--device", "cpu", "--speculative-algorithm", "ngram", "--dataset", "math", "--num-prompts", "1",
@@ -53,15 +52,7 @@ def serve(model: Path) -> Iterator[str]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "specpilot serve did not come up"
-            try:
-                if httpx.get(url + "/health", trust_env=False).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_healthy(proc, url, 90)
         yield url
     finally:
         proc.send_signal(signal.SIGTERM)
