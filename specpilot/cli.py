@@ -8,17 +8,22 @@ import logging
 import pathlib
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from specpilot.drafters import ALGORITHMS
-from specpilot.engine.config import EngineConfig
 from specpilot.optimizer.significance import min_pairs
 from specpilot.optimizer.verdicts import REPEATS
 from specpilot.tui import launch as tui_launch
+
+if TYPE_CHECKING:
+    from specpilot.engine.config import EngineConfig
 
 DEFAULT_PROMPT = "Write a haiku about the sea."
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
+    from specpilot.drafters import ALGORITHMS
+    from specpilot.engine.config import EngineConfig
+
     g = p.add_argument_group("model and engine")
     g.add_argument("--model-path", default=None,
                    help="GGUF file or Hugging Face directory (config.json + safetensors); default: the embedded "
@@ -105,6 +110,8 @@ _positive_int, _nonneg_int, _at_least_two = _int_at_least(1), _int_at_least(0), 
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from specpilot.drafters import ALGORITHMS
+
     parser = argparse.ArgumentParser(prog="specpilot", description="Lossless speculative decoding serving stack.")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text from the shell",
@@ -419,7 +426,7 @@ def engine_config_from_args(args: argparse.Namespace, max_running_requests: int 
     tunables: a flag given, else the --profile's value, else the registry's default for the device."""
     from dataclasses import replace
 
-    from specpilot.engine.config import resolve_device
+    from specpilot.engine.config import EngineConfig, resolve_device
     from specpilot.engine.registry import (
         TUNABLES,
         Profile,
@@ -445,6 +452,7 @@ def engine_config_from_args(args: argparse.Namespace, max_running_requests: int 
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from specpilot.engine.config import EngineConfig
     from specpilot.server.context import ServerArgs
     from specpilot.server.launch import serve
 
@@ -628,6 +636,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["tui"]:  # the app starts without building the other commands' parsers (they import torch)
+        return tui_launch.main(argv[1:], prog="specpilot tui")
     parser = build_parser()
     args = parser.parse_args(argv)
     # one-shot generation prints only its text; the long-running commands say what they are doing

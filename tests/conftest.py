@@ -12,6 +12,19 @@ def tiny_dir(tmp_path_factory):
     return make_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
+@pytest.fixture(scope="session")
+def hf_smollm():
+    """transformers' own load of the embedded GGUF (it dequantizes and un-permutes itself), in float32: the
+    reference the engine's and the loader's tests compare with, loaded once (it takes half a minute)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specpilot.models.checkpoint import embedded_default_path
+
+    path = embedded_default_path()
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+
+
 # The terminal app's tests (tests/test_tui*.py): made once per session, only where asked for.
 @pytest.fixture(scope="session")
 def tui_model(tmp_path_factory):

@@ -53,7 +53,11 @@ def _tree_with_path() -> tuple[list[int], list[int]]:
 
 
 def attention_report(device: str, dtype: torch.dtype, ctx: int = 330, kv_heads: int = 2, group: int = 3,
-                     head_dim: int = 64) -> dict[str, int]:
+                     head_dim: int = 64, crowd: int | None = None) -> dict[str, int]:
+    """`crowd`: how many other verifies (and twice as many decodes each side) share the large batches; on CUDA
+    (the default there) enough that one program folds every split; the interpreter's programs take one path
+    whatever their number, so a few do there."""
+    crowd = crowd if crowd is not None else (23 if torch.device(device).type == "cuda" else 3)
     g = torch.Generator().manual_seed(0)
 
     def randn(*shape: int) -> torch.Tensor:
@@ -77,17 +81,19 @@ def attention_report(device: str, dtype: torch.dtype, ctx: int = 330, kv_heads: 
                     [39, *new_pos, *range(295, 300)])
     report["chain verify in a batch"] = _differing(mixed[1 : 1 + NEW], decode)
 
-    # Large batches (on CUDA enough programs that one program folds every split): the chain verify beside 23
-    # other verifies, and one of its tokens decoded beside 80 other decodes.
-    many_q = torch.cat([q_new, randn(23 * NEW, heads, head_dim)])
-    many = _attend(many_q, k, v, [0, *[2, 3] * 11, 2], list(range(0, 24 * NEW, NEW)), [NEW] * 24,
-                   [length, *range(100, 100 + 23 * 9, 9)], [*new_pos, *(p for n in range(23) for p in
-                                                                         range(100 + 9 * n - NEW, 100 + 9 * n))])
+    # Large batches: the chain verify beside `crowd` other verifies, and one of its tokens decoded between
+    # 2 x `crowd` other decodes on each side.
+    many_q = torch.cat([q_new, randn(crowd * NEW, heads, head_dim)])
+    many = _attend(many_q, k, v, [0, *([2, 3] * crowd)[:crowd]], list(range(0, (crowd + 1) * NEW, NEW)),
+                   [NEW] * (crowd + 1), [length, *range(100, 100 + crowd * 9, 9)],
+                   [*new_pos, *(p for n in range(crowd) for p in range(100 + 9 * n - NEW, 100 + 9 * n))])
     report["chain verify in a large batch"] = _differing(many[:NEW], decode)
-    crowd_q = torch.cat([randn(40, heads, head_dim), q_new[5:6], randn(40, heads, head_dim)])
-    crowd = _attend(crowd_q, k, v, [2] * 40 + [0] + [3] * 40, list(range(81)), [1] * 81,
-                    [*range(20, 60), ctx + 6, *range(200, 240)], [*range(19, 59), ctx + 5, *range(199, 239)])
-    report["decode in a large batch"] = _differing(crowd[40], decode[5])
+    side = 2 * crowd
+    crowd_q = torch.cat([randn(side, heads, head_dim), q_new[5:6], randn(side, heads, head_dim)])
+    beside = _attend(crowd_q, k, v, [2] * side + [0] + [3] * side, list(range(2 * side + 1)), [1] * (2 * side + 1),
+                     [*range(20, 20 + side), ctx + 6, *range(200, 200 + side)],
+                     [*range(19, 19 + side), ctx + 5, *range(199, 199 + side)])
+    report["decode in a large batch"] = _differing(beside[side], decode[5])
 
     # The whole prompt in one pass (the single-program form of the splits).
     prompt_q = torch.cat([randn(ctx, heads, head_dim), q_new])

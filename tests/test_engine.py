@@ -99,15 +99,9 @@ def test_stop_token_and_min_new_tokens(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def smollm():
-    from transformers import AutoModelForCausalLM
-
-    from specpilot.models.checkpoint import embedded_default_path
-
-    path = embedded_default_path()
-    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+def smollm(hf_smollm):
     engine = Engine(load_checkpoint(None), EngineConfig(device="cpu", max_running_requests=8, context_length=512))
-    return hf, engine
+    return hf_smollm, engine
 
 
 SMOL_PROMPTS = [
@@ -115,10 +109,7 @@ SMOL_PROMPTS = [
     "What is the capital of France?",
     "Explain recursion to a child.",
     "def fibonacci(n):",
-    "List three primary colors.",
-    "Translate 'good morning' into Spanish.",
     "Why is the sky blue?",
-    "Give me a short recipe for pancakes.",
 ]
 
 

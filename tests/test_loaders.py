@@ -91,12 +91,9 @@ def test_embedded_state_dict_keys_and_shapes(smollm: Checkpoint) -> None:
     assert all(v.dtype == torch.float32 for v in smollm.state_dict.values())
 
 
-def test_embedded_weights_match_transformers_gguf_loader(smollm: Checkpoint) -> None:
+def test_embedded_weights_match_transformers_gguf_loader(smollm: Checkpoint, hf_smollm) -> None:
     # transformers dequantizes and un-permutes q/k itself; identical tensors prove our unpermute.
-    path = embedded_default_path()
-    reference = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).state_dict()
+    reference = hf_smollm.state_dict()
     for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"):
         assert not torch.equal(smollm.state_dict[name], _llama_cpp_layout(reference[name], name)), "permute is a no-op?"
     for name, tensor in smollm.state_dict.items():

@@ -1,20 +1,21 @@
 """The terminal app through Textual's Pilot, against a memory a real `specpilot optimize` run wrote and a
 real `specpilot serve` on loopback: every screen and action, a round started, paused, resumed and stopped
-from the app and outliving it, paging and filtering, export, compare, the palette, help, themes, and errors
-as notifications."""
+from the app and outliving the app's kill -9, paging and filtering, export, compare, the palette, help,
+themes, and errors as notifications."""
 
 from __future__ import annotations
 
 import html
 import json
 import re
+import signal
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
 from textual.widgets import DataTable, Input, Select, Tree
-from tui_support import OPTIMIZE_FLAGS, copy_db, until
+from tui_support import app_started_round, copy_db, until
 
 from specpilot.tui.app import SpecPilotApp
 from specpilot.tui.data import MemoryReader
@@ -71,27 +72,19 @@ async def test_rounds_screen_shows_the_recorded_round(tui_db):
         assert not errors(app)
 
 
-async def test_a_round_started_from_the_app_outlives_it_pauses_resumes_and_stops_cleanly(tui_db, tmp_path):
+async def test_a_round_started_from_the_app_outlives_its_kill_pauses_resumes_and_stops_cleanly(tui_db, tmp_path):
     db = copy_db(tui_db, tmp_path / "m.db")
     model = Path(MemoryReader(db).deployments()[0]["target"])
     app = SpecPilotApp(db, server=CLOSED)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=SIZE) as pilot:  # the dialog starts from the selected deployment's flags
         await until(pilot, lambda: app.screen.query_one("#deployment", Select).value == 1, what="the deployment")
         await pilot.press("s")
-        dialog = app.screen
-        assert isinstance(dialog, StartDialog)
-        assert dialog.query_one("#f-model_path", Input).value == str(model)
-        dialog.query_one("#f-rounds", Input).value = "2"
-        dialog.query_one("#f-agents", Input).value = "1"
-        dialog.query_one("#f-max_new_tokens", Input).value = "8"
-        dialog.query_one("#f-extra", Input).value = "--dataset math --num-prompts 1 --repeats 5"
-        await pilot.click("#start")
-        await until(pilot, lambda: app.runs.state().state == "running" and
-                    MemoryReader(db).last_event("optimizer started")["id"] > 0 and
-                    app.runs.state().pid == json.loads(MemoryReader(db).last_event("optimizer started")["detail"])["pid"]
-                    and len(MemoryReader(db).rounds()) == 2, timeout=90, what="the new round")
-        pid = app.runs.state().pid
-    # the app is closed: the round goes on
+        assert isinstance(app.screen, StartDialog)
+        assert app.screen.query_one("#f-model_path", Input).value == str(model)
+    process, pid = app_started_round(db)  # the same dialog, in an app of its own process
+    process.send_signal(signal.SIGKILL)
+    process.wait(10)
+    # the app was killed: the round goes on
     assert _proc_state(pid) not in (None, "T")
     app = SpecPilotApp(db, server=CLOSED)
     async with app.run_test(size=SIZE) as pilot:
@@ -239,16 +232,18 @@ def test_stream_chunks_carry_token_origins_and_texts_without_changing_tokens(tui
     origins = plain["meta_info"]["token_origins"]
     assert len(origins) == len(plain["output_ids"]) and origins[0] == "target"
     assert set(origins) <= {"target", "draft", "bonus", "ngram"} and "bonus" in origins
-    last = None
+    last, streamed, texts = None, [], []
     with httpx.stream("POST", tui_server + "/generate", json=body | {"stream": True}, timeout=60,
                       trust_env=False) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
                 last = json.loads(line[6:])
                 meta = last["meta_info"]
-                assert len(meta["token_origins"]) == len(meta["token_texts"]) == len(last["output_ids"])
+                streamed += meta["new_token_origins"]  # each chunk describes its new ids only
+                texts += meta["new_token_texts"]
+                assert len(streamed) == len(texts) == len(last["output_ids"])
     assert last["output_ids"] == plain["output_ids"]  # the same tokens, streamed or not
-    assert last["meta_info"]["token_origins"] == origins
+    assert streamed == origins == last["meta_info"]["token_origins"]
 
 
 async def test_palette_help_theme_and_errors_as_notifications(tmp_path):

@@ -1,8 +1,10 @@
 """Shared by the terminal app's tests (no tests here): a memory database made by a real `specpilot optimize`
-run on the tiny model, a real `specpilot serve` on loopback, and a helper that waits on the app."""
+run on the tiny model, a real `specpilot serve` on loopback, the app in a process of its own, and a helper
+that waits on the app."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import subprocess
@@ -69,3 +71,41 @@ async def until(pilot, predicate: Callable[[], bool], timeout: float = 20.0, wha
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what or predicate}"
         await pilot.pause(0.05)
+
+
+APP_STARTS_A_ROUND = '''
+import asyncio, json, sys
+from textual.widgets import Input, Select
+from tui_support import until
+from specpilot.tui.app import SpecPilotApp
+from specpilot.tui.data import MemoryReader
+
+db = sys.argv[1]
+
+async def drive(pilot):
+    app = pilot.app
+    await until(pilot, lambda: app.screen.query_one("#deployment", Select).value == 1, what="the deployment")
+    await pilot.press("s")
+    for field, value in (("rounds", "2"), ("agents", "1"), ("max_new_tokens", "8"),
+                         ("extra", "--dataset math --num-prompts 1 --repeats 5")):
+        app.screen.query_one(f"#f-{field}", Input).value = value
+    await pilot.click("#start")
+    def started():
+        event = MemoryReader(db).last_event("optimizer started")
+        return (event is not None and app.runs.state().state == "running" and len(MemoryReader(db).rounds()) == 2
+                and app.runs.state().pid == json.loads(event["detail"])["pid"])
+    await until(pilot, started, timeout=90, what="the new round")
+    print(app.runs.state().pid, flush=True)
+    await asyncio.sleep(3600)  # until killed
+
+SpecPilotApp(db, server="http://127.0.0.1:9").run(headless=True, size=(160, 48), auto_pilot=drive)
+'''
+
+
+def app_started_round(db: Path) -> tuple[subprocess.Popen[str], int]:
+    """The app in a process of its own (headless), which starts a 2-round optimize on `db`; it and the round's pid."""
+    app = subprocess.Popen([sys.executable, "-c", APP_STARTS_A_ROUND, str(db)], stdout=subprocess.PIPE, text=True,
+                           cwd=Path(__file__).parent, env=os.environ | {"PYTHONPATH": str(Path(__file__).parent)})
+    line = app.stdout.readline()
+    assert line.strip().isdigit(), f"the app did not start a round (exit {app.poll()})"
+    return app, int(line)

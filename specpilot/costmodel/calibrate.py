@@ -1,8 +1,10 @@
 """The device's ceilings, measured: copy and read bandwidth, matmul rate (a large GEMM and a decode-shaped
-one), the cost of one kernel launch and of one CUDA graph replay. Each is a median of a few timed runs."""
+one), the cost of one kernel launch and of one CUDA graph replay. Each is a median of a few timed runs, measured
+once per process and device."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -41,6 +43,27 @@ def _median_seconds(fn: Callable[[], object], device: torch.device, repeats: int
     return statistics.median(times)
 
 
+# One square product may take this long before the GEMM's size is halved: CPUs without a fast kernel for a
+# dtype (bf16 on many) take seconds for the 1024 x 1024 one, and the rate there hardly depends on the size.
+GEMM_PROBE_S = 0.25
+GEMM_MIN_N = 128
+
+
+def _square_gemm(n: int, dtype: torch.dtype, device: torch.device) -> tuple[int, float]:
+    """(n, seconds per n x n product), n halved from the given one while a single product is slow."""
+    while True:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        start = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if time.perf_counter() - start <= GEMM_PROBE_S or n <= GEMM_MIN_N:
+            return n, _median_seconds(lambda: a @ b, device, inner=3)
+        n //= 2
+
+
+@functools.cache
 def calibrate(device: torch.device, dtype: torch.dtype, size_mib: int | None = None) -> Ceilings:
     """Measures in a few seconds; `size_mib` is each buffer (default 1024 on CUDA, 128 on CPU, past the
     caches either way)."""
@@ -49,10 +72,7 @@ def calibrate(device: torch.device, dtype: torch.dtype, size_mib: int | None = N
     dst = torch.empty_like(src)
     copy = _median_seconds(lambda: dst.copy_(src), device)
     read = _median_seconds(lambda: src.sum(), device)
-    n = 4096 if device.type == "cuda" else 1024
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    gemm = _median_seconds(lambda: a @ b, device, inner=3)
+    n, gemm = _square_gemm(4096 if device.type == "cuda" else 1024, dtype, device)
     k = 4096 if device.type == "cuda" else 2048
     w = torch.randn(4 * k, k, device=device).to(dtype)
     x = torch.randn(1, k, device=device).to(dtype)

@@ -46,12 +46,14 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
 
 
 async def _generate_events(follower: Follower, batch: bool) -> AsyncIterator[dict[str, Any]]:
-    """SGLang streams the cumulative text of an item in each chunk; a batch tags chunks with `index`."""
+    """SGLang streams the cumulative text and ids of an item in each chunk; a batch tags chunks with `index`.
+    Each chunk's meta_info also says how its new ids came and their texts: those ids only, so a long stream
+    does not resend what it said (the last chunk's token_origins, like a plain response's, lists all)."""
     async with follower:
         async for changed in follower.changes():
             for out in changed:
                 result = _result(out, batch)
-                result["meta_info"]["token_texts"] = out.token_texts()
+                result["meta_info"] |= out.new_tokens()
                 yield result
 
 

@@ -35,7 +35,7 @@ class Output:
         self.index = index  # position in the submission (the choice index in OpenAI responses)
         self.ids: list[int] = []
         self.origins: list[str] = []  # how each id came (Request.token_origins)
-        self._texts: list[str] = []  # each id decoded on its own, as far as token_texts() got
+        self._described = 0  # ids whose origin and text a streamed chunk already carried
         self.req: Request | None = None
         # a partial text may not show a tail that could still grow into a stop string (trimmed later)
         self._holdback = max((len(s) for s in item.params.stop), default=1) - 1
@@ -61,12 +61,15 @@ class Output:
         text = self.ctx.tokenizer.decode(self.ids, skip_special_tokens=True).rstrip("\ufffd")
         return text[: max(len(text) - self._holdback, 0)]
 
-    def token_texts(self) -> list[str]:
-        """Each id's own text (a streamed chunk's metadata, so a client can show tokens apart); a piece of a
-        multi-byte character decodes as U+FFFD."""
-        if self.ctx.tokenizer is not None:
-            self._texts += [self.ctx.tokenizer.decode([i]) for i in self.ids[len(self._texts):]]
-        return list(self._texts)
+    def new_tokens(self) -> dict[str, list[str]]:
+        """How each id since the last call came and its own text (a streamed chunk's metadata, so a client can
+        show tokens apart without each chunk resending the whole list); a piece of a multi-byte character
+        decodes as U+FFFD."""
+        fresh = self.ids[self._described:]
+        texts = [self.ctx.tokenizer.decode([i]) for i in fresh] if self.ctx.tokenizer is not None else []
+        origins = self.origins[self._described:len(self.ids)]
+        self._described = len(self.ids)
+        return {"new_token_origins": origins, "new_token_texts": texts}
 
     def delta(self) -> str:
         """Text not yet returned by delta() (OpenAI streaming)."""
@@ -80,7 +83,7 @@ class Output:
         if self.req is not None:
             return self.req.meta_info()
         return {"id": self.item.rid, "finish_reason": None, "prompt_tokens": len(self.item.prompt_ids),
-                "completion_tokens": len(self.ids), "token_origins": list(self.origins)}
+                "completion_tokens": len(self.ids)}
 
     @property
     def finish_reason(self) -> str | None:

@@ -67,11 +67,14 @@ class ServerClient:
             if response.status_code != 200:
                 response.read()
                 raise RuntimeError(f"/generate answered {response.status_code}: {response.text[:200]}")
+            origins: list[str] = []  # each chunk says only how its new ids came: gathered here
+            texts: list[str] = []
             for line in response.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 data = json.loads(line[len("data: "):])
                 meta = data.get("meta_info") or {}
-                yield Chunk(list(data.get("output_ids") or []), list(meta.get("token_origins") or []),
-                            list(meta.get("token_texts") or []), data.get("text", ""),
+                origins += meta.get("new_token_origins") or []
+                texts += meta.get("new_token_texts") or []
+                yield Chunk(list(data.get("output_ids") or []), list(origins), list(texts), data.get("text", ""),
                             meta.get("finish_reason") is not None)

@@ -1,5 +1,5 @@
-"""The app's command line, shared by `specpilot tui` and `python -m specpilot.tui`. The second starts in
-under a second: it skips the main CLI, whose other subcommands import torch while their parser is built."""
+"""The app's command line, shared by `specpilot tui` and `python -m specpilot.tui`. Both start without
+building the main CLI's other parsers, which import torch."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specpilot.tui", description=DESCRIPTION)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m specpilot.tui") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
     add_arguments(parser)
     return run(parser.parse_args(argv))
 
