@@ -82,6 +82,7 @@ def test_optimize_records_everything_and_a_second_deployment_starts_from_memory(
     assert round_["status"] == "finished" and round_["candidates"] == 2
     report = memory.round_report(round_["id"])
     assert len(report["gaps"]) == 4 and all(c["accepted"] is not None for c in report["candidates"])
+    assert "Best so far:" in (tmp_path / "a" / f"round-{round_['id']}" / "report.md").read_text()
     # the result is a --profile file
     assert main(["generate", "--model-path", str(tiny_dir), "--device", "cpu", "--speculative-algorithm", "ngram",
                  "--profile", str(tmp_path / "a" / "profile.json"), "--max-new-tokens", "2", "--prompt", "w1 w2"]) == 0
@@ -144,3 +145,50 @@ def test_kill_9_mid_round_leaves_a_clean_database_and_resume_goes_on(tiny_dir, t
     assert memory.rounds()[0]["status"] == "incomplete" and memory.rounds()[-1]["status"] == "finished"
     later = [json.loads(c["params"]) for c in memory.round_report(memory.rounds()[-1]["id"])["candidates"]]
     assert later and not [p for p in later if p in judged]  # nothing judged before is judged again
+
+
+def _ranked(profile: dict, median: float, cid: int) -> dict:
+    return {"candidate": cid, "agent": "search-0", "profile": profile, "patch": None, "accepted": True,
+            "speedup": {"median": median, "min": median, "max": median, "lower": median, "p": 0.016, "pairs": 6}}
+
+
+def test_a_later_profile_takes_the_lead_only_by_beating_the_best_head_to_head(tmp_path, monkeypatch):
+    """Ratios to stock measured apart do not rank two profiles: the round's top meets the best so far in the
+    evaluator (scripted here: the evaluator itself has its own tests), counted as one of the loop's evaluations,
+    recorded, and read back on --resume."""
+    import io
+
+    from rich.console import Console
+
+    from specpilot.optimizer import loop as loop_module
+    from specpilot.optimizer import report
+
+    first, better, worse = ({"mechanisms": None, "tunables": {"ngram-assist": n}} for n in (2, 3, 1))
+    faced = []
+
+    def scripted(settings, candidate, workdir, against=None):
+        faced.append((candidate.profile, against))
+        wins = candidate.profile == better
+        s = 1.015 if wins else 0.99
+        return {"accepted": wins, "reason": None if wins else "not shown faster than stock",
+                "speedup": {"median": s, "min": s, "max": s, "lower": s, "p": 0.016 if wins else 0.5, "pairs": 6}}
+
+    monkeypatch.setattr(loop_module, "evaluate", scripted)
+    settings = loop_module.Settings(EngineConfig(device="cpu", speculative_algorithm="ngram"), db=str(tmp_path / "m.db"))
+    loop = loop_module._Loop(settings, Console(file=io.StringIO()))
+    round_id = loop.memory.start_round(loop.dep)
+    top = _ranked(first, 1.42, 1)
+    assert loop.adopts(round_id, top, loop_module.STOCK, None, 1.0, tmp_path) is None and top["adopted"]
+    top = _ranked(better, 1.37, 2)  # slower by its ratio to stock, faster head to head
+    challenge = loop.adopts(round_id, top, first, None, 1.42, tmp_path)
+    assert top["adopted"] and challenge["accepted"] and challenge["against"] == first
+    top = _ranked(worse, 1.50, 3)  # faster by its ratio to stock, not head to head
+    assert not loop.adopts(round_id, top, better, None, 1.37, tmp_path)["accepted"] and not top["adopted"]
+    assert faced == [(better, first), (worse, better)] and loop.evaluations == 2
+    shown = report.markdown({"round": 2, "gaps": [], "results": [], "challenge": challenge, "best": better,
+                             "best_speedup_over_stock": 1.37}, None)
+    assert "Challenge: candidate 2 against the best so far" in shown and "takes the lead" in shown
+    kinds = [r["kind"] for r in loop.memory.db.query("SELECT kind FROM events WHERE kind = 'challenge'")]
+    assert kinds == ["challenge", "challenge"]
+    loop.memory.event("best so far", {"profile": better, "patch": None, "speedup_over_stock": 1.37}, round_id)
+    assert loop_module._best_so_far(loop.memory, loop.dep) == (better, None, 1.37)

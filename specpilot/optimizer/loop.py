@@ -54,6 +54,9 @@ class Settings:
     baseline: bool = False  # also evaluate as many random profiles as the loop evaluated (best-of-N)
 
 
+STOCK: dict[str, Any] = {"mechanisms": "stock", "tunables": {}}  # the registry's stock profile (never mutated)
+
+
 @dataclass
 class Candidate:
     agent: str  # "search-<i>", "llm:<model>", "integration", "baseline"
@@ -94,13 +97,17 @@ def _valid(config: EngineConfig, device: str, profile: dict[str, Any]) -> bool:
         return False
 
 
-def evaluate(settings: Settings, candidate: Candidate, workdir: Path) -> dict[str, Any]:
+def evaluate(settings: Settings, candidate: Candidate, workdir: Path, against: dict[str, Any] | None = None
+             ) -> dict[str, Any]:
     """One candidate through the sealed evaluator, a process of the installed package that imports nothing
-    from its work directory; the memory's files are guarded (a candidate that writes them is rejected)."""
+    from its work directory; the memory's files are guarded (a candidate that writes them is rejected). It is
+    timed against stock, or head to head against the profile `against`."""
+    opponent = {} if against is None else {"stock": against}
     request = Request(config=settings.config.to_fields(), candidate=candidate.profile, dataset=settings.dataset,
                       num_prompts=settings.num_prompts, max_new_tokens=settings.max_new_tokens,
                       repeats=settings.repeats, patch=candidate.patch,
-                      guarded=[str(Path(settings.db).resolve()), str(Path(settings.db).resolve()) + "-wal"])
+                      guarded=[str(Path(settings.db).resolve()), str(Path(settings.db).resolve()) + "-wal"],
+                      **opponent)
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "request.json"
     path.write_text(json.dumps(asdict(request)))
@@ -200,7 +207,7 @@ class _Loop:
         drafter = f"{cfg.speculative_algorithm}:{cfg.speculative_draft_model_path or 'default'}"
         dtype = str(resolve_dtype(cfg.dtype, torch_device)).removeprefix("torch.")
         self.dep = self.memory.deployment(cfg.model_path or "embedded", drafter, self.device, dtype, settings.load)
-        self.tried: list[dict[str, Any]] = [{"mechanisms": "stock", "tunables": {}}]
+        self.tried: list[dict[str, Any]] = [dict(STOCK)]
         self.patches: set[str] = set()
         if settings.resume:  # go on after the last finished candidate: nothing judged is judged again
             self.tried += _judged_profiles(self.memory, self.dep)
@@ -235,6 +242,42 @@ class _Loop:
         return {"candidate": cid, "agent": candidate.agent, "profile": candidate.profile, "patch": candidate.patch,
                 **verdict}
 
+    def head_to_head(self, round_id: int, result: dict[str, Any], against: dict[str, Any], work: Path,
+                     kind: str) -> dict[str, Any]:
+        """A judged profile against another instead of stock: where two profiles' ratios to stock, each
+        measured apart, are within the noise of each other, only their own interleaved pairs rank them. The
+        verdict is an event of `kind` ("challenge": the round's best against the best so far, part of the
+        loop's evaluations; "head-to-head": the loop's result against the baseline's, outside both)."""
+        verdict = evaluate(self.settings, Candidate(result["agent"], result["profile"]),
+                           work / f"{kind}-{result['candidate']}", against)
+        self.evaluations += kind == "challenge"
+        summary = {"candidate": result["candidate"], "profile": result["profile"], "against": against,
+                   "accepted": verdict["accepted"], "reason": verdict.get("reason"), "speedup": verdict.get("speedup")}
+        self.memory.event(kind, summary, round_id)
+        s = verdict.get("speedup") or {}
+        shown = f"{s['median']:.3f}x, >= {s['lower']:.3f}x at p = {s['p']:.3f}" if s else verdict.get("reason")
+        self.console.print(f"round {round_id}: {kind}: candidate {result['candidate']} against "
+                           f"{json.dumps(against)}: {'faster' if verdict['accepted'] else 'not shown faster'} ({shown})")
+        return summary
+
+    def adopts(self, round_id: int, top: dict[str, Any], best: dict[str, Any], best_patch: str | None,
+               best_speedup: float, work: Path) -> dict[str, Any] | None:
+        """Whether the round's top candidate becomes the best: the first one beats stock, which its acceptance
+        showed; a later profile must beat the best so far head to head (a patch, which the evaluator times only
+        against the installed package, by its ratio to stock). Returns the challenge, if any, else None; `top`
+        gets "adopted"."""
+        challenge = None
+        if top["profile"] == best and top.get("patch") == best_patch:
+            top["adopted"] = False
+        elif best == STOCK and best_patch is None:
+            top["adopted"] = True
+        elif top.get("patch") is None and best_patch is None:
+            challenge = self.head_to_head(round_id, top, best, work, "challenge")
+            top["adopted"] = challenge["accepted"]
+        else:
+            top["adopted"] = top["speedup"]["median"] > best_speedup
+        return challenge
+
 
 def optimize(settings: Settings, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
@@ -244,11 +287,11 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
     memory.event("optimizer started", {"pid": os.getpid(), "pgid": os.getpgrp(), "deployment": dep,
                                        "rounds": settings.rounds, "agents": settings.agents, "resume": settings.resume})
     _stop_on_sigterm(loop)
-    best: dict[str, Any] = {"mechanisms": "stock", "tunables": {}}
+    best: dict[str, Any] = STOCK
     best_patch: str | None = None
     best_speedup = 1.0
     if settings.resume:
-        best, best_speedup = _best_so_far(memory, dep) or (best, best_speedup)
+        best, best_patch, best_speedup = _best_so_far(memory, dep) or (best, best_patch, best_speedup)
     priors = _priors(memory, dep, loop.device)
     if priors:
         console.print(f"from memory: {len(priors)} profile(s) validated on other {loop.device} deployments are tried "
@@ -288,13 +331,16 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
         if combined is not None and (r := loop.judge(round_id, combined, work)):
             results.append(r)
             accepted += [r] if r["accepted"] else []
+        challenge = None
         if accepted:
             top = max(accepted, key=lambda r: r["speedup"]["median"])
-            # a candidate is measured against stock, so the best is the best ratio to stock seen so far
-            if top["speedup"]["median"] > best_speedup:
+            challenge = loop.adopts(round_id, top, best, best_patch, best_speedup, work)
+            if top["adopted"]:
                 best, best_patch, best_speedup = top["profile"], top.get("patch"), top["speedup"]["median"]
+        memory.event("best so far", {"profile": best, "patch": best_patch, "speedup_over_stock": best_speedup},
+                     round_id)
         memory.finish_round(round_id)
-        rounds.append({"round": round_id, "gaps": gaps, "results": results, "best": best,
+        rounds.append({"round": round_id, "gaps": gaps, "results": results, "challenge": challenge, "best": best,
                        "best_speedup_over_stock": best_speedup})
         gaps = _measure_gaps(settings, best)
         report.write(rounds[-1], gaps, work, f"specpilot optimize, deployment {dep}, round {round_id}")
@@ -302,7 +348,7 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
               "speedup_over_stock": best_speedup,
               "evaluations": loop.evaluations, "resumed_from_memory": bool(settings.resume)}
     if settings.baseline and not loop.stopping:
-        result["baseline"] = _baseline(loop, space, root)
+        result["baseline"] = _baseline(loop, space, root, best if best_patch is None else None)
     profile_path = root / "profile.json"
     profile_path.write_text(json.dumps(best, indent=2))
     result["profile_path"] = str(profile_path)
@@ -327,26 +373,47 @@ def _stop_on_sigterm(loop: _Loop) -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-def _baseline(loop: _Loop, space: dict[str, list[Any]], root: Path) -> dict[str, Any]:
-    """Best-of-N: as many random profiles as the loop judged, through the same evaluator, in a round of their own."""
+def _baseline(loop: _Loop, space: dict[str, list[Any]], root: Path, found: dict[str, Any] | None) -> dict[str, Any]:
+    """Best-of-N: as many random profiles as the loop judged, through the same evaluator, in a round of their own;
+    then the loop's profile (`found`, unless stock or a patch) against the baseline's best, head to head."""
     n = loop.evaluations
     round_id = loop.memory.start_round(loop.dep)
     work = root / f"baseline-{round_id}"
     results = [r for p in random_profiles(space, n, seed=round_id, tried=loop.tried)
                if (r := loop.judge(round_id, Candidate("baseline", p), work))]
-    loop.memory.finish_round(round_id)
     accepted = [r for r in results if r["accepted"]]
     top = max(accepted, key=lambda r: r["speedup"]["median"], default=None)
-    return {"round": round_id, "evaluations": len(results), "best": top["profile"] if top else None,
-            "best_speedup_over_stock": top["speedup"]["median"] if top else 1.0}
+    summary = {"round": round_id, "evaluations": len(results), "best": top["profile"] if top else None,
+               "best_speedup_over_stock": top["speedup"]["median"] if top else 1.0}
+    if top is not None and found not in (None, STOCK, top["profile"]):
+        mine = {"candidate": _candidate_of(loop.memory, loop.dep, found), "agent": "loop", "profile": found}
+        summary["head_to_head"] = loop.head_to_head(round_id, mine, top["profile"], work, "head-to-head")
+    loop.memory.finish_round(round_id)
+    return summary
 
 
-def _best_so_far(memory: Memory, dep: int) -> tuple[dict[str, Any], float] | None:
+def _best_so_far(memory: Memory, dep: int) -> tuple[dict[str, Any], str | None, float] | None:
+    """The best as the last finished round left it (a memory from before rounds recorded it: the accepted
+    profile with the best ratio to stock)."""
+    rows = list(memory.db.query(
+        "SELECT e.detail FROM events e JOIN rounds r ON r.id = e.round_id WHERE r.deployment_id = ? "
+        "AND e.kind = 'best so far' ORDER BY e.id DESC LIMIT 1", [dep]))
+    if rows:
+        detail = json.loads(rows[0]["detail"])
+        return detail["profile"], detail["patch"], detail["speedup_over_stock"]
     rows = list(memory.db.query(
         "SELECT c.params, v.speedup_median FROM candidates c JOIN validations v ON v.candidate_id = c.id "
         "JOIN rounds r ON r.id = c.round_id WHERE r.deployment_id = ? AND v.accepted = 1 AND c.patch IS NULL "
         "AND c.agent != 'baseline' ORDER BY v.speedup_median DESC LIMIT 1", [dep]))
-    return (json.loads(rows[0]["params"]), rows[0]["speedup_median"]) if rows else None
+    return (json.loads(rows[0]["params"]), None, rows[0]["speedup_median"]) if rows else None
+
+
+def _candidate_of(memory: Memory, dep: int, profile: dict[str, Any]) -> int | None:
+    """The loop's candidate that was this profile (its first judging)."""
+    rows = memory.db.query(
+        "SELECT c.id, c.params FROM candidates c JOIN rounds r ON r.id = c.round_id WHERE r.deployment_id = ? "
+        "AND c.patch IS NULL AND c.agent != 'baseline' ORDER BY c.id", [dep])
+    return next((r["id"] for r in rows if json.loads(r["params"]) == profile), None)
 
 
 def _judged_profiles(memory: Memory, dep: int) -> list[dict[str, Any]]:

@@ -43,8 +43,12 @@ def markdown(round_: dict[str, Any], gaps_after: list[dict[str, Any]] | None) ->
         verdict = "accepted" if r["accepted"] else f"rejected: {r.get('reason')}"
         lines.append(f"| {r['candidate']} | {r['agent']} | `{_what(r)}` | {verdict} | {_speedup(r)} |")
     accepted = [r for r in round_["results"] if r["accepted"]]
-    lines += ["", f"Accepted: {len(accepted)} of {len(round_['results'])}. Best so far: "
-              f"`{json.dumps(round_['best'])}`, {round_['best_speedup_over_stock']:.3f}× stock.", ""]
+    lines += ["", f"Accepted: {len(accepted)} of {len(round_['results'])}."]
+    if challenge := round_.get("challenge"):
+        outcome = "it takes the lead" if challenge["accepted"] else f"the best so far stays ({challenge['reason']})"
+        lines += ["", f"Challenge: candidate {challenge['candidate']} against the best so far "
+                  f"`{json.dumps(challenge['against'])}`, head to head: {_speedup(challenge)}; {outcome}."]
+    lines += ["", f"Best so far: `{json.dumps(round_['best'])}`, {round_['best_speedup_over_stock']:.3f}× stock.", ""]
     return "\n".join(lines)
 
 
