@@ -28,10 +28,10 @@ install:
 	@$(PIP) --no-deps pytest-textual-snapshot syrupy
 	@echo "installed into $$($(PYTHON) -c 'import sys; print(sys.prefix)')"
 
-# The main job: the HTTP server on the embedded default model with its shipped DFlash drafter at
-# http://127.0.0.1:30000. The speculative settings are the device's defaults (docs/RESULTS.md).
+# The main job: the HTTP server on the embedded default model at http://127.0.0.1:30000, speculating with its
+# shipped DFlash drafter in the profile validated for the device (specpilot/profiles/, docs/RESULTS.md).
 serve: install
-	$(PYTHON) -m specpilot serve --speculative-algorithm dflash
+	$(PYTHON) -m specpilot serve
 
 generate: install
 	$(PYTHON) -m specpilot generate --chat --prompt "$(PROMPT)"

@@ -56,7 +56,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                         "matches AR only up to float rounding, and forcing is statistical)")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--speculative-algorithm", default=None, type=str.lower, choices=["none", *ALGORITHMS],
-                   help="drafter; default none (plain AR decoding)")
+                   help="drafter; default: serve and generate on the embedded model: dflash (its shipped "
+                        "drafter), else none (plain AR decoding)")
     s.add_argument("--speculative-draft-model-path", default=None,
                    help="DFlash checkpoint directory or PARD model directory; DFlash on the embedded model: "
                         "the shipped drafter")
@@ -77,8 +78,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--mechanisms", default=None, metavar="LIST",
                    help="comma-separated mechanisms of the speculative step, or 'stock' for none (default: every "
                         "one that applies)")
-    r.add_argument("--profile", default=None, metavar="FILE",
-                   help='JSON {"mechanisms": [...] or "stock", "tunables": {name: value}}; the flags given win')
+    r.add_argument("--profile", default=None, metavar="FILE|NAME",
+                   help='JSON {"mechanisms": [...] or "stock", "tunables": {name: value}}, or a shipped profile '
+                        "by name (embedded-cuda, ...: the default of the embedded model's DFlash drafter); the "
+                        "flags given win")
 
 
 def _sampling_args(p: argparse.ArgumentParser, with_length: bool = True) -> None:
@@ -421,28 +424,39 @@ def _algorithm(args: argparse.Namespace) -> str | None:
     return None if args.speculative_algorithm in (None, "none") else args.speculative_algorithm
 
 
-def engine_config_from_args(args: argparse.Namespace, max_running_requests: int | None = None) -> EngineConfig:
+def engine_config_from_args(args: argparse.Namespace, max_running_requests: int | None = None,
+                            speculate: bool = False, shipped: bool = True) -> EngineConfig:
     """`max_running_requests`: the command's own default, where --max-running-requests is not given. The
-    tunables: a flag given, else the --profile's value, else the registry's default for the device."""
+    tunables: a flag given, else the --profile's value, else the registry's default for the device. On the
+    embedded model, `speculate` makes DFlash (its shipped drafter) the default algorithm, and with `shipped`
+    DFlash there takes the package's profile for the device unless --profile names another."""
     from dataclasses import replace
 
     from specpilot.engine.config import EngineConfig, resolve_device
     from specpilot.engine.registry import (
         TUNABLES,
         Profile,
+        embedded_profile,
         open_defaults,
         parse_mechanisms,
     )
 
-    algorithm = _algorithm(args)
+    device = resolve_device(args.device).type
+    embedded = args.model_path is None and args.speculative_draft_model_path is None
+    algorithm = "dflash" if speculate and embedded and args.speculative_algorithm is None else _algorithm(args)
+    profile = args.profile
+    if profile is None and shipped and embedded and algorithm == "dflash":
+        profile = embedded_profile(device)
+        if profile is not None:
+            logging.getLogger("specpilot").info("speed settings: the shipped profile %s", profile)
     config = EngineConfig(model_path=args.model_path, device=args.device, dtype=args.dtype,
                           context_length=args.context_length, max_total_tokens=args.max_total_tokens,
                           max_running_requests=max_running_requests, speculative_algorithm=algorithm,
                           speculative_draft_model_path=args.speculative_draft_model_path,
                           batch_invariant=args.batch_invariant,
-                          **open_defaults(resolve_device(args.device).type, algorithm))
-    if args.profile is not None:
-        config = Profile.load(args.profile).apply(config)
+                          **open_defaults(device, algorithm))
+    if profile is not None:
+        config = Profile.load(profile).apply(config)
     given = {t.field: getattr(args, t.field) for t in TUNABLES if getattr(args, t.field) is not None}
     if "cuda_graph_batch_sizes" in given:
         given["cuda_graph_batch_sizes"] = tuple(given["cuda_graph_batch_sizes"])
@@ -462,7 +476,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         except (OSError, ValueError, TypeError) as err:
             raise SystemExit(f"specpilot serve: --engine-config {args.engine_config}: {err}") from err
     else:
-        config = engine_config_from_args(args)
+        config = engine_config_from_args(args, speculate=True)
     return serve(config,
                  ServerArgs(host=args.host, port=args.port, max_queued_requests=args.max_queued_requests,
                             served_model_name=args.served_model_name,
@@ -537,7 +551,8 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     if args.repeats < min_pairs():
         raise ValueError(f"--repeats: {args.repeats} pairs can never show a speedup at p <= 0.05; give at least "
                          f"{min_pairs()}")
-    config = engine_config_from_args(args, max_running_requests=1)
+    # the search starts from stock, with the device's defaults as a prior, not from a shipped profile
+    config = engine_config_from_args(args, max_running_requests=1, shipped=False)
     if not config.speculative_algorithm:
         raise ValueError("--speculative-algorithm: optimize tunes a speculative deployment; name its drafter")
     config, prior = plain_stock(config, {t.field for t in TUNABLES if getattr(args, t.field, None) is not None})
@@ -622,7 +637,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from specpilot.models.prompts import encode_prompt
 
     params = sampling_params_from_args(args)
-    engine = Engine.from_config(engine_config_from_args(args, max_running_requests=1))
+    engine = Engine.from_config(engine_config_from_args(args, max_running_requests=1, speculate=True))
     if engine.tokenizer is None:
         raise ValueError(f"--model-path {args.model_path}: the checkpoint has no tokenizer files")
     ids = encode_prompt(engine.tokenizer, args.prompt, args.chat)

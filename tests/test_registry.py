@@ -27,6 +27,7 @@ from specpilot.engine.registry import (
     in_effect,
     parse_mechanisms,
     resolve_mechanisms,
+    shipped_profiles,
 )
 
 ALL = frozenset(m.name for m in MECHANISMS)
@@ -258,3 +259,30 @@ def test_server_info_reports_the_speed_settings(stock_server):
     assert (speed["tunables"]["block-size"], speed["tunables"]["kv-splits"]) == (4, 2)
     assert speed["tunables"]["max-running-requests"] == 2
     assert speed == in_effect(stock_server.ctx.engine.config, stock_server.ctx.engine.mechanisms)
+
+
+def test_shipped_profiles_by_name_and_the_embedded_models_default(monkeypatch, tmp_path):
+    from specpilot.engine import registry
+
+    assert "embedded-cuda" in shipped_profiles()
+    assert Profile.load("embedded-cuda").tunables == {"tree-topk": 4, "ngram-assist": 3}
+    with pytest.raises(ValueError, match=r"--profile embedded-tpu: no such file, nor a shipped profile \(embedded-cuda"):
+        Profile.load("embedded-tpu")
+    monkeypatch.setattr(registry, "embedded_profile", lambda device: "embedded-cuda")  # as a GPU would have it
+
+    def config(command: str, *argv: str, **kw) -> EngineConfig:
+        return engine_config_from_args(build_parser().parse_args([command, "--device", "cpu", *argv]), 1, **kw)
+
+    # serve and generate on the embedded model: its DFlash drafter, in the shipped profile; flags win over it
+    default = config("generate", speculate=True)
+    assert default.speculative_algorithm == "dflash"
+    assert (default.speculative_eagle_topk, default.speculative_ngram_assist) == (4, 3)
+    assert config("serve", "--speculative-ngram-assist", "1", speculate=True).speculative_ngram_assist == 1
+    assert config("generate", "--speculative-algorithm", "none", speculate=True).speculative_algorithm is None
+    other = write_profile(tmp_path, {"tunables": {"ngram-assist": 0}})
+    assert config("serve", "--profile", other, speculate=True).speculative_ngram_assist == 0
+    # another model, or a command that does not speculate by default: as asked
+    assert config("generate", "--model-path", str(tmp_path), speculate=True).speculative_algorithm is None
+    assert config("bench").speculative_algorithm is None
+    # optimize starts from the registry's defaults, not from a shipped profile
+    assert config("serve", "--speculative-algorithm", "dflash", shipped=False).speculative_ngram_assist == 2

@@ -23,6 +23,9 @@ from specpilot.engine.config import EngineConfig
 
 STAGES = ("propose", "plan", "verify", "accept", "commit", "prepare")
 STOCK = "stock"  # --mechanisms stock: none of them
+# Profiles validated for a deployment and shipped with the package (`--profile NAME`): embedded-<device>
+# is what the embedded model's DFlash drafter runs with unless --profile names another.
+SHIPPED_PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 
 
 @dataclass(frozen=True)
@@ -236,15 +239,22 @@ def _jsonable(value: Any) -> Any:
 @dataclass(frozen=True)
 class Profile:
     """A deployment's speed settings, from a JSON file: {"mechanisms": [names] or "stock", "tunables":
-    {name: value}}; either key may be left out."""
+    {name: value}}; either key may be left out, and "validated" may say how it was (for people)."""
 
     mechanisms: frozenset[str] | None
     tunables: dict[str, Any]
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
+        """From a file, or a shipped profile by its name."""
+        shipped = SHIPPED_PROFILES / f"{path}.json"
+        if not Path(path).is_file() and shipped.is_file():
+            path = shipped
         try:
             raw = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            names = ", ".join(shipped_profiles())
+            raise ValueError(f"--profile {path}: no such file, nor a shipped profile ({names})") from None
         except (OSError, json.JSONDecodeError) as err:
             raise ValueError(f"--profile {path}: {err}") from None
         return cls.parse(raw, f"--profile {path}")
@@ -252,7 +262,7 @@ class Profile:
     @classmethod
     def parse(cls, raw: Any, source: str = "profile") -> Profile:
         """From the JSON value; errors name `source` (the flag and file, or the optimizer's candidate)."""
-        if not isinstance(raw, dict) or set(raw) - {"mechanisms", "tunables"} or \
+        if not isinstance(raw, dict) or set(raw) - {"mechanisms", "tunables", "validated"} or \
                 not isinstance(raw.get("tunables") or {}, dict):
             raise ValueError(f"{source}: expected an object with keys mechanisms and tunables "
                              "(an object of name: value)")
@@ -279,6 +289,16 @@ class Profile:
         if self.mechanisms is not None:
             values["mechanisms"] = self.mechanisms
         return replace(config, **values)
+
+
+def shipped_profiles() -> list[str]:
+    return sorted(p.stem for p in SHIPPED_PROFILES.glob("*.json"))
+
+
+def embedded_profile(device: str) -> str | None:
+    """The shipped profile of the embedded model with its DFlash drafter on this device type, if one is."""
+    name = f"embedded-{device}"
+    return name if name in shipped_profiles() else None
 
 
 def in_effect(config: EngineConfig, mechanisms: Iterable[str]) -> dict[str, Any]:
