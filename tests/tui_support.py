@@ -89,7 +89,7 @@ async def drive(pilot):
     for field, value in (("rounds", "2"), ("agents", "1"), ("max_new_tokens", "8"),
                          ("extra", "--dataset math --num-prompts 1 --repeats 5")):
         app.screen.query_one(f"#f-{field}", Input).value = value
-    await pilot.click("#start")
+    await pilot.press("ctrl+s")  # the dialog's Start, from the keyboard
     def started():
         event = MemoryReader(db).last_event("optimizer started")
         return (event is not None and app.runs.state().state == "running" and len(MemoryReader(db).rounds()) == 2

@@ -379,8 +379,13 @@ def _baseline(loop: _Loop, space: dict[str, list[Any]], root: Path, found: dict[
     n = loop.evaluations
     round_id = loop.memory.start_round(loop.dep)
     work = root / f"baseline-{round_id}"
-    results = [r for p in random_profiles(space, n, seed=round_id, tried=loop.tried)
-               if (r := loop.judge(round_id, Candidate("baseline", p), work))]
+    results = []
+    for profile in random_profiles(space, n, seed=round_id, tried=loop.tried):
+        if loop.stopping:  # SIGTERM: the baseline stops after its candidate being judged, like a round
+            loop.memory.pause_round(round_id)
+            return {"round": round_id, "evaluations": len(results), "paused": True}
+        if r := loop.judge(round_id, Candidate("baseline", profile), work):
+            results.append(r)
     accepted = [r for r in results if r["accepted"]]
     top = max(accepted, key=lambda r: r["speedup"]["median"], default=None)
     summary = {"round": round_id, "evaluations": len(results), "best": top["profile"] if top else None,

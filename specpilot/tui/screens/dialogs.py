@@ -15,7 +15,7 @@ from specpilot.tui.runs import StartSpec
 class StartDialog(ModalScreen[StartSpec | None]):
     """The deployment's flags, filled in from memory, and the optimizer's; dismissed with the spec or None."""
 
-    BINDINGS = [("escape", "cancel", "Cancel")]
+    BINDINGS = [("escape", "cancel", "Cancel"), ("ctrl+s", "start", "Start")]  # Enter in a field starts too
     FIELDS = (("model_path", "model path (empty: embedded)"), ("algorithm", "speculative algorithm"),
               ("draft_path", "draft model path"), ("device", "device"), ("dtype", "dtype"),
               ("rounds", "rounds"), ("agents", "agents"), ("max_new_tokens", "max new tokens"),
@@ -41,7 +41,13 @@ class StartDialog(ModalScreen[StartSpec | None]):
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "cancel":
             self.dismiss(None)
-            return
+        else:
+            self.action_start()
+
+    def on_input_submitted(self) -> None:
+        self.action_start()
+
+    def action_start(self) -> None:
         values = {}
         for name, _ in self.FIELDS:
             raw = self.query_one(f"#f-{name}", Input).value.strip()
