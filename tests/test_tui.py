@@ -65,7 +65,8 @@ async def test_rounds_screen_shows_the_recorded_round(tui_db):
         assert "×" in row[4]
         agents = screen.query_one("#agents", DataTable)
         assert agents.get_row_at(0)[:3] == ["search-0", "done", "1"]
-        assert "1. verify" in shown(app) and "ms" in shown(app)
+        text = shown(app)  # the gaps as the speedup each costs, in their own units, before and after the round
+        assert "1. verify" in text and " ms · " in text and "τ " in text and "   after" in text
         assert "Round 1 (id 1): finished" in shown(app)
         assert "the optimizer is gone" in shown(app)  # its process has ended
         await pilot.press("left_square_bracket", "right_square_bracket")  # older / newer round: only one here

@@ -309,8 +309,7 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
         round_id = memory.start_round(dep)
         work = root / f"round-{round_id}"
         work.mkdir(parents=True, exist_ok=True)
-        memory.add_gaps(round_id, [{"name": g["name"], "measured_ms": g["measured"], "floor_ms": g["best"],
-                                    "lost_speedup": g["lost_speedup"]} for g in gaps])
+        memory.add_gaps(round_id, _gap_rows(gaps))
         briefs = [search.Brief(space, best, gaps, priors, loop.tried, settings.per_agent, seed=1000 * round_id + i,
                                index=i, agents=settings.agents) for i in range(settings.agents)]
         llm = None if settings.llm is None else llm_agent.LlmBrief(settings.llm, gaps, best, settings.llm_attempts,
@@ -343,6 +342,9 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
         rounds.append({"round": round_id, "gaps": gaps, "results": results, "challenge": challenge, "best": best,
                        "best_speedup_over_stock": best_speedup})
         gaps = _measure_gaps(settings, best)
+        # the next round stores them as its own; the last round's would be lost without this
+        memory.event("gaps after", {"gaps": [{"rank": i, **g} for i, g in enumerate(_gap_rows(gaps), start=1)]},
+                     round_id)
         report.write(rounds[-1], gaps, work, f"specpilot optimize, deployment {dep}, round {round_id}")
     result = {"deployment": dep, "rounds": rounds, "paused": loop.stopping, "profile": best,
               "speedup_over_stock": best_speedup,
@@ -356,6 +358,12 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
         (root / "accepted.patch").write_text(best_patch)
         result["patch_path"] = str(root / "accepted.patch")
     return result
+
+
+def _gap_rows(gaps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The cost model's ranked gaps as the memory's gaps rows (τ's measured and best sit in the ms columns)."""
+    return [{"name": g["name"], "measured_ms": g["measured"], "floor_ms": g["best"], "lost_speedup": g["lost_speedup"]}
+            for g in gaps]
 
 
 def _stop_on_sigterm(loop: _Loop) -> None:

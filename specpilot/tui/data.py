@@ -87,6 +87,12 @@ class MemoryReader:
     def gaps(self, round_id: int) -> list[dict[str, Any]]:
         return self.query("SELECT * FROM gaps WHERE round_id = ? ORDER BY rank", [round_id])
 
+    def gaps_after(self, round_id: int) -> list[dict[str, Any]]:
+        """The gaps the optimizer measured when the round ended (an event; none while it runs)."""
+        rows = self.query("SELECT detail FROM events WHERE round_id = ? AND kind = 'gaps after' ORDER BY id DESC "
+                          "LIMIT 1", [round_id])
+        return json.loads(rows[0]["detail"])["gaps"] if rows else []
+
     def events(self, round_id: int | None = None, after: int = 0) -> list[dict[str, Any]]:
         if round_id is None:
             return self.query("SELECT * FROM events WHERE id > ? ORDER BY id", [after])

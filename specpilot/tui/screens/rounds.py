@@ -122,11 +122,13 @@ class RoundsScreen(Screen):
             dep = view.deployments[-1]["id"]
         rounds = reader.rounds(dep) if dep is not None else []
         if rounds:
-            # the chosen round (the latest by default); its "after" gaps are the next round's "before"
+            # the chosen round (the latest by default) and the gaps measured after it (a memory from before
+            # they were recorded: the next round's)
             at = max(len(rounds) - 1 - self.back, 0)
             view.round = rounds[at]
             view.gaps_before = reader.gaps(view.round["id"])
-            view.gaps_after = reader.gaps(rounds[at + 1]["id"]) if at + 1 < len(rounds) else []
+            view.gaps_after = reader.gaps_after(view.round["id"]) or (
+                reader.gaps(rounds[at + 1]["id"]) if at + 1 < len(rounds) else [])
             view.candidates = reader.candidates_of_round(view.round["id"])
             if not view.log:  # a run started elsewhere: its log is not beside the database, its events are
                 view.log = [f"{e['created_utc']}  {e['kind']}  {e['detail'] or ''}"[:300]

@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-WIDTH = 28  # characters of the longest bar
+WIDTH = 18  # characters of the longest bar
 
 
 def _bar(value: float, top: float, style: str) -> Text:
@@ -18,27 +18,36 @@ def _bar(value: float, top: float, style: str) -> Text:
     return Text("█" * full + part.strip(), style=style)
 
 
+def _gap_text(gap: dict[str, Any]) -> str:
+    """What a gap measures, in its own unit (the acceptance gap's are tokens per step, stored in the ms
+    columns), and the speedup it costs."""
+    measured, best = gap["measured_ms"], gap["floor_ms"]
+    shown = (f"τ {measured:.2f}/{best:.0f}" if gap["name"].startswith("acceptance")
+             else f"+{measured - best:.3f} ms")
+    lost = gap.get("lost_speedup")
+    return shown + (f" · {lost:.2f}×" if lost is not None else "")
+
+
 class GapChart(Static):
-    """Each gap (measured minus floor, ms) at the start of a round and at the start of the next one."""
+    """Each gap at the start of a round and at the start of the next one, as a bar of the speedup it costs
+    (the cost model's ranking, comparable across stages), with what it measures in its own unit."""
 
     def show(self, before: list[dict[str, Any]], after: list[dict[str, Any]]) -> None:
         if not before:
             self.update(Text("no gaps measured yet", style="dim"))
             return
-        later = {g["name"]: g["measured_ms"] - g["floor_ms"] for g in after}
-        top = max([g["measured_ms"] - g["floor_ms"] for g in before] + list(later.values()) + [1e-9])
+        later = {g["name"]: g for g in after}
+        top = max([g["lost_speedup"] or 0.0 for g in [*before, *after]] + [1e-9])
         table = Table.grid(padding=(0, 1))
         table.add_column(no_wrap=True)
         table.add_column(no_wrap=True)
         table.add_column(no_wrap=True)
         for gap in before:
-            ms = gap["measured_ms"] - gap["floor_ms"]
-            lost = gap.get("lost_speedup")
-            label = Text(f"{gap['rank']}. {gap['name']}", style="bold")
-            table.add_row(label, _bar(ms, top, "red"),
-                          f"{ms:8.3f} ms" + (f"  −{lost:.2f}×" if lost else ""))
+            table.add_row(Text(f"{gap['rank']}. {gap['name']}", style="bold"),
+                          _bar(gap["lost_speedup"] or 0.0, top, "red"), _gap_text(gap))
             if gap["name"] in later:
-                table.add_row("   after", _bar(later[gap["name"]], top, "green"), f"{later[gap['name']]:8.3f} ms")
+                next_ = later[gap["name"]]
+                table.add_row("   after", _bar(next_["lost_speedup"] or 0.0, top, "green"), _gap_text(next_))
         self.update(table)
 
 
