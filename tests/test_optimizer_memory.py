@@ -52,6 +52,23 @@ def test_migrations_apply_once_and_a_newer_file_is_refused(tmp_path):
         Memory(path)
 
 
+def test_a_new_file_opened_by_two_processes_at_once_gets_its_schema_once(tmp_path, monkeypatch):
+    """The optimizer and a watcher (the app, a test polling for verdicts) may open a file that does not exist
+    yet at the same moment: the one that finds the migrations applied while it waited must go on."""
+    from specpilot.memory import store
+
+    path, real = tmp_path / "m.db", store.migrations
+
+    def another_process_migrates_first():
+        monkeypatch.setattr(store, "migrations", real)
+        Memory(path)
+        return real()
+
+    monkeypatch.setattr(store, "migrations", another_process_migrates_first)
+    memory = Memory(path)  # it read "nothing applied" before the other applied everything
+    assert [r["version"] for r in memory.db["schema_migrations"].rows] == [v for v, _ in real()]
+
+
 def test_rounds_candidates_and_verdicts_read_back(tmp_path):
     memory = Memory(tmp_path / "m.db")
     first, second, good = _round_with_results(memory)

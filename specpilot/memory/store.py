@@ -59,6 +59,9 @@ class Memory:
             if version in applied:
                 continue
             with self.transaction():  # a migration and its record commit together or not at all
+                # another process opening the same new file may have applied it while this one waited
+                if self.db.execute("SELECT 1 FROM schema_migrations WHERE version = ?", [version]).fetchone():
+                    continue
                 for statement in _statements(file.read_text()):
                     self.db.execute(statement)
                 self.db["schema_migrations"].insert({"version": version, "name": file.stem, "applied_utc": _now()})
