@@ -4,6 +4,8 @@
 # a later call on the same (still warm) machine goes on with RESUME=1; each call copies them to $OUT.
 #   ROUNDS (3) AGENTS (2) BASELINE (1: also the best-of-N random baseline) RESUME (0) BUDGET_S (540)
 #   TOKENS (128) PROMPTS (3)
+# Rounds and baseline in two calls: BASELINE=0 first, then ROUNDS=0 RESUME=1 BASELINE=1 (the baseline gets as
+# many evaluations as the loop spent in both).
 set -uo pipefail
 WORK=/tmp/specpilot-optimize
 mkdir -p "$WORK" "$OUT"

@@ -204,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "faster than stock; the memory (--db) records it all. Ends with a profile "
                                      "for --profile.")
     _dataset_args(opt, default_prompts=3, default_tokens=32)
-    opt.add_argument("--rounds", type=_positive_int, default=2)
+    opt.add_argument("--rounds", type=_nonneg_int, default=2,
+                     help="rounds to run (0: with --resume --baseline, only the baseline for the rounds in memory)")
     opt.add_argument("--agents", type=_positive_int, default=2, help="search agents per round, each a process")
     opt.add_argument("--proposals-per-agent", type=_positive_int, default=1,
                      help="candidates each agent proposes per round (the round's evaluation budget)")
@@ -548,6 +549,9 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
 
     endpoint = Endpoint.resolve(args.llm_base_url, args.llm_model)  # the key only from $SPECPILOT_LLM_API_KEY
 
+    if args.rounds == 0 and not (args.resume and args.baseline):
+        raise ValueError("--rounds 0 judges nothing: it needs --resume --baseline (the baseline for the rounds "
+                         "already in memory)")
     if args.repeats < min_pairs():
         raise ValueError(f"--repeats: {args.repeats} pairs can never show a speedup at p <= 0.05; give at least "
                          f"{min_pairs()}")

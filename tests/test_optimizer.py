@@ -106,6 +106,10 @@ def test_optimize_needs_a_drafter(tiny_dir, tmp_path, capsys):
         main(["optimize", "--model-path", str(tiny_dir), "--speculative-algorithm", "ngram", "--repeats", "4",
               "--db", str(tmp_path / "m.db")])
     assert "--repeats: 4 pairs can never show a speedup" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # no rounds and no baseline: nothing to judge
+        main(["optimize", "--model-path", str(tiny_dir), "--speculative-algorithm", "ngram", "--rounds", "0",
+              "--db", str(tmp_path / "m.db")])
+    assert "--rounds 0 judges nothing: it needs --resume --baseline" in capsys.readouterr().err
     assert not (tmp_path / "m.db").exists()
 
 
@@ -192,3 +196,7 @@ def test_a_later_profile_takes_the_lead_only_by_beating_the_best_head_to_head(tm
     assert kinds == ["challenge", "challenge"]
     loop.memory.event("best so far", {"profile": better, "patch": None, "speedup_over_stock": 1.37}, round_id)
     assert loop_module._best_so_far(loop.memory, loop.dep) == (better, None, 1.37)
+    # what a resumed run's baseline is given: every judged loop candidate and challenge, not the baseline's own
+    for agent in ("search-0", "baseline"):
+        loop.memory.validate(loop.memory.add_candidate(round_id, agent, params=first), False, "slower")
+    assert loop_module._loop_evaluations(loop.memory, loop.dep) == 3

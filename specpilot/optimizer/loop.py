@@ -209,6 +209,9 @@ class _Loop:
         self.dep = self.memory.deployment(cfg.model_path or "embedded", drafter, self.device, dtype, settings.load)
         self.tried: list[dict[str, Any]] = [dict(STOCK)]
         self.patches: set[str] = set()
+        # the loop's evaluations of this deployment in earlier calls: with --resume they are part of the budget
+        # the baseline is given
+        self.earlier = _loop_evaluations(self.memory, self.dep) if settings.resume else 0
         if settings.resume:  # go on after the last finished candidate: nothing judged is judged again
             self.tried += _judged_profiles(self.memory, self.dep)
             self.patches |= _judged_patches(self.memory, self.dep)
@@ -302,7 +305,7 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
     root = Path(settings.out)
     root.mkdir(parents=True, exist_ok=True)
     rounds: list[dict[str, Any]] = []
-    gaps = _measure_gaps(settings, best)
+    gaps = _measure_gaps(settings, best) if settings.rounds else []
     for _ in range(settings.rounds):
         if loop.stopping:
             break
@@ -382,9 +385,10 @@ def _stop_on_sigterm(loop: _Loop) -> None:
 
 
 def _baseline(loop: _Loop, space: dict[str, list[Any]], root: Path, found: dict[str, Any] | None) -> dict[str, Any]:
-    """Best-of-N: as many random profiles as the loop judged, through the same evaluator, in a round of their own;
-    then the loop's profile (`found`, unless stock or a patch) against the baseline's best, head to head."""
-    n = loop.evaluations
+    """Best-of-N: as many random profiles as the loop judged (in this call, and with --resume in the earlier ones),
+    through the same evaluator, in a round of their own; then the loop's profile (`found`, unless stock or a
+    patch) against the baseline's best, head to head."""
+    n = loop.evaluations + loop.earlier
     round_id = loop.memory.start_round(loop.dep)
     work = root / f"baseline-{round_id}"
     results = []
@@ -427,6 +431,17 @@ def _candidate_of(memory: Memory, dep: int, profile: dict[str, Any]) -> int | No
         "SELECT c.id, c.params FROM candidates c JOIN rounds r ON r.id = c.round_id WHERE r.deployment_id = ? "
         "AND c.patch IS NULL AND c.agent != 'baseline' ORDER BY c.id", [dep])
     return next((r["id"] for r in rows if json.loads(r["params"]) == profile), None)
+
+
+def _loop_evaluations(memory: Memory, dep: int) -> int:
+    """The evaluator calls the loop spent on this deployment: its judged candidates and its challenges."""
+    judged = memory.db.execute(
+        "SELECT COUNT(*) FROM candidates c JOIN validations v ON v.candidate_id = c.id JOIN rounds r "
+        "ON r.id = c.round_id WHERE r.deployment_id = ? AND c.agent != 'baseline'", [dep]).fetchone()[0]
+    challenges = memory.db.execute(
+        "SELECT COUNT(*) FROM events e JOIN rounds r ON r.id = e.round_id WHERE r.deployment_id = ? "
+        "AND e.kind = 'challenge'", [dep]).fetchone()[0]
+    return judged + challenges
 
 
 def _judged_profiles(memory: Memory, dep: int) -> list[dict[str, Any]]:
