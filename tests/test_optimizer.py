@@ -79,7 +79,8 @@ def test_optimize_records_everything_and_a_second_deployment_starts_from_memory(
     assert "candidate 1 from search-0" in capsys.readouterr().out
     memory = Memory(db)
     [round_] = memory.rounds()
-    assert round_["status"] == "finished" and round_["candidates"] == 2
+    # one candidate per agent, and an integration where both were accepted (timing noise can do that here)
+    assert round_["status"] == "finished" and round_["candidates"] in (2, 3)
     report = memory.round_report(round_["id"])
     assert len(report["gaps"]) == 4 and all(c["accepted"] is not None for c in report["candidates"])
     assert "Best so far:" in (tmp_path / "a" / f"round-{round_['id']}" / "report.md").read_text()
