@@ -12,17 +12,31 @@ def tiny_dir(tmp_path_factory):
     return make_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
+@pytest.fixture(scope="module")
+def spelled_dir(tmp_path_factory):
+    """The tiny Llama with a tokenizer that spells text out: its answers depend on the prompt."""
+    return make_tiny_model_dir(tmp_path_factory.mktemp("spelled"), spelled=True)
+
+
 @pytest.fixture(scope="session")
 def hf_smollm():
     """transformers' own load of the embedded GGUF (it dequantizes and un-permutes itself), in float32: the
     reference the engine's and the loader's tests compare with, loaded once (it takes half a minute)."""
+    import functools
+
+    import gguf
     import torch
     from transformers import AutoModelForCausalLM
 
     from specpilot.models.checkpoint import embedded_default_path
 
     path = embedded_default_path()
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    # transformers parses the file twice (config, then tensors) and builds gguf's name map once per tensor:
+    # two thirds of its load time. Both are read-only, so the same ones serve every call.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", functools.cache(gguf.GGUFReader))
+        patch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+        return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
 
 
 # The terminal app's tests (tests/test_tui*.py): made once per session, only where asked for.

@@ -79,9 +79,8 @@ def test_llm_agent_asks_again_with_the_error_until_its_patch_applies(tmp_path):
     assert llm_agent.extract_patch(f"try this:\n{block}", {}) == CLEAN
 
 
-def _tiny_request(tiny_dir: Path | None, patch: str, **changes) -> Request:
-    """On the tiny model (None: the embedded one, whose answers depend on the prompt: the tiny one's do not)."""
-    config = EngineConfig(model_path=None if tiny_dir is None else str(tiny_dir), device="cpu",
+def _tiny_request(tiny_dir: Path, patch: str, **changes) -> Request:
+    config = EngineConfig(model_path=str(tiny_dir), device="cpu",
                           max_running_requests=1, speculative_algorithm="ngram", cuda_graphs=False)
     return Request(**{"config": config.to_fields(), "candidate": {"mechanisms": None, "tunables": {"block-size": 4}},
                       "dataset": "math", "num_prompts": 2, "max_new_tokens": 12, "repeats": 2, "patch": patch}
@@ -126,7 +125,7 @@ def write_into(path: Path) -> str:
 
 @pytest.mark.parametrize("name", ["skip verification", "replay", "fast path when timed", "write the memory",
                                   "touch the judge"])
-def test_planted_patches_are_rejected_with_the_reason(tiny_dir, tmp_path, name):
+def test_planted_patches_are_rejected_with_the_reason(tiny_dir, spelled_dir, tmp_path, name):
     guarded = tmp_path / "memory.db"
     guarded.write_text("the memory")
     patch, reason = {
@@ -137,7 +136,7 @@ def test_planted_patches_are_rejected_with_the_reason(tiny_dir, tmp_path, name):
         "touch the judge": (patch_of("forcing/forcing.py", ("from __future__", "from  __future__")),
                             "invalid candidate: the patch touches the judge"),
     }[name]
-    model = None if name == "replay" else tiny_dir  # a replayed answer is only wrong where answers differ
+    model = spelled_dir if name == "replay" else tiny_dir  # a replayed answer is only wrong where answers differ
     verdict = evaluate(_tiny_request(model, patch, guarded=[str(guarded)]))
     assert not verdict.accepted and reason in verdict.reason, verdict.reason
 

@@ -148,14 +148,26 @@ CHAT_TEMPLATE = ("{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}"
                  "{% if add_generation_prompt %}w5{% endif %}")
 
 
-def make_tiny_model_dir(path: pathlib.Path) -> pathlib.Path:
-    """Random tiny Llama plus a word-level tokenizer ("w0".."w319", eos w2) with a Jinja chat template."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def make_tiny_model_dir(path: pathlib.Path, spelled: bool = False) -> pathlib.Path:
+    """Random tiny Llama plus a word-level tokenizer ("w0".."w319", eos w2) with a Jinja chat template.
+
+    Every English word is "w0" to that tokenizer, so all prompts of a dataset look alike and get one answer.
+    `spelled`: ids 6..99 are instead the printable characters (but space), which text is spelled out in, so each prompt
+    gets its own answer."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     tiny_hf_model("llama").save_pretrained(path)
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(320)}, unk_token="w0"))
+    vocab = {f"w{i}": i for i in range(320)}
+    if spelled:
+        for code in range(33, 127):
+            del vocab[f"w{code - 27}"]
+            vocab[chr(code)] = code - 27
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if spelled:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                     pre_tokenizers.Split(Regex("w[0-9]+|."), "isolated")])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w2")
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(path)

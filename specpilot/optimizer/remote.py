@@ -82,23 +82,29 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited with {self.proc.returncode}: {self.tail()}")
             try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2.0).status_code == 200:
+                if self.http().get("/health", timeout=2.0).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
-            time.sleep(0.5)
+            time.sleep(0.2)
         self.close()
         raise TimeoutError(f"the server did not answer /health within {timeout_s:.0f} s: {self.tail()}")
+
+    def http(self) -> httpx.Client:
+        """One client for every request: none is timed with a new connection's set-up, and a client's making
+        (its TLS context, even for plain HTTP) is not paid at each poll of /health."""
+        if self.client is None:
+            self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=REQUEST_TIMEOUT_S,
+                                       trust_env=False)
+        return self.client
 
     def tail(self, chars: int = 1500) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.is_file() else ""
 
     def generate(self, input_ids: list[int], sampling: dict[str, Any]) -> tuple[list[int], float]:
         """One /generate of token ids: (output ids, seconds from sending it to the whole answer)."""
-        if self.client is None:  # one connection for every request: none is timed with a new one's set-up
-            self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=REQUEST_TIMEOUT_S)
         start = time.perf_counter()
-        response = self.client.post("/generate", json={"input_ids": input_ids, "sampling_params": sampling})
+        response = self.http().post("/generate", json={"input_ids": input_ids, "sampling_params": sampling})
         seconds = time.perf_counter() - start
         response.raise_for_status()
         return response.json()["output_ids"], seconds
