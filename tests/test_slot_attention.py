@@ -14,7 +14,7 @@ import pytest
 import torch
 from triton_interpret import interpreter_fixture, patch_dot
 
-from specpilot.kernels.slot_attention import slot_attention, slot_attention_reference
+from specpilot.kernels.slot_attention import TAIL_KEYS, slot_attention, slot_attention_reference, tree_tail_rows
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,28 @@ def test_reference_chain_tree_equals_causal() -> None:
     causal = call(slot_attention_reference, inp)
     tree = call(slot_attention_reference, inp, tree_mask=tree_mask)
     assert torch.equal(tree[owned], causal[owned])
+
+
+def test_tree_tail_rows_name_each_lane_s_cache_row() -> None:
+    """A node's tail is its last TAIL_KEYS keys in chain order: context keys at their own rows, then its
+    ancestors by depth (and itself) at ctx + their node index; lanes past its position read row 0."""
+    ctx = 100
+    parents = [-1, 0, 0, 1, 2, 3, 3, 5]  # node 0 = the newest token; children follow their parents
+    ancestry, depths = [], []
+    for node, parent in enumerate(parents):
+        ancestry.append([*(ancestry[parent] if parent >= 0 else []), node])
+        depths.append(len(ancestry[-1]) - 1)
+    bits = torch.tensor([sum(1 << a for a in line) for line in ancestry])
+    positions = torch.tensor([ctx + d for d in depths])
+    rows = tree_tail_rows(positions, bits)
+    assert rows.dtype == torch.int32 and rows.shape == (len(parents), TAIL_KEYS)
+    for node, line in enumerate(ancestry):
+        first = ctx + depths[node] + 1 - TAIL_KEYS
+        expected = list(range(first, ctx)) + [ctx + a for a in line]
+        assert rows[node].tolist() == expected, node
+    # a chain's rows are its own positions, and a short context pads its tail past the node with row 0
+    chain = tree_tail_rows(torch.tensor([3, 4, 5]), torch.tensor([1, 3, 7]))
+    assert chain[2].tolist() == [0, 1, 2, 3, 4, 5] + [0] * (TAIL_KEYS - 6)
 
 
 def test_reference_tree_row_without_keys_is_zero() -> None:

@@ -49,6 +49,7 @@ __all__ = [
     "slot_attention_invariant",
     "slot_attention_reference",
     "slot_attention_triton",
+    "tree_tail_rows",
 ]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -514,14 +515,14 @@ if HAS_TRITON:
 
     @triton.jit
     def _tail_partial(
-        q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, pos_ptr, tree_mask_ptr, q_start, ctx,
-        tok_lo, tok_hi, BLOCK_M: tl.constexpr, TAIL: tl.constexpr, HEAD_DIM: tl.constexpr, TREE: tl.constexpr,
+        q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, pos_ptr, tail_rows_ptr, q_start, tok_lo,
+        tok_hi, BLOCK_M: tl.constexpr, TAIL: tl.constexpr, HEAD_DIM: tl.constexpr, TREE: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
     ):
         """Each token's last TAIL keys as one tile (lane i = virtual key A + i), folded into its rows only.
 
-        A tree node's virtual keys at or past ctx are its ancestors by depth: the (v - ctx)-th set bit of its
-        visibility bits names the block row whose K/V stands at virtual position v.
+        A tree node's lanes read the cache rows of `tree_tail_rows` (its ancestors by depth), a chain's their
+        own positions.
         """
         dims = tl.arange(0, HEAD_DIM)
         lanes = tl.arange(0, TAIL)
@@ -530,20 +531,12 @@ if HAS_TRITON:
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         for t in range(tok_lo, tok_hi + 1):
             pos = tl.load(pos_ptr + q_start + t)
-            first = tl.maximum(pos + 1 - TAIL, 0)
-            virtual = first + lanes
+            virtual = tl.maximum(pos + 1 - TAIL, 0) + lanes
             lane_ok = virtual <= pos
-            phys = virtual
             if TREE:
-                bits = tl.load(tree_mask_ptr + q_start + t)
-                nodes = tl.arange(0, 64)
-                is_set = ((bits >> nodes.to(tl.int64)) & 1).to(tl.int32)
-                rank = tl.cumsum(is_set, 0) - is_set  # set bits below each node
-                depth = virtual - ctx
-                pick = (rank[None, :] == depth[:, None]) & (is_set[None, :] != 0)
-                node = tl.sum(tl.where(pick, nodes[None, :], 0), 1)
-                phys = tl.where(depth >= 0, ctx + node, virtual)
-            phys = tl.where(lane_ok, phys, 0)
+                phys = tl.load(tail_rows_ptr + (q_start + t).to(tl.int64) * TAIL + lanes)
+            else:
+                phys = tl.where(lane_ok, virtual, 0)
             k_tile = tl.load(k_base + phys[:, None].to(tl.int64) * stride_kn + dims[None, :], mask=lane_ok[:, None],
                              other=0.0)
             v_tile = tl.load(v_base + phys[:, None].to(tl.int64) * stride_vn + dims[None, :], mask=lane_ok[:, None],
@@ -575,8 +568,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _slot_attn_invariant_kernel(
-        q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, slot_ptr, q_start_ptr, q_len_ptr, kv_len_ptr,
-        pos_ptr, tree_mask_ptr, qk_scale, num_rows, stride_qt, stride_qh, stride_ks, stride_kn, stride_kh,
+        q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, slot_ptr, q_start_ptr, q_len_ptr, pos_ptr,
+        tail_rows_ptr, qk_scale, num_rows, stride_qt, stride_qh, stride_ks, stride_kn, stride_kh,
         stride_vs, stride_vn, stride_vh, stride_ot, stride_oh,
         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, TAIL: tl.constexpr, NUM_SPLITS: tl.constexpr,
@@ -595,7 +588,6 @@ if HAS_TRITON:
         if row_lo >= row_hi:
             return
         q_start = tl.load(q_start_ptr + req)
-        ctx = tl.load(kv_len_ptr + req) - q_len
         slot = tl.load(slot_ptr + req).to(tl.int64)
 
         rows = row_lo + tl.arange(0, BLOCK_M)
@@ -625,7 +617,7 @@ if HAS_TRITON:
                                         block_full, part * SPLIT, BLOCK_M, BLOCK_N, SPLIT, HEAD_DIM, DOT_PRECISION)
             else:
                 o, lse = _tail_partial(q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, pos_ptr,
-                                       tree_mask_ptr, q_start, ctx, tok_lo, tok_hi, BLOCK_M, TAIL, HEAD_DIM, TREE,
+                                       tail_rows_ptr, q_start, tok_lo, tok_hi, BLOCK_M, TAIL, HEAD_DIM, TREE,
                                        DOT_PRECISION)
             at = part * num_rows + flat
             tl.store(part_o_ptr + at[:, None] * HEAD_DIM + dims[None, :], o, mask=row_ok[:, None])
@@ -639,7 +631,7 @@ if HAS_TRITON:
                                         block_full, lo, BLOCK_M, BLOCK_N, SPLIT, HEAD_DIM, DOT_PRECISION)
                 m, denom, acc = _merge(m, denom, acc, lse, o)
             o, lse = _tail_partial(q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, pos_ptr,
-                                   tree_mask_ptr, q_start, ctx, tok_lo, tok_hi, BLOCK_M, TAIL, HEAD_DIM, TREE,
+                                   tail_rows_ptr, q_start, tok_lo, tok_hi, BLOCK_M, TAIL, HEAD_DIM, TREE,
                                    DOT_PRECISION)
             m, denom, acc = _merge(m, denom, acc, lse, o)
             out = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
@@ -822,6 +814,27 @@ def slot_attention_triton(
     return out
 
 
+def tree_tail_rows(positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+    """int32 [T, TAIL_KEYS]: the cache row each lane of a tree node's tail reads (0 past its own position).
+
+    Lane i stands for virtual key A + i; one at or past the node's context length ctx is its ancestor at depth
+    A + i - ctx, the (A + i - ctx)-th set bit of its visibility bits (a tree lists ancestors before children),
+    whose K/V sit at cache row ctx + that bit. A node at depth d sees d + 1 block rows, so ctx = position - d.
+    Made once per pass: every layer reads the same table.
+    """
+    nodes = torch.arange(MAX_TREE_Q_LEN, device=tree_mask.device)
+    visible = (tree_mask[:, None] >> nodes) & 1
+    rank = visible.cumsum(1) - visible  # visible rows below each node: its depth, where visible
+    by_depth = torch.zeros(tree_mask.shape[0], MAX_TREE_Q_LEN + 1, dtype=torch.long, device=tree_mask.device)
+    by_depth.scatter_(1, torch.where(visible.bool(), rank, MAX_TREE_Q_LEN), nodes.expand_as(visible))
+    positions = positions.long()
+    ctx = positions - visible.sum(1) + 1
+    virtual = (positions + 1 - TAIL_KEYS).clamp(min=0)[:, None] + torch.arange(TAIL_KEYS, device=tree_mask.device)
+    depth = virtual - ctx[:, None]
+    rows = torch.where(depth >= 0, ctx[:, None] + by_depth.gather(1, depth.clamp(0, MAX_TREE_Q_LEN - 1)), virtual)
+    return torch.where(virtual <= positions[:, None], rows, 0).to(torch.int32)
+
+
 def slot_attention_invariant(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -834,6 +847,7 @@ def slot_attention_invariant(
     scale: float,
     max_q_len: int | None = None,
     tree_mask: torch.Tensor | None = None,
+    tail_rows: torch.Tensor | None = None,
     *,
     block_m: int = INVARIANT_BLOCK_M,
     split_grid: bool | None = None,
@@ -845,6 +859,8 @@ def slot_attention_invariant(
     Passes of up to INVARIANT_SPLIT_GRID_MAX_Q queries per request over few requests spread the key splits over
     programs and merge them in a second kernel; the rest (prefill, large batches) merge in-program, in the same
     order and arithmetic (`_split_the_grid`).
+    A tree pass reads its nodes' tails from ``tail_rows`` (:func:`tree_tail_rows` of ``positions`` and
+    ``tree_mask``): a model passes the one table its layers share, else it is made here.
     ``block_m`` ((token, head) rows per program) and ``split_grid`` (which form) pin the launch for sweeps.
     """
     num_tokens, num_heads, head_dim = q.shape
@@ -854,6 +870,13 @@ def slot_attention_invariant(
                                       kv_lens, max_q_len, tree_mask)
     if out.numel() == 0 or max_q_len == 0:
         return out
+    if tree_mask is None:
+        tail_rows = None
+    elif tail_rows is None:
+        tail_rows = tree_tail_rows(positions, tree_mask)
+    elif tail_rows.shape != (num_tokens, TAIL_KEYS) or tail_rows.dtype != torch.int32 or not tail_rows.is_contiguous():
+        raise ValueError(f"tail_rows must be contiguous int32 [{num_tokens}, {TAIL_KEYS}], got {tail_rows.dtype} "
+                         f"{tuple(tail_rows.shape)}")
     batch = slot_ids.shape[0]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -869,12 +892,12 @@ def slot_attention_invariant(
         part_o = part_lse = out
     grid = (row_blocks, batch * num_kv_heads, num_splits + 1 if split_grid else 1)
     _slot_attn_invariant_kernel[grid](
-        q, k_cache, v_cache, out, part_o, part_lse, slot_ids, q_starts, q_lens, kv_lens, positions,
-        q_lens if tree_mask is None else tree_mask,  # a placeholder pointer without TREE
+        q, k_cache, v_cache, out, part_o, part_lse, slot_ids, q_starts, q_lens, positions,
+        q_lens if tail_rows is None else tail_rows,  # a placeholder pointer without TREE
         scale * math.log2(math.e), num_rows, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=INVARIANT_BLOCK_N,
-        SPLIT=SPLIT_KEYS, TAIL=TAIL_KEYS, NUM_SPLITS=num_splits, SPLIT_GRID=split_grid, TREE=tree_mask is not None,
+        SPLIT=SPLIT_KEYS, TAIL=TAIL_KEYS, NUM_SPLITS=num_splits, SPLIT_GRID=split_grid, TREE=tail_rows is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4, num_stages=2, enable_fp_fusion=False,
     )
@@ -903,19 +926,21 @@ def slot_attention(
     backend: str = "auto",
     tree_mask: torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
+    tail_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dispatch: ``"triton"``, ``"torch"``, or ``"auto"`` (triton for CUDA tensors when importable).
 
     ``tree_mask`` (int64 [T], q_lens <= 64) replaces ``causal`` with per-row draft-tree visibility bits.
     ``positions`` (causal or tree passes only) asks for the batch-invariant kernel on the Triton backend;
-    ``num_kv_splits`` is then unused (its splits are fixed by key position).
+    ``num_kv_splits`` is then unused (its splits are fixed by key position); ``tail_rows`` is that kernel's
+    tree table (:func:`tree_tail_rows`), made once per pass by the caller.
     """
     if pick_backend(backend, q) == "triton":
         if positions is not None:
             if not causal and tree_mask is None:
                 raise ValueError("the batch-invariant kernel takes causal or tree passes, not a non-causal block")
             return slot_attention_invariant(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, positions,
-                                            scale, max_q_len, tree_mask)
+                                            scale, max_q_len, tree_mask, tail_rows)
         return slot_attention_triton(
             q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, scale, causal, max_q_len, num_kv_splits,
             tree_mask=tree_mask,

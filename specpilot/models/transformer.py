@@ -7,11 +7,13 @@ which it takes from the ForwardBatch.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
 from specpilot.kernels.fused import rms_norm, rope_and_cache_write, silu_and_mul
-from specpilot.kernels.slot_attention import slot_attention
+from specpilot.kernels.slot_attention import slot_attention, tree_tail_rows
 from specpilot.models.config import ModelConfig
 from specpilot.models.linear import Linear, set_batch_invariant
 from specpilot.models.rope import RotaryTable
@@ -75,7 +77,7 @@ class Attention(nn.Module):
             q, cache.k[self.layer], cache.v[self.layer], batch.slot_ids, batch.q_starts, batch.q_lens,
             batch.kv_lens, scale=self.scale, causal=batch.causal, max_q_len=batch.max_q_len,
             num_kv_splits=batch.num_kv_splits, tree_mask=batch.tree_mask,
-            positions=batch.positions if invariant else None,
+            positions=batch.positions if invariant else None, tail_rows=batch.tail_rows,
         )
         return self.o_proj(o.reshape(T, self.q_size))
 
@@ -149,6 +151,8 @@ class Transformer(nn.Module):
             raise RuntimeError("call setup_rope(max_positions) before forward")
         if list(tap_layers) != sorted(set(tap_layers)):
             raise ValueError(f"tap_layers must be strictly increasing, got {tap_layers}")
+        if self.batch_invariant and batch.tree_mask is not None:  # inside a captured graph: remade every replay
+            batch = dataclasses.replace(batch, tail_rows=tree_tail_rows(batch.positions, batch.tree_mask))
         x, residual = self.embed(batch.input_ids), None
         taps: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
