@@ -52,12 +52,13 @@ def _tree_with_path() -> tuple[list[int], list[int]]:
     return bits, path
 
 
-def attention_report(device: str, dtype: torch.dtype, ctx: int = 330, kv_heads: int | None = None, group: int = 3,
+def attention_report(device: str, dtype: torch.dtype, ctx: int = 250, kv_heads: int | None = None, group: int = 3,
                      head_dim: int = 64, crowd: int | None = None) -> dict[str, int]:
     """`crowd`: how many other verifies (and twice as many decodes each side) share the large batches; on CUDA
     (the default there) enough that one program folds every split; the interpreter's programs take one path
     whatever their number, so a few do there. `kv_heads`: 2 on CUDA, 1 in the interpreter, whose time goes
-    by programs (its accuracy case in test_batch_invariance keeps two)."""
+    by programs (its accuracy case in test_batch_invariance keeps two). The default `ctx` puts the block's
+    keys across a key tile and a split boundary (a tree node's ancestor tiles then span two partials)."""
     on_cuda = torch.device(device).type == "cuda"
     crowd = crowd if crowd is not None else (23 if on_cuda else 3)
     kv_heads = kv_heads if kv_heads is not None else (2 if on_cuda else 1)
@@ -67,8 +68,8 @@ def attention_report(device: str, dtype: torch.dtype, ctx: int = 330, kv_heads: 
         return torch.randn(*shape, generator=g).to(dtype).to(device)
 
     heads, length = kv_heads * group, ctx + NEW
-    k = randn(4, length + 8, kv_heads, head_dim)
-    v = randn(4, length + 8, kv_heads, head_dim)
+    k = randn(4, max(length, 300) + 8, kv_heads, head_dim)
+    v = randn(4, max(length, 300) + 8, kv_heads, head_dim)
     q_new = randn(NEW, heads, head_dim)
     new_pos = list(range(ctx, length))
     report: dict[str, int] = {}

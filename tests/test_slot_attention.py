@@ -14,7 +14,13 @@ import pytest
 import torch
 from triton_interpret import interpreter_fixture, patch_dot
 
-from specpilot.kernels.slot_attention import TAIL_KEYS, slot_attention, slot_attention_reference, tree_tail_rows
+from specpilot.kernels.slot_attention import (
+    INVARIANT_BLOCK_N,
+    TREE_TABLE_KEYS,
+    slot_attention,
+    slot_attention_reference,
+    tree_tail_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -187,9 +193,9 @@ def test_reference_chain_tree_equals_causal() -> None:
 
 
 def test_tree_tail_rows_name_each_lane_s_cache_row() -> None:
-    """A node's tail is its last TAIL_KEYS keys in chain order: context keys at their own rows, then its
-    ancestors by depth (and itself) at ctx + their node index; lanes past its position read row 0."""
-    ctx = 100
+    """A node's table holds its keys in chain order from its context's last key tile on: context keys at their
+    own rows, then its ancestors by depth (and itself) at ctx + their node index; lanes past it read row 0."""
+    ctx = 190  # 62 keys into its key tile: deeper nodes reach the next one
     parents = [-1, 0, 0, 1, 2, 3, 3, 5]  # node 0 = the newest token; children follow their parents
     ancestry, depths = [], []
     for node, parent in enumerate(parents):
@@ -198,14 +204,14 @@ def test_tree_tail_rows_name_each_lane_s_cache_row() -> None:
     bits = torch.tensor([sum(1 << a for a in line) for line in ancestry])
     positions = torch.tensor([ctx + d for d in depths])
     rows = tree_tail_rows(positions, bits)
-    assert rows.dtype == torch.int32 and rows.shape == (len(parents), TAIL_KEYS)
+    assert rows.dtype == torch.int32 and rows.shape == (len(parents), TREE_TABLE_KEYS)
+    first = ctx // INVARIANT_BLOCK_N * INVARIANT_BLOCK_N
     for node, line in enumerate(ancestry):
-        first = ctx + depths[node] + 1 - TAIL_KEYS
         expected = list(range(first, ctx)) + [ctx + a for a in line]
-        assert rows[node].tolist() == expected, node
-    # a chain's rows are its own positions, and a short context pads its tail past the node with row 0
+        assert rows[node].tolist() == expected + [0] * (TREE_TABLE_KEYS - len(expected)), node
+    # a chain's rows are its own positions
     chain = tree_tail_rows(torch.tensor([3, 4, 5]), torch.tensor([1, 3, 7]))
-    assert chain[2].tolist() == [0, 1, 2, 3, 4, 5] + [0] * (TAIL_KEYS - 6)
+    assert chain[2].tolist() == [0, 1, 2, 3, 4, 5] + [0] * (TREE_TABLE_KEYS - 6)
 
 
 def test_reference_tree_row_without_keys_is_zero() -> None:

@@ -15,13 +15,15 @@ Two implementations share one contract:
   flash-decoding split over the key axis.
 * :func:`slot_attention_invariant` - the batch-invariant Triton kernel (the target's default on CUDA): a
   query's output is bitwise a function of its own keys, whatever the pass (prefill, decode, chain or tree
-  verify) and whatever requests share it. A query at position ``p`` reads its keys as one fixed sequence of
-  partials: context splits of ``SPLIT_KEYS`` keys at fixed absolute offsets over keys ``[0, A)``, then a tail
-  of its last ``TAIL_KEYS`` keys ``[A, p]`` (``A = max(p + 1 - TAIL_KEYS, 0)``), merged in that order. A tree
-  node's tail is laid out as the chain it stands for: lane ``i`` holds its ancestor at depth ``p - ctx -
-  (TAIL_KEYS - 1) + i``, read from that node's cache row, so it matches the decode of the same token. One tile
-  shape and launch config for every pass, and no FMA contraction, so the partial and merge arithmetic rounds the
-  same in the split-grid and single-program forms (docs/ARCHITECTURE.md, "Batch invariance").
+  verify) and whatever requests share it. A query at position ``p`` reads its keys ``[0, p]`` as one fixed
+  sequence: tiles of ``INVARIANT_BLOCK_N`` keys at absolute offsets, grouped into partials of ``SPLIT_KEYS`` keys
+  at absolute offsets, merged in key order; a tile past a row's position is masked out of it whole, which leaves
+  its running softmax bit for bit as it was, so a verify's rows may share tiles their later tokens need. A tree
+  node reads the tiles that hold its ancestors (those from its context length rounded down to a tile) through
+  ``tree_tail_rows``: lane ``i`` of such a tile is the key its chain would have there, so the node's tiles hold
+  what the decode of the same token reads. Tile heights 16 and 32 take the same MMA layout (one per row), and no
+  FMA contraction is allowed, so the split-grid and single-program forms round the same
+  (docs/ARCHITECTURE.md, "Batch invariance").
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ __all__ = [
     "HAS_TRITON",
     "INVARIANT_BLOCK_M",
     "SPLIT_KEYS",
-    "TAIL_KEYS",
+    "TREE_TABLE_KEYS",
     "kv_splits",
     "slot_attention",
     "slot_attention_invariant",
@@ -55,13 +57,13 @@ __all__ = [
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 MAX_TREE_Q_LEN = 64  # one int64 of visibility bits per query row
-# The batch-invariant kernel's fixed reduction structure (changing any of them changes rounding, never what
-# is computed): keys per context split, the tail window (>= the deepest tree node's ancestors and itself),
-# and its one tile shape.
+# The batch-invariant kernel's fixed reduction structure (changing either changes rounding, never what is
+# computed): keys per partial and per key tile, both at absolute offsets. Its row tiles are 16 or 32 high (the
+# same bits); a tree node's table spans the two key tiles its ancestors can reach.
 SPLIT_KEYS = 256
-TAIL_KEYS = MAX_TREE_Q_LEN
-INVARIANT_BLOCK_M = 16
 INVARIANT_BLOCK_N = 64
+INVARIANT_BLOCK_M = 16
+TREE_TABLE_KEYS = 2 * INVARIANT_BLOCK_N
 INVARIANT_SPLIT_GRID_MAX_Q = 64  # passes of at most this many queries per request spread splits over programs
 
 
@@ -474,14 +476,11 @@ if HAS_TRITON:
         NUM_SPLITS: tl.constexpr,
         ROW_SPLITS: tl.constexpr,
         SPLIT: tl.constexpr,
-        TAIL: tl.constexpr,
     ):
         # Program = (row block, request); a request's (token, head) rows are contiguous in the flat layout.
-        # Rows fold partials 0 .. n-1, then the last one (NUM_SPLITS - 1). Without ROW_SPLITS n = NUM_SPLITS - 1
-        # (every partial). With it (the invariant kernel) n is the row's own count of context splits (keys
-        # before its tail) and the last partial its tail: skipping a split without keys is exact, since
-        # merging (0, -inf) changes nothing, and the split's program, when no row of its block had keys there,
-        # stored nothing.
+        # Rows fold partials 0 .. n-1 in order: without ROW_SPLITS n = NUM_SPLITS (every partial); with it (the
+        # invariant kernel) n is the row's own count of key splits, those up to its position, each of which has
+        # keys (the split programs past a block's last key store nothing).
         req = tl.program_id(1)
         q_len = tl.load(q_len_ptr + req)
         row_lo = tl.program_id(0) * BLOCK_R
@@ -492,18 +491,15 @@ if HAS_TRITON:
         row_ok = rows < base + q_len * NUM_HEADS
         dims = tl.arange(0, HEAD_DIM)
         if ROW_SPLITS:
-            pos = tl.load(pos_ptr + rows // NUM_HEADS, mask=row_ok, other=0)
-            row_splits = tl.where(row_ok, tl.cdiv(tl.maximum(pos + 1 - TAIL, 0), SPLIT), 0)
+            pos = tl.load(pos_ptr + rows // NUM_HEADS, mask=row_ok, other=0).to(tl.int32)
+            row_splits = tl.where(row_ok, pos // SPLIT + 1, 0)
         else:
-            row_splits = tl.full([BLOCK_R], NUM_SPLITS - 1, dtype=tl.int32)
-        most = tl.max(row_splits, 0)
-
+            row_splits = tl.where(row_ok, NUM_SPLITS, 0)
         m = tl.full([BLOCK_R], -1.0e30, dtype=tl.float32)
         denom = tl.zeros([BLOCK_R], dtype=tl.float32)
         acc = tl.zeros([BLOCK_R, HEAD_DIM], dtype=tl.float32)
-        for s in range(0, most + 1):
-            part = tl.where(s == most, NUM_SPLITS - 1, s)
-            ok = row_ok & ((row_splits > s) | (row_splits * 0 + part == NUM_SPLITS - 1))  # vector form: interpreter
+        for part in range(0, tl.max(row_splits, 0)):
+            ok = row_splits > part
             lse = tl.load(part_lse_ptr + part * num_rows + rows, mask=ok, other=float("-inf"))
             o = tl.load(part_o_ptr + (part * num_rows + rows)[:, None] * HEAD_DIM + dims[None, :], mask=ok[:, None],
                         other=0.0)
@@ -514,70 +510,68 @@ if HAS_TRITON:
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
     @triton.jit
-    def _tail_partial(
-        q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, pos_ptr, tail_rows_ptr, q_start, tok_lo,
-        tok_hi, BLOCK_M: tl.constexpr, TAIL: tl.constexpr, HEAD_DIM: tl.constexpr, TREE: tl.constexpr,
+    def _gathered_tiles(
+        acc, l_i, m_i, q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, pos_ptr, table_ptr, q_start,
+        tok_lo, tok_hi, gather_lo, lo, hi, BLOCK_N: tl.constexpr, TABLE: tl.constexpr, HEAD_DIM: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
     ):
-        """Each token's last TAIL keys as one tile (lane i = virtual key A + i), folded into its rows only.
-
-        A tree node's lanes read the cache rows of `tree_tail_rows` (its ancestors by depth), a chain's their
-        own positions.
-        """
+        """A tree pass's key tiles in [max(lo, gather_lo), hi), token by token: lane i of a token's tile is its
+        virtual key start + i, read from the cache row `tree_tail_rows` names, and folded into its rows only."""
         dims = tl.arange(0, HEAD_DIM)
-        lanes = tl.arange(0, TAIL)
-        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        lanes = tl.arange(0, BLOCK_N)
+        first = tl.maximum(lo, gather_lo)
         for t in range(tok_lo, tok_hi + 1):
-            pos = tl.load(pos_ptr + q_start + t)
-            virtual = tl.maximum(pos + 1 - TAIL, 0) + lanes
-            lane_ok = virtual <= pos
-            if TREE:
-                phys = tl.load(tail_rows_ptr + (q_start + t).to(tl.int64) * TAIL + lanes)
-            else:
-                phys = tl.where(lane_ok, virtual, 0)
-            k_tile = tl.load(k_base + phys[:, None].to(tl.int64) * stride_kn + dims[None, :], mask=lane_ok[:, None],
-                             other=0.0)
-            v_tile = tl.load(v_base + phys[:, None].to(tl.int64) * stride_vn + dims[None, :], mask=lane_ok[:, None],
-                             other=0.0)
-            s = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION) * qk_scale
-            s = tl.where((tok == t)[:, None] & lane_ok[None, :], s, float("-inf"))
-            acc, l_i, m_i = _online_update(acc, l_i, m_i, s, v_tile, DOT_PRECISION)
-        return _partial(acc, l_i, m_i)
+            pos = tl.load(pos_ptr + q_start + t).to(tl.int32)
+            table = table_ptr + (q_start + t).to(tl.int64) * TABLE - gather_lo
+            for start in range(first, tl.minimum(hi, pos + 1), BLOCK_N):
+                virtual = start + lanes
+                lane_ok = virtual <= pos
+                phys = tl.load(table + virtual, mask=lane_ok, other=0).to(tl.int64)
+                k_tile = tl.load(k_base + phys[:, None] * stride_kn + dims[None, :], mask=lane_ok[:, None], other=0.0)
+                v_tile = tl.load(v_base + phys[:, None] * stride_vn + dims[None, :], mask=lane_ok[:, None], other=0.0)
+                s = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION) * qk_scale
+                s = tl.where((tok == t)[:, None] & lane_ok[None, :], s, float("-inf"))
+                acc, l_i, m_i = _online_update(acc, l_i, m_i, s, v_tile, DOT_PRECISION)
+        return acc, l_i, m_i
 
     @triton.jit
-    def _context_split(q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, ctx_end, block_end, block_full, lo,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr):
-        """The partial of context keys [lo, lo + SPLIT), each row's cut at its own ctx_end."""
+    def _split_partial(q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, key_end, block_end, block_full,
+                       lo, pos_ptr, table_ptr, q_start, tok_lo, tok_hi, gather_lo, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, TABLE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       TREE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+        """The partial of keys [lo, lo + SPLIT): the tiles every row reads from the cache as they lie, each row's
+        cut at its own key_end, then (TREE) the tiles from gather_lo on, read per token through its table."""
         hi = tl.minimum(lo + SPLIT, block_end)
         mid = lo + tl.maximum(tl.minimum(hi, block_full) - lo, 0) // BLOCK_N * BLOCK_N
         m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         acc, l_i, m_i = _attend_key_tiles(
-            acc, l_i, m_i, q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, ctx_end, ctx_end, 0, lo, mid,
+            acc, l_i, m_i, q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, key_end, key_end, 0, lo, mid,
             MASKED=False, TREE=False, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, DOT_PRECISION=DOT_PRECISION,
         )
         acc, l_i, m_i = _attend_key_tiles(
-            acc, l_i, m_i, q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, ctx_end, ctx_end, 0, mid, hi,
+            acc, l_i, m_i, q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, key_end, key_end, 0, mid, hi,
             MASKED=True, TREE=False, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, DOT_PRECISION=DOT_PRECISION,
         )
+        if TREE:
+            acc, l_i, m_i = _gathered_tiles(
+                acc, l_i, m_i, q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, pos_ptr, table_ptr,
+                q_start, tok_lo, tok_hi, gather_lo, lo, lo + SPLIT, BLOCK_N, TABLE, HEAD_DIM, DOT_PRECISION,
+            )
         return _partial(acc, l_i, m_i)
 
     @triton.jit
     def _slot_attn_invariant_kernel(
-        q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, slot_ptr, q_start_ptr, q_len_ptr, pos_ptr,
-        tail_rows_ptr, qk_scale, num_rows, stride_qt, stride_qh, stride_ks, stride_kn, stride_kh,
+        q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, slot_ptr, q_start_ptr, q_len_ptr, kv_len_ptr,
+        pos_ptr, table_ptr, qk_scale, num_rows, stride_qt, stride_qh, stride_ks, stride_kn, stride_kh,
         stride_vs, stride_vn, stride_vh, stride_ot, stride_oh,
         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, TAIL: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        SPLIT_GRID: tl.constexpr, TREE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, TABLE: tl.constexpr, SPLIT_GRID: tl.constexpr,
+        TREE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ):
-        # Program = (row block, request x kv head, part). With SPLIT_GRID, part < NUM_SPLITS is one context
-        # split and part == NUM_SPLITS the tail, each stored as a partial for the combine kernel; otherwise one
-        # program folds every partial in the same order itself.
+        # Program = (row block, request x kv head, split). With SPLIT_GRID, each program stores its split's
+        # partial for the combine kernel; otherwise one program folds the splits in the same order itself.
         row_block = tl.program_id(0)
         req = tl.program_id(1) // NUM_KV_HEADS
         kv_head = tl.program_id(1) % NUM_KV_HEADS
@@ -598,11 +592,18 @@ if HAS_TRITON:
         q_rows = (q_start + tok).to(tl.int64)
         q_tile = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
                          mask=row_ok[:, None], other=0.0)
-        # Each row's context keys end where its tail starts; context keys are never tree nodes (A <= ctx).
-        pos = tl.load(pos_ptr + q_rows, mask=row_ok, other=0)
-        ctx_end = tl.where(row_ok, tl.maximum(pos + 1 - TAIL, 0), 0).to(tl.int32)
-        block_end = tl.max(ctx_end, 0)
-        block_full = tl.min(tl.where(row_ok, ctx_end, block_end), 0)
+        keys = tl.where(row_ok, tl.load(pos_ptr + q_rows, mask=row_ok, other=0).to(tl.int32) + 1, 0)
+        keys_end = tl.max(keys, 0)  # the block's splits: those up to its last row's position
+        if TREE:
+            # Every node of a request shares its context; the tiles from the one holding its first block key
+            # on are read per token, those below it by all rows alike.
+            gather_lo = (tl.load(kv_len_ptr + req) - q_len) // BLOCK_N * BLOCK_N
+            key_end = tl.zeros([BLOCK_M], dtype=tl.int32) + gather_lo
+        else:
+            gather_lo = 0
+            key_end = keys
+        block_end = tl.max(key_end, 0)
+        block_full = tl.min(tl.where(row_ok, key_end, block_end), 0)
         tok_lo = row_lo // GROUP
         tok_hi = (tl.minimum(row_lo + BLOCK_M, row_hi) - 1) // GROUP
         k_base = k_ptr + slot * stride_ks + kv_head * stride_kh
@@ -610,30 +611,24 @@ if HAS_TRITON:
         flat = q_rows * (NUM_KV_HEADS * GROUP) + head
 
         if SPLIT_GRID:
-            if part < NUM_SPLITS:
-                if part * SPLIT >= block_end:  # no row of the block has keys here: the combine skips it
-                    return
-                o, lse = _context_split(q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, ctx_end, block_end,
-                                        block_full, part * SPLIT, BLOCK_M, BLOCK_N, SPLIT, HEAD_DIM, DOT_PRECISION)
-            else:
-                o, lse = _tail_partial(q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, pos_ptr,
-                                       tail_rows_ptr, q_start, tok_lo, tok_hi, BLOCK_M, TAIL, HEAD_DIM, TREE,
-                                       DOT_PRECISION)
+            if part * SPLIT >= keys_end:  # past the block's last key: the combine reads no partial here
+                return
+            o, lse = _split_partial(q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, key_end, block_end,
+                                    block_full, part * SPLIT, pos_ptr, table_ptr, q_start, tok_lo, tok_hi, gather_lo,
+                                    BLOCK_M, BLOCK_N, SPLIT, TABLE, HEAD_DIM, TREE, DOT_PRECISION)
             at = part * num_rows + flat
             tl.store(part_o_ptr + at[:, None] * HEAD_DIM + dims[None, :], o, mask=row_ok[:, None])
             tl.store(part_lse_ptr + at, lse, mask=row_ok)
         else:
+            # A split past a row's position is (0, -inf) to it: merging that changes none of its bits.
             m = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
             denom = tl.zeros([BLOCK_M], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-            for lo in range(0, block_end, SPLIT):
-                o, lse = _context_split(q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, ctx_end, block_end,
-                                        block_full, lo, BLOCK_M, BLOCK_N, SPLIT, HEAD_DIM, DOT_PRECISION)
+            for lo in range(0, keys_end, SPLIT):
+                o, lse = _split_partial(q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, key_end,
+                                        block_end, block_full, lo, pos_ptr, table_ptr, q_start, tok_lo, tok_hi,
+                                        gather_lo, BLOCK_M, BLOCK_N, SPLIT, TABLE, HEAD_DIM, TREE, DOT_PRECISION)
                 m, denom, acc = _merge(m, denom, acc, lse, o)
-            o, lse = _tail_partial(q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, pos_ptr,
-                                   tail_rows_ptr, q_start, tok_lo, tok_hi, BLOCK_M, TAIL, HEAD_DIM, TREE,
-                                   DOT_PRECISION)
-            m, denom, acc = _merge(m, denom, acc, lse, o)
             out = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
             out_ptrs = out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
             tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -808,19 +803,20 @@ def slot_attention_triton(
             NUM_SPLITS=num_kv_splits,
             ROW_SPLITS=False,
             SPLIT=1,
-            TAIL=1,
             num_warps=4,
         )
     return out
 
 
 def tree_tail_rows(positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
-    """int32 [T, TAIL_KEYS]: the cache row each lane of a tree node's tail reads (0 past its own position).
+    """int32 [T, TREE_TABLE_KEYS]: the cache row behind each virtual key a tree node reads per token (0 past its
+    own position).
 
-    Lane i stands for virtual key A + i; one at or past the node's context length ctx is its ancestor at depth
-    A + i - ctx, the (A + i - ctx)-th set bit of its visibility bits (a tree lists ancestors before children),
-    whose K/V sit at cache row ctx + that bit. A node at depth d sees d + 1 block rows, so ctx = position - d.
-    Made once per pass: every layer reads the same table.
+    Lane i stands for virtual key G + i, G the node's context length ctx rounded down to a key tile: one below
+    ctx is that cache row; one at or past it is the node's ancestor at depth G + i - ctx, the (G + i - ctx)-th
+    set bit of its visibility bits (a tree lists ancestors before children), whose K/V sit at cache row ctx +
+    that bit. A node at depth d sees d + 1 block rows, so ctx = position - d. Made once per pass: every layer
+    reads the same table.
     """
     nodes = torch.arange(MAX_TREE_Q_LEN, device=tree_mask.device)
     visible = (tree_mask[:, None] >> nodes) & 1
@@ -829,10 +825,17 @@ def tree_tail_rows(positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Te
     by_depth.scatter_(1, torch.where(visible.bool(), rank, MAX_TREE_Q_LEN), nodes.expand_as(visible))
     positions = positions.long()
     ctx = positions - visible.sum(1) + 1
-    virtual = (positions + 1 - TAIL_KEYS).clamp(min=0)[:, None] + torch.arange(TAIL_KEYS, device=tree_mask.device)
+    first = ctx // INVARIANT_BLOCK_N * INVARIANT_BLOCK_N
+    virtual = first[:, None] + torch.arange(TREE_TABLE_KEYS, device=tree_mask.device)
     depth = virtual - ctx[:, None]
     rows = torch.where(depth >= 0, ctx[:, None] + by_depth.gather(1, depth.clamp(0, MAX_TREE_Q_LEN - 1)), virtual)
     return torch.where(virtual <= positions[:, None], rows, 0).to(torch.int32)
+
+
+def _invariant_block_m(rows_max: int, tree: bool) -> int:
+    """(token, head) rows per program: 32 once a request's rows fill them (half the programs re-reading its
+    keys), 16 for fewer and for trees, whose per-token tiles cost every row of the program (the same bits)."""
+    return 32 if rows_max >= 32 and not tree else INVARIANT_BLOCK_M
 
 
 def slot_attention_invariant(
@@ -849,7 +852,7 @@ def slot_attention_invariant(
     tree_mask: torch.Tensor | None = None,
     tail_rows: torch.Tensor | None = None,
     *,
-    block_m: int = INVARIANT_BLOCK_M,
+    block_m: int | None = None,
     split_grid: bool | None = None,
 ) -> torch.Tensor:
     """Batch-invariant causal (or tree) slot attention: the module docstring's fixed reduction structure.
@@ -859,13 +862,15 @@ def slot_attention_invariant(
     Passes of up to INVARIANT_SPLIT_GRID_MAX_Q queries per request over few requests spread the key splits over
     programs and merge them in a second kernel; the rest (prefill, large batches) merge in-program, in the same
     order and arithmetic (`_split_the_grid`).
-    A tree pass reads its nodes' tails from ``tail_rows`` (:func:`tree_tail_rows` of ``positions`` and
-    ``tree_mask``): a model passes the one table its layers share, else it is made here.
-    ``block_m`` ((token, head) rows per program) and ``split_grid`` (which form) pin the launch for sweeps.
+    A tree pass reads its nodes' ancestor tiles through ``tail_rows`` (:func:`tree_tail_rows` of ``positions``
+    and ``tree_mask``): a model passes the one table its layers share, else it is made here.
+    ``block_m`` ((token, head) rows per program, 16 or 32) and ``split_grid`` (which form) pin the launch.
     """
     num_tokens, num_heads, head_dim = q.shape
     if positions.shape != (num_tokens,) or positions.dtype not in _INDEX_DTYPES:
         raise ValueError(f"positions must be int32/int64 [{num_tokens}], got {positions.dtype} {tuple(positions.shape)}")
+    if block_m not in (None, 16, 32):
+        raise ValueError(f"block_m must be 16 or 32 (the heights with one MMA layout), got {block_m}")
     out, max_q_len = _triton_prologue("slot_attention_invariant", q, k_cache, v_cache, slot_ids, q_starts, q_lens,
                                       kv_lens, max_q_len, tree_mask)
     if out.numel() == 0 or max_q_len == 0:
@@ -874,30 +879,32 @@ def slot_attention_invariant(
         tail_rows = None
     elif tail_rows is None:
         tail_rows = tree_tail_rows(positions, tree_mask)
-    elif tail_rows.shape != (num_tokens, TAIL_KEYS) or tail_rows.dtype != torch.int32 or not tail_rows.is_contiguous():
-        raise ValueError(f"tail_rows must be contiguous int32 [{num_tokens}, {TAIL_KEYS}], got {tail_rows.dtype} "
-                         f"{tuple(tail_rows.shape)}")
+    elif (tail_rows.shape != (num_tokens, TREE_TABLE_KEYS) or tail_rows.dtype != torch.int32
+          or not tail_rows.is_contiguous()):
+        raise ValueError(f"tail_rows must be contiguous int32 [{num_tokens}, {TREE_TABLE_KEYS}], got "
+                         f"{tail_rows.dtype} {tuple(tail_rows.shape)}")
     batch = slot_ids.shape[0]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     num_splits = triton.cdiv(k_cache.shape[1], SPLIT_KEYS)
     num_rows = num_tokens * num_heads
+    block_m = block_m or _invariant_block_m(max_q_len * group, tail_rows is not None)
     row_blocks = triton.cdiv(max_q_len * group, block_m)
     if split_grid is None:
         split_grid = _split_the_grid(q.device, max_q_len, row_blocks * batch * num_kv_heads)
-    if split_grid:  # the context splits, then the tail
-        part_o = torch.empty((num_splits + 1, num_rows, head_dim), dtype=torch.float32, device=q.device)
-        part_lse = torch.empty((num_splits + 1, num_rows), dtype=torch.float32, device=q.device)
+    if split_grid:
+        part_o = torch.empty((num_splits, num_rows, head_dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((num_splits, num_rows), dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out
-    grid = (row_blocks, batch * num_kv_heads, num_splits + 1 if split_grid else 1)
+    grid = (row_blocks, batch * num_kv_heads, num_splits if split_grid else 1)
     _slot_attn_invariant_kernel[grid](
-        q, k_cache, v_cache, out, part_o, part_lse, slot_ids, q_starts, q_lens, positions,
+        q, k_cache, v_cache, out, part_o, part_lse, slot_ids, q_starts, q_lens, kv_lens, positions,
         q_lens if tail_rows is None else tail_rows,  # a placeholder pointer without TREE
         scale * math.log2(math.e), num_rows, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=INVARIANT_BLOCK_N,
-        SPLIT=SPLIT_KEYS, TAIL=TAIL_KEYS, NUM_SPLITS=num_splits, SPLIT_GRID=split_grid, TREE=tail_rows is not None,
+        SPLIT=SPLIT_KEYS, TABLE=TREE_TABLE_KEYS, SPLIT_GRID=split_grid, TREE=tail_rows is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4, num_stages=2, enable_fp_fusion=False,
     )
@@ -905,7 +912,7 @@ def slot_attention_invariant(
         block_r = 16
         _slot_attn_combine_kernel[(triton.cdiv(max_q_len * num_heads, block_r), batch)](
             part_o, part_lse, out, q_starts, q_lens, positions, num_rows, NUM_HEADS=num_heads, HEAD_DIM=head_dim,
-            BLOCK_R=block_r, NUM_SPLITS=num_splits + 1, ROW_SPLITS=True, SPLIT=SPLIT_KEYS, TAIL=TAIL_KEYS,
+            BLOCK_R=block_r, NUM_SPLITS=num_splits, ROW_SPLITS=True, SPLIT=SPLIT_KEYS,
             num_warps=4, enable_fp_fusion=False,
         )
     return out

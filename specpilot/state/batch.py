@@ -33,7 +33,7 @@ class ForwardBatch:
     # ancestors and itself, draft_tree.TreeLayout.ancestors); replaces `causal` within the new block.
     tree_mask: torch.Tensor | None = None
     tree_parents: torch.Tensor | None = None  # [T] int64: each draft node's parent node (row 0's: 0)
-    # [T, TAIL_KEYS] int32: the batch-invariant kernel's tree table (slot_attention.tree_tail_rows), derived
+    # [T, TREE_TABLE_KEYS] int32: the batch-invariant kernel's tree table (slot_attention.tree_tail_rows), derived
     # from positions and tree_mask by the model once per pass for all its layers
     tail_rows: torch.Tensor | None = None
 
