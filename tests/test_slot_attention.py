@@ -262,6 +262,16 @@ def test_triton_validates_tree_mask() -> None:
         call(slot_attention_triton, {**inp, "tree_mask": inp["tree_mask"][1:]})
 
 
+def test_invariant_kernel_refuses_a_tile_height_that_would_change_bits() -> None:
+    from specpilot.kernels.slot_attention import slot_attention_invariant
+
+    inp = {k: v for k, v in make_inputs(Case("chain", q_lens=(3,), kv_lens=(5,))).items() if k != "causal"}
+    positions = torch.zeros(inp["q"].shape[0], dtype=torch.int64)
+    for dtype, block_m in ((torch.float32, 32), (torch.bfloat16, 64)):
+        with pytest.raises(ValueError, match="block_m must be 16 or 32"):  # raised before any launch
+            call(slot_attention_invariant, {**inp, "q": inp["q"].to(dtype)}, positions=positions, block_m=block_m)
+
+
 def test_dispatch_on_cpu_uses_torch() -> None:
     inp = make_inputs(REFERENCE_CASES[1])
     torch.testing.assert_close(call(slot_attention, inp), call(slot_attention_reference, inp), equal_nan=True)

@@ -21,9 +21,9 @@ Two implementations share one contract:
   its running softmax bit for bit as it was, so a verify's rows may share tiles their later tokens need. A tree
   node reads the tiles that hold its ancestors (those from its context length rounded down to a tile) through
   ``tree_tail_rows``: lane ``i`` of such a tile is the key its chain would have there, so the node's tiles hold
-  what the decode of the same token reads. Tile heights 16 and 32 take the same MMA layout (one per row), and no
-  FMA contraction is allowed, so the split-grid and single-program forms round the same
-  (docs/ARCHITECTURE.md, "Batch invariance").
+  what the decode of the same token reads. Tile heights 16 and 32 take the same MMA layout (one per row; float32,
+  whose dots are FMA loops, keeps 16), and no FMA contraction is allowed, so the split-grid and single-program
+  forms round the same (docs/ARCHITECTURE.md, "Batch invariance").
 """
 
 from __future__ import annotations
@@ -832,9 +832,13 @@ def tree_tail_rows(positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Te
     return torch.where(virtual <= positions[:, None], rows, 0).to(torch.int32)
 
 
-def _invariant_block_m(rows_max: int, tree: bool) -> int:
+def _invariant_block_m(rows_max: int, tree: bool, dtype: torch.dtype) -> int:
     """(token, head) rows per program: 32 once a request's rows fill them (half the programs re-reading its
-    keys), 16 for fewer and for trees, whose per-token tiles cost every row of the program (the same bits)."""
+    keys), 16 for fewer and for trees, whose per-token tiles cost every row of the program (the same bits).
+    float32 stays at 16: its dots are FMA loops whose register layout, and so its row sums' order, follow
+    the tile height (16-bit dtypes take one MMA layout per row at either)."""
+    if dtype == torch.float32:
+        return INVARIANT_BLOCK_M
     return 32 if rows_max >= 32 and not tree else INVARIANT_BLOCK_M
 
 
@@ -869,8 +873,8 @@ def slot_attention_invariant(
     num_tokens, num_heads, head_dim = q.shape
     if positions.shape != (num_tokens,) or positions.dtype not in _INDEX_DTYPES:
         raise ValueError(f"positions must be int32/int64 [{num_tokens}], got {positions.dtype} {tuple(positions.shape)}")
-    if block_m not in (None, 16, 32):
-        raise ValueError(f"block_m must be 16 or 32 (the heights with one MMA layout), got {block_m}")
+    if block_m not in (None, 16, 32) or (block_m == 32 and q.dtype == torch.float32):
+        raise ValueError(f"block_m must be 16 or 32 (the heights with one MMA layout; 16 in float32), got {block_m}")
     out, max_q_len = _triton_prologue("slot_attention_invariant", q, k_cache, v_cache, slot_ids, q_starts, q_lens,
                                       kv_lens, max_q_len, tree_mask)
     if out.numel() == 0 or max_q_len == 0:
@@ -888,7 +892,7 @@ def slot_attention_invariant(
     group = num_heads // num_kv_heads
     num_splits = triton.cdiv(k_cache.shape[1], SPLIT_KEYS)
     num_rows = num_tokens * num_heads
-    block_m = block_m or _invariant_block_m(max_q_len * group, tail_rows is not None)
+    block_m = block_m or _invariant_block_m(max_q_len * group, tail_rows is not None, q.dtype)
     row_blocks = triton.cdiv(max_q_len * group, block_m)
     if split_grid is None:
         split_grid = _split_the_grid(q.device, max_q_len, row_blocks * batch * num_kv_heads)
