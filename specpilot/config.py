@@ -20,6 +20,11 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     min_new_tokens: int = 0
+    # logprobs of the target's distribution at each output position (after the request's bans); they never
+    # change a token
+    return_logprob: bool = False
+    top_logprobs_num: int = 0  # the most likely ids per position, with return_logprob
+    token_ids_logprob: list[int] = field(default_factory=list)  # these ids' logprobs per position, likewise
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -40,6 +45,10 @@ class SamplingParams:
              "a list of token ids >= 0"),
             ("min_new_tokens", isinstance(self.min_new_tokens, int) and 0 <= self.min_new_tokens,
              "an integer >= 0"),
+            ("top_logprobs_num", isinstance(self.top_logprobs_num, int) and self.top_logprobs_num >= 0,
+             "an integer >= 0"),
+            ("token_ids_logprob", all(isinstance(t, int) and t >= 0 for t in self.token_ids_logprob),
+             "a list of token ids >= 0"),
         ]
         for name, ok, what in checks:
             if not ok:

@@ -69,15 +69,14 @@ def test_every_sglang_field_at_its_default(http):
 
 
 UNSUPPORTED_GENERATE = [
-    ({"return_logprob": True}, "return_logprob: true is not supported yet"),
     ({"logprob_start_len": 0}, "logprob_start_len: 0 is not supported yet"),
-    ({"top_logprobs_num": 5}, "top_logprobs_num: 5"),
+    ({"return_logprob": True, "token_ids_logprob": [10**6]}, "token_ids_logprob must lie in"),
+    ({"text": ["w5", "w6"], "top_logprobs_num": [1, 2, 3]}, "top_logprobs_num is a list of 3"),
     ({"return_hidden_states": True}, "return_hidden_states: true"),
     ({"routed_experts_start_len": 3}, "routed_experts_start_len: 3"),
     ({"lora_path": "adapter"}, 'lora_path: "adapter"'),
     ({"image_data": "http://example.com/cat.png"}, "image_data"),
     ({"routed_dp_rank": 1}, "routed_dp_rank: 1"),
-    ({"text": ["w5", "w6"], "return_logprob": [False, True]}, "return_logprob: [false, true]"),
     ({"log_metrics": "yes"}, "log_metrics"),  # metadata is typed too
     ({"not_an_sglang_field": 1}, "not_an_sglang_field: Extra inputs are not permitted"),
 ]
@@ -182,7 +181,8 @@ def test_max_completion_tokens_is_honoured(oai, http):
      "response_format"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs needs logprobs: true"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"logit_bias": {"5": 3}}, "logit_bias"),
     ({"extra_body": {"regex": "w5+"}}, "regex"),
     ({"extra_body": {"guided_json": {}}}, "guided_json"),  # not OpenAI's nor SGLang's: unrecognized
@@ -221,6 +221,6 @@ def test_without_a_length_the_default_is_clamped_to_the_context(http):
 
 def test_openapi_schema_lists_the_catalogue(http):
     schemas = http.get("/openapi.json").json()["components"]["schemas"]
-    assert schemas["GenerateRequest"]["properties"]["return_logprob"]["anyOf"][0] == {"enum": [None, False]}
+    assert schemas["GenerateRequest"]["properties"]["logprob_start_len"]["anyOf"][0] == {"enum": [None, -1]}
     assert schemas["GenerateRequest"]["properties"]["log_metrics"]["type"] == "boolean"
     assert "max_completion_tokens" in schemas["ChatCompletionRequest"]["properties"]

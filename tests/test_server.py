@@ -3,6 +3,7 @@ driven with httpx and the openai client."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,9 @@ import httpx
 import openai
 import pytest
 from test_server_support import serve, sse_events
+
+from specpilot.config import SamplingParams
+from specpilot.engine.engine import Engine
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
@@ -211,7 +215,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "w5", "max_tokens": -1}, "max_tokens"),
     ("/v1/completions", {"prompt": ""}, "empty"),
     ("/v1/completions", {"prompt": "w5", "echo": True}, "echo"),
-    ("/v1/completions", {"prompt": "w5", "logprobs": 3}, "logprobs"),
+    ("/v1/completions", {"prompt": "w5", "logprobs": -1}, "logprobs"),
     ("/v1/completions", {"max_tokens": 3}, "prompt"),
     ("/v1/chat/completions", {"messages": []}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "w5"}]}, "role"),
@@ -298,3 +302,50 @@ def test_speculative_generation_up_to_the_end_of_the_context(http):
     prompt = [5] * 4080  # 4080 of the 4096 positions
     out = generate(http, input_ids=prompt, sampling_params=GREEDY)
     assert out["meta_info"]["finish_reason"]["type"] == "length" and out["meta_info"]["completion_tokens"] == 16
+
+
+LOGPROB_PROMPT = "w5 w6 w7 w5 w6 w7 w5 w6"
+
+
+def test_logprobs_on_both_apis_equal_ar_s(http, oai, server):
+    """Speculative (n-gram) logprobs through /generate, its stream and the openai client, against an AR
+    engine of the same weights (CPU kernels: within float rounding)."""
+    body = {"text": LOGPROB_PROMPT, "sampling_params": {"max_new_tokens": 8} | GREEDY, "return_logprob": True,
+            "top_logprobs_num": 2, "token_ids_logprob": [5, 9], "return_text_in_logprobs": True}
+    out = generate(http, **body)
+    meta = out["meta_info"]
+    assert meta["spec_verify_ct"] > 0  # it speculated
+    assert [t for _, t, _ in meta["output_token_logprobs"]] == out["output_ids"]
+    assert all(isinstance(text, str) for _, _, text in meta["output_token_logprobs"])
+    assert [len(top) for top in meta["output_top_logprobs"]] == [2] * 8
+    assert [[i for _, i, _ in named] for named in meta["output_token_ids_logprobs"]] == [[5, 9]] * 8
+    assert stream_generate(http, **body)[-2]["meta_info"]["output_token_logprobs"] == meta["output_token_logprobs"]
+
+    engine = server.ctx.engine
+    ar_engine = Engine(engine.checkpoint, dataclasses.replace(engine.config, speculative_algorithm=None,
+                                                              max_running_requests=1, context_length=256),
+                       model=engine.model)  # the weights it loaded (the server is idle meanwhile)
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True, return_logprob=True, top_logprobs_num=2)
+    ar = ar_engine.generate([server.ctx.tokenizer.encode(LOGPROB_PROMPT)], params)[0]
+    assert ar.output_ids == out["output_ids"]
+    ar_logprobs = [e.logprob for e in ar.logprobs]
+    assert [lp for lp, _, _ in meta["output_token_logprobs"]] == pytest.approx(ar_logprobs, abs=1e-4)
+
+    completion = oai.completions.create(model="any", prompt=LOGPROB_PROMPT, max_tokens=8, temperature=0, logprobs=2,
+                                        extra_body={"ignore_eos": True})
+    lp = completion.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx(ar_logprobs, abs=1e-4)
+    assert lp.tokens == [text for _, _, text in meta["output_token_logprobs"]]  # each id's own text
+    assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(8)]
+    assert all(len(top) <= 2 for top in lp.top_logprobs)
+    chat = dict(model="any", messages=MESSAGES_FOR_LOGPROBS, max_tokens=5, temperature=0, logprobs=True,
+                top_logprobs=3, extra_body={"ignore_eos": True})
+    full = oai.chat.completions.create(**chat).choices[0].logprobs.content
+    assert len(full) == 5 and all(len(entry.top_logprobs) == 3 for entry in full)
+    assert all(entry.top_logprobs[0].logprob == entry.logprob for entry in full)  # greedy: the top id
+    streamed = [entry for chunk in oai.chat.completions.create(**chat, stream=True) if chunk.choices
+                and chunk.choices[0].logprobs for entry in chunk.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in full]
+
+
+MESSAGES_FOR_LOGPROBS = [{"role": "user", "content": "w31 w32"}]

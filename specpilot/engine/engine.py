@@ -21,6 +21,7 @@ from specpilot.engine.registry import Deployment, check_tunables, resolve_mechan
 from specpilot.engine.sampling import choose_tokens, suppress
 from specpilot.engine.spec_stats import SpecStats
 from specpilot.engine.step import SpeculativeStep
+from specpilot.engine.logprobs import token_logprobs
 from specpilot.engine.stops import StopChecker
 from specpilot.engine.verify import Verifier
 from specpilot.kernels.triton_support import HAS_TRITON
@@ -271,10 +272,14 @@ class Engine:
         target logits the tokens were decided from (row j for tokens[j])."""
         if self.forcing is not None:
             tokens = self.forcing.observe(req, tokens, rows)
+        n, done = len(tokens), False
         for n, token in enumerate(tokens, start=1):
             if self.stops.append(req, token):
-                return n, True
-        return len(tokens), False
+                done = True
+                break
+        if req.params.return_logprob:
+            req.logprobs += token_logprobs(rows[:n], tokens[:n], req.params)
+        return n, done
 
     def retire(self, reqs: list[Request]) -> None:
         for req in reqs:
@@ -324,5 +329,6 @@ class Engine:
             raise ValueError(f"can roll back to 1..{len(req.output_ids)} output tokens, not {num_output_tokens}")
         del req.output_ids[num_output_tokens:]
         del req.token_origins[num_output_tokens:]
+        del req.logprobs[num_output_tokens:]
         if self.speculation is not None:  # what the device prepared for the next step assumed the old length
             self.speculation.invalidate()

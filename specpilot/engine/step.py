@@ -186,7 +186,7 @@ class SpeculativeStep:
         committed, finished, redraft = [], [], False
         for i, (req, decision) in enumerate(zip(plan.reqs, acceptance.decisions)):
             rows = out.logits[offsets[i] : offsets[i + 1]]
-            if engine.forcing is not None:
+            if engine.forcing is not None or req.params.return_logprob:  # the rows that decided each token
                 rows = rows[decision.rows]
             n, done = engine.commit_tokens(req, decision.tokens, rows)
             # token forcing may commit stock's tokens instead: a draft launched for ours no longer fits

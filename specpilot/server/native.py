@@ -21,8 +21,8 @@ router = APIRouter()
 HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang's: a probe slower than this reports the server unhealthy
 
 
-def _result(out: Output, batch: bool) -> dict[str, Any]:
-    result = {"text": out.text(), "output_ids": list(out.ids), "meta_info": out.meta_info()}
+def _result(out: Output, batch: bool, text_in_logprobs: bool) -> dict[str, Any]:
+    result = {"text": out.text(), "output_ids": list(out.ids), "meta_info": out.meta_info(text_in_logprobs)}
     return result | {"index": out.index} if batch else result
 
 
@@ -37,22 +37,22 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     sub = await ctx.submit(prompts, params, body.rids())
     follower = Follower(ctx, sub, request)
     if body.stream:
-        return StreamingResponse(sse_stream(_generate_events(follower, body.is_batch)),
+        return StreamingResponse(sse_stream(_generate_events(follower, body.is_batch, body.return_text_in_logprobs)),
                                  media_type="text/event-stream")
     async with follower:
         outputs = await follower.finish()
-    results = [_result(o, False) for o in outputs]
+    results = [_result(o, False, body.return_text_in_logprobs) for o in outputs]
     return results if body.is_batch else results[0]
 
 
-async def _generate_events(follower: Follower, batch: bool) -> AsyncIterator[dict[str, Any]]:
+async def _generate_events(follower: Follower, batch: bool, text_in_logprobs: bool) -> AsyncIterator[dict[str, Any]]:
     """SGLang streams the cumulative text and ids of an item in each chunk; a batch tags chunks with `index`.
     Each chunk's meta_info also says how its new ids came and their texts: those ids only, so a long stream
     does not resend what it said (the last chunk's token_origins, like a plain response's, lists all)."""
     async with follower:
         async for changed in follower.changes():
             for out in changed:
-                result = _result(out, batch)
+                result = _result(out, batch, text_in_logprobs)
                 result["meta_info"] |= out.new_tokens()
                 yield result
 

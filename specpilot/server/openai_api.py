@@ -81,7 +81,8 @@ async def _respond(ctx: ServerContext, sub: Submission, request: Request, body: 
         return StreamingResponse(sse_stream(events), media_type="text/event-stream")
     async with follower:
         outputs = await follower.finish()
-    choices = [_choice(o, flavor.wrap(o.text())) for o in outputs]
+    chat = flavor is CHAT
+    choices = [_choice(o, flavor.wrap(o.text()), o.openai_logprobs(chat)) for o in outputs]
     return head | {"object": flavor.object, "choices": choices, "usage": _usage(outputs)}
 
 
@@ -95,13 +96,14 @@ async def _events(follower: Follower, chunk: dict[str, Any], flavor: Flavor,
             for out in changed:
                 delta = out.delta()
                 if delta or out.finished:
-                    yield chunk | {"choices": [_choice(out, flavor.wrap_delta(delta))]}
+                    logprobs = out.openai_logprobs(flavor is CHAT, fresh_only=True)
+                    yield chunk | {"choices": [_choice(out, flavor.wrap_delta(delta), logprobs)]}
         if include_usage:
             yield chunk | {"choices": [], "usage": _usage(follower.outputs)}
 
 
-def _choice(out: Output, content: dict[str, Any]) -> dict[str, Any]:
-    return {"index": out.index, **content, "logprobs": None, "finish_reason": out.finish_reason,
+def _choice(out: Output, content: dict[str, Any], logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": out.index, **content, "logprobs": logprobs, "finish_reason": out.finish_reason,
             "matched_stop": out.matched_stop}
 
 

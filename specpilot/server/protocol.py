@@ -125,11 +125,11 @@ GENERATE_METADATA: dict[str, Any] = SGLANG_METADATA | {
 GENERATE_UNSUPPORTED: dict[str, tuple[Any, ...]] = SGLANG_UNSUPPORTED | {
     **dict.fromkeys(["input_embeds", "image_data", "video_data", "audio_data", "mm_hashes", "mm_content_hashes",
                      "modalities", "image_max_dynamic_patch", "video_max_dynamic_patch", "need_wait_for_mm_inputs",
-                     "num_items_assigned", "encoder_urls", "watermark", "token_ids_logprob", "lora_id",
+                     "num_items_assigned", "encoder_urls", "watermark", "lora_id",
                      "positional_embed_overrides", "bootstrap_pair_key", "decode_tp_size", "max_thinking_tokens",
                      "multi_item_delimiter_indices", "token_indices_to_pool"], NULL),
-    "return_logprob": OFF, "logprob_start_len": (None, -1), "top_logprobs_num": (None, 0),
-    **dict.fromkeys(["return_text_in_logprobs", "return_flat_raw_top_logprobs", "return_flat_raw_top_logprobs_b64",
+    "logprob_start_len": (None, -1),  # the prompt's own logprobs: not yet
+    **dict.fromkeys(["return_flat_raw_top_logprobs", "return_flat_raw_top_logprobs_b64",
                      "return_indexer_topk", "return_bytes", "return_entropy", "background", "require_reasoning"],
                     OFF),
 }
@@ -141,7 +141,7 @@ OPENAI_METADATA: dict[str, Any] = SGLANG_METADATA | {
     "prompt_cache_key": str | None, "prompt_cache_retention": str | None, "prompt_cache_options": dict[str, Any] | None,
 }
 OPENAI_UNSUPPORTED: dict[str, tuple[Any, ...]] = SAMPLING_UNSUPPORTED | {
-    "logprobs": (None, False, 0), "response_format": (None, {"type": "text"}),
+    "response_format": (None, {"type": "text"}),
     # SGLang's extensions
     **dict.fromkeys(["rid", "input_ids", "thinking", "task"], NULL),
     **dict.fromkeys(["return_token_ids", "return_meta_info", "return_cached_tokens_details",
@@ -153,7 +153,6 @@ CHAT_METADATA: dict[str, Any] = {
     "return_flat_raw_top_logprobs_b64": bool | None,  # SGLang's encoding of flat logprobs, which are refused
 }
 CHAT_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "top_logprobs": (None, 0),
     # tools: "auto" without tools cannot call one
     "tools": (None, []), "tool_choice": (None, "none", "auto"),
     "functions": (None, []), "function_call": (None, "none", "auto"),
@@ -197,10 +196,27 @@ def sampling_params(fields: dict[str, Any], vocab_size: int) -> SamplingParams:
     fields = {k: v for k, v in fields.items() if v is not None}
     if 0 < fields.get("temperature", 0) < GREEDY_TEMPERATURE:
         fields["temperature"] = 0.0
-    bad = [t for t in fields.get("stop_token_ids", []) if t >= vocab_size]
-    if bad:
-        raise ValueError(f"stop_token_ids must lie in [0, {vocab_size}), got {bad}")
+    for name in ("stop_token_ids", "token_ids_logprob"):
+        bad = [t for t in fields.get(name, []) if t >= vocab_size]
+        if bad:
+            raise ValueError(f"{name} must lie in [0, {vocab_size}), got {bad}")
     return SamplingParams(**fields)
+
+
+def _per_item(name: str, value: Any, n: int, is_list: Callable[[Any], bool]) -> list[Any]:
+    """A request-level key SGLang lets a batch give once or once per prompt."""
+    if not is_list(value):
+        return [value] * n
+    if len(value) != n:
+        raise ValueError(f"{name} is a list of {len(value)} but the input has {n} prompts")
+    return list(value)
+
+
+def logprobs(wanted: bool | None, top: int | None, named: list[int] | None) -> dict[str, Any]:
+    """SamplingParams' logprob keys: top and named ids count only where logprobs are wanted (as in SGLang)."""
+    if not wanted:
+        return {}
+    return {"return_logprob": True, "top_logprobs_num": top, "token_ids_logprob": named}
 
 
 class _SamplingKnobs(BaseModel):
@@ -230,12 +246,14 @@ class GenerateSampling(_Strict, _SamplingKnobs):
     min_new_tokens: NonNegInt | None = None
     sampling_seed: Seed | None = None
 
-    def to_params(self, prompt_len: int, context_length: int, vocab_size: int) -> SamplingParams:
+    def to_params(self, prompt_len: int, context_length: int, vocab_size: int,
+                  logprob_fields: dict[str, Any] | None = None) -> SamplingParams:
         _, seed = synonym({"sampling_seed": self.sampling_seed, "seed": self.seed})
         max_new_tokens = fitted_length("max_new_tokens", self.max_new_tokens, SamplingParams.max_new_tokens,
                                        prompt_len, context_length)
         return sampling_params(self.knobs() | {"seed": seed, "max_new_tokens": max_new_tokens,
-                                               "min_new_tokens": self.min_new_tokens}, vocab_size)
+                                               "min_new_tokens": self.min_new_tokens} | (logprob_fields or {}),
+                               vocab_size)
 
 
 @with_fields(GENERATE_METADATA, neutral_only(GENERATE_UNSUPPORTED, per_item=True))
@@ -245,6 +263,11 @@ class GenerateRequest(_Strict):
     sampling_params: GenerateSampling | list[GenerateSampling] | None = None
     rid: str | list[str] | None = None
     stream: bool = False
+    # logprobs of each output token (meta_info's output_*_logprobs), once or per prompt
+    return_logprob: bool | list[bool] | None = None
+    top_logprobs_num: NonNegInt | list[NonNegInt] | None = None
+    token_ids_logprob: TokenIds | list[TokenIds] | None = None
+    return_text_in_logprobs: bool = False
 
     @model_validator(mode="after")
     def _shape(self) -> GenerateRequest:
@@ -282,8 +305,14 @@ class GenerateRequest(_Strict):
 
     def params(self, prompts: list[list[int]], context_length: int, vocab_size: int) -> list[SamplingParams]:
         sp = self.sampling_params
-        per_item = sp if isinstance(sp, list) else [sp or GenerateSampling()] * self.batch_size
-        return [p.to_params(len(ids), context_length, vocab_size) for p, ids in zip(per_item, prompts, strict=True)]
+        n = self.batch_size
+        per_item = sp if isinstance(sp, list) else [sp or GenerateSampling()] * n
+        wanted = _per_item("return_logprob", self.return_logprob, n, lambda v: isinstance(v, list))
+        tops = _per_item("top_logprobs_num", self.top_logprobs_num, n, lambda v: isinstance(v, list))
+        named = _per_item("token_ids_logprob", self.token_ids_logprob, n,
+                          lambda v: self.is_batch and bool(v) and isinstance(v[0], list))
+        return [p.to_params(len(ids), context_length, vocab_size, logprobs(want, top, ids_wanted))
+                for p, ids, want, top, ids_wanted in zip(per_item, prompts, wanted, tops, named, strict=True)]
 
     def rids(self) -> list[str | None]:
         return self.rid if isinstance(self.rid, list) else [self.rid] * self.batch_size
@@ -312,11 +341,15 @@ class OpenAISampling(_Strict, _SamplingKnobs):
         """The requested length, by the name the client gave it (None: none given)."""
         return "max_tokens", self.max_tokens
 
+    def logprob_fields(self) -> dict[str, Any]:
+        """SamplingParams' logprob keys from the endpoint's own spelling of them."""
+        return {}
+
     def to_params(self, prompt_len: int, context_length: int, vocab_size: int) -> SamplingParams:
         max_tokens = fitted_length(*self.length(), self.default_max_tokens, prompt_len, context_length)
         temperature = 1.0 if self.temperature is None else self.temperature
         return sampling_params(self.knobs() | {"max_new_tokens": max_tokens, "min_new_tokens": self.min_tokens,
-                                               "temperature": temperature}, vocab_size)
+                                               "temperature": temperature} | self.logprob_fields(), vocab_size)
 
     @property
     def include_usage(self) -> bool:
@@ -328,6 +361,10 @@ class CompletionRequest(OpenAISampling):
     default_max_tokens: ClassVar[int | None] = 16  # OpenAI's default for completions
 
     prompt: str | list[str] | TokenIds | list[TokenIds]
+    logprobs: NonNegInt | None = None  # each token's logprob and those of this many most likely ids
+
+    def logprob_fields(self) -> dict[str, Any]:
+        return logprobs(self.logprobs is not None, self.logprobs, None)
 
     def prompts(self, tokenizer: Any) -> list[list[int]]:
         prompt = self.prompt
@@ -365,6 +402,13 @@ class ChatMessage(_Strict):
 class ChatCompletionRequest(OpenAISampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: NonNegInt | None = None  # OpenAI's newer name for max_tokens
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # OpenAI's bounds
+
+    def logprob_fields(self) -> dict[str, Any]:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return logprobs(self.logprobs, self.top_logprobs, None)
 
     def length(self) -> tuple[str, int | None]:
         return synonym({"max_completion_tokens": self.max_completion_tokens, "max_tokens": self.max_tokens})

@@ -20,7 +20,7 @@ from typing import Any
 
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine
-from specpilot.state.request import Request
+from specpilot.state.request import Request, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ class Update:
     new_ids: list[int]
     req: Request | None = None
     new_origins: list[str] = field(default_factory=list)  # how each new id came (Request.token_origins)
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)  # theirs, where the request asked
     error: str | None = None
 
 
@@ -266,8 +267,10 @@ class Scheduler:
             if new or req.finished:
                 live.sent += len(new)
                 self._window_tokens += len(new)
-                origins = req.token_origins[live.sent - len(new):live.sent]
-                messages.append((live.sub, Update(live.index, new, req if req.finished else None, new_origins=origins)))
+                fresh = slice(live.sent - len(new), live.sent)
+                messages.append((live.sub, Update(live.index, new, req if req.finished else None,
+                                                  new_origins=req.token_origins[fresh],
+                                                  new_logprobs=req.logprobs[fresh])))
             if req.finished:
                 done.append(rid)
         if messages:

@@ -11,8 +11,9 @@ from typing import Any
 from starlette.requests import Request as HTTPRequest
 
 from specpilot.server.context import ServerContext
+from specpilot.server.logprobs import chat_logprobs, completion_logprobs, sglang_meta
 from specpilot.server.scheduler import Item, Submission, Update
-from specpilot.state.request import Request
+from specpilot.state.request import Request, TokenLogprob
 
 SSE_DONE = "data: [DONE]\n\n"
 DISCONNECTED = object()  # queued by a follower's disconnect watcher
@@ -35,7 +36,9 @@ class Output:
         self.index = index  # position in the submission (the choice index in OpenAI responses)
         self.ids: list[int] = []
         self.origins: list[str] = []  # how each id came (Request.token_origins)
+        self.logprobs: list[TokenLogprob] = []  # each id's, where the request asked (Request.logprobs)
         self._described = 0  # ids whose origin and text a streamed chunk already carried
+        self._scored = 0  # ids whose logprobs an OpenAI stream chunk already carried
         self.req: Request | None = None
         # a partial text may not show a tail that could still grow into a stop string (trimmed later)
         self._holdback = max((len(s) for s in item.params.stop), default=1) - 1
@@ -48,6 +51,7 @@ class Output:
     def apply(self, update: Update) -> None:
         self.ids.extend(update.new_ids)
         self.origins.extend(update.new_origins)
+        self.logprobs.extend(update.new_logprobs)
         if update.req is not None:
             self.req = update.req
 
@@ -79,11 +83,29 @@ class Output:
         new, self._sent = text[len(self._sent):], text
         return new
 
-    def meta_info(self) -> dict[str, Any]:
+    def _decode(self, token: int) -> str | None:
+        return None if self.ctx.tokenizer is None else self.ctx.tokenizer.decode([token])
+
+    def meta_info(self, text_in_logprobs: bool = False) -> dict[str, Any]:
         if self.req is not None:
-            return self.req.meta_info()
-        return {"id": self.item.rid, "finish_reason": None, "prompt_tokens": len(self.item.prompt_ids),
-                "completion_tokens": len(self.ids)}
+            info = self.req.meta_info()
+        else:
+            info = {"id": self.item.rid, "finish_reason": None, "prompt_tokens": len(self.item.prompt_ids),
+                    "completion_tokens": len(self.ids)}
+        return info | sglang_meta(self.logprobs, self.ids, self.item.params, self._decode, text_in_logprobs)
+
+    def openai_logprobs(self, chat: bool, fresh_only: bool = False) -> dict[str, Any] | None:
+        """The choice's logprobs object (None where not asked for); `fresh_only`: of the ids no earlier call
+        covered (a stream chunk's)."""
+        if not self.item.params.return_logprob:
+            return None
+        start = self._scored if fresh_only else 0
+        entries, ids = self.logprobs[start:], self.ids[start : len(self.logprobs)]
+        self._scored = len(self.logprobs)
+        if chat:
+            return chat_logprobs(entries, ids, self._decode)
+        offset = len(self.ctx.tokenizer.decode(self.ids[:start])) if start and self.ctx.tokenizer is not None else 0
+        return completion_logprobs(entries, ids, self._decode, offset)
 
     @property
     def finish_reason(self) -> str | None:

@@ -12,6 +12,16 @@ from specpilot.config import SamplingParams
 _ids = itertools.count()
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One output position's logprobs: of the token committed there, of the most likely ids (most likely
+    first) and of the ids the request named, each as (logprob, id)."""
+
+    logprob: float
+    top: list[tuple[float, int]]
+    named: list[tuple[float, int]]
+
+
 @dataclass
 class Request:
     prompt_ids: list[int]
@@ -31,6 +41,7 @@ class Request:
     # "target" (prefill or plain decode), "draft" (an accepted draft), "ngram" (an accepted draft that
     # n-gram assist's lookup supplied), "bonus" (the target's own token that ends a verify pass)
     token_origins: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # parallel to output_ids, with return_logprob
     stop_ids: frozenset[int] | None = field(default=None, repr=False)  # StopChecker's, on first use
 
     @property
