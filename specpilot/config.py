@@ -25,6 +25,7 @@ class SamplingParams:
     return_logprob: bool = False
     top_logprobs_num: int = 0  # the most likely ids per position, with return_logprob
     token_ids_logprob: list[int] = field(default_factory=list)  # these ids' logprobs per position, likewise
+    logprob_start_len: int = -1  # >= 0: the prompt's own logprobs too, from this position on (-1: none)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -49,6 +50,8 @@ class SamplingParams:
              "an integer >= 0"),
             ("token_ids_logprob", all(isinstance(t, int) and t >= 0 for t in self.token_ids_logprob),
              "a list of token ids >= 0"),
+            ("logprob_start_len", isinstance(self.logprob_start_len, int) and self.logprob_start_len >= -1,
+             "an integer >= -1"),
         ]
         for name, ok, what in checks:
             if not ok:

@@ -91,3 +91,29 @@ def test_rollback_drops_the_rolled_back_logprobs(tiny):
     while not req.finished:
         engine.step()
     assert len(req.logprobs) == len(req.output_ids) == WITH_LOGPROBS.max_new_tokens
+
+
+@pytest.mark.parametrize("start", [0, 5])
+def test_prompt_logprobs_leave_the_tokens_alone(tiny, start):
+    """The prompt's own logprobs (logprob_start_len) come from the prefill's hidden states; the output is that
+    of a request without them."""
+    ckpt, paths = tiny
+    prompts = mixed_prompts(ckpt.config.vocab_size, 3, seed=6)
+    plain = engine_for(ckpt).generate(prompts, SamplingParams(max_new_tokens=12, ignore_eos=True))
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True, return_logprob=True, logprob_start_len=start,
+                            top_logprobs_num=2)
+    engine = engine_for(ckpt, "dflash", paths["dflash"])
+    scored = engine.generate(prompts, params)
+    for p, a, s in zip(prompts, plain, scored):
+        assert s.output_ids == a.output_ids
+        expected_len = max(len(p) - start, 0)
+        assert len(s.input_logprobs) == expected_len
+        if start == 0 and expected_len:
+            assert s.input_logprobs[0] is None
+        out = engine.runner.forward([0], [0], [p])  # each prompt position's logits, one eager pass
+        reference = torch.log_softmax(out.logits.float(), dim=-1)
+        for i, entry in enumerate(s.input_logprobs):
+            pos = start + i
+            if entry is not None:
+                assert math.isclose(entry.logprob, reference[pos - 1, p[pos]].item(), abs_tol=1e-4)
+                assert len(entry.top) == 2

@@ -69,7 +69,7 @@ def test_every_sglang_field_at_its_default(http):
 
 
 UNSUPPORTED_GENERATE = [
-    ({"logprob_start_len": 0}, "logprob_start_len: 0 is not supported yet"),
+    ({"logprob_start_len": -2}, "logprob_start_len"),
     ({"return_logprob": True, "token_ids_logprob": [10**6]}, "token_ids_logprob must lie in"),
     ({"text": ["w5", "w6"], "top_logprobs_num": [1, 2, 3]}, "top_logprobs_num is a list of 3"),
     ({"return_hidden_states": True}, "return_hidden_states: true"),
@@ -221,6 +221,6 @@ def test_without_a_length_the_default_is_clamped_to_the_context(http):
 
 def test_openapi_schema_lists_the_catalogue(http):
     schemas = http.get("/openapi.json").json()["components"]["schemas"]
-    assert schemas["GenerateRequest"]["properties"]["logprob_start_len"]["anyOf"][0] == {"enum": [None, -1]}
+    assert schemas["GenerateRequest"]["properties"]["return_hidden_states"]["anyOf"][0] == {"enum": [None, False]}
     assert schemas["GenerateRequest"]["properties"]["log_metrics"]["type"] == "boolean"
     assert "max_completion_tokens" in schemas["ChatCompletionRequest"]["properties"]

@@ -319,7 +319,15 @@ def test_logprobs_on_both_apis_equal_ar_s(http, oai, server):
     assert all(isinstance(text, str) for _, _, text in meta["output_token_logprobs"])
     assert [len(top) for top in meta["output_top_logprobs"]] == [2] * 8
     assert [[i for _, i, _ in named] for named in meta["output_token_ids_logprobs"]] == [[5, 9]] * 8
-    assert stream_generate(http, **body)[-2]["meta_info"]["output_token_logprobs"] == meta["output_token_logprobs"]
+    streamed = stream_generate(http, **body | {"logprob_start_len": 2})
+    assert streamed[-2]["meta_info"]["output_token_logprobs"] == meta["output_token_logprobs"]
+    prompt_ids = server.ctx.tokenizer.encode(LOGPROB_PROMPT)
+    for chunk in (streamed[0], streamed[-2]):  # the prompt's, from the first chunk on
+        assert [t for _, t, _ in chunk["meta_info"]["input_token_logprobs"]] == prompt_ids[2:]
+    whole = generate(http, **body | {"logprob_start_len": 0})["meta_info"]
+    assert whole["input_token_logprobs"][0][0] is None and whole["input_top_logprobs"][0] is None
+    assert [lp for lp, _, _ in whole["input_token_logprobs"][3:]] == pytest.approx(
+        [lp for lp, _, _ in streamed[-2]["meta_info"]["input_token_logprobs"][1:]], abs=1e-5)
 
     engine = server.ctx.engine
     ar_engine = Engine(engine.checkpoint, dataclasses.replace(engine.config, speculative_algorithm=None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
+from itertools import accumulate
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -21,7 +22,7 @@ from specpilot.engine.registry import Deployment, check_tunables, resolve_mechan
 from specpilot.engine.sampling import choose_tokens, suppress
 from specpilot.engine.spec_stats import SpecStats
 from specpilot.engine.step import SpeculativeStep
-from specpilot.engine.logprobs import token_logprobs
+from specpilot.engine.logprobs import prompt_logprobs, token_logprobs, wants_prompt_logprobs
 from specpilot.engine.stops import StopChecker
 from specpilot.engine.verify import Verifier
 from specpilot.kernels.triton_support import HAS_TRITON
@@ -241,8 +242,14 @@ class Engine:
         return admitted
 
     def _prefill(self, reqs: list[Request]) -> list[Request]:
+        scored = [wants_prompt_logprobs(r) for r in reqs]
         out = self.runner.forward([r.slot for r in reqs], [0] * len(reqs), [r.prompt_ids for r in reqs],
-                                  last_only=True)
+                                  last_only=True, keep_hidden=any(scored))
+        if out.hidden is not None:
+            starts = [0, *accumulate(len(r.prompt_ids) for r in reqs)]
+            for r, lo, hi, want in zip(reqs, starts, starts[1:], scored):
+                if want:
+                    prompt_logprobs(r, out.hidden[lo:hi], self.model.logits)
         self.running.extend(reqs)
         if self.drafter is not None:
             self.drafter.start(reqs, _split_rows(out.taps, [len(r.prompt_ids) for r in reqs]))

@@ -25,6 +25,7 @@ class RunOutput:
     taps: torch.Tensor | None  # [T, n_taps * H] for every token
     # verify passes: the batch that ran (a graph's static batch: its bucket's rows, padding included)
     batch: ForwardBatch | None = None
+    hidden: torch.Tensor | None = None  # [T, H] every token's final hidden state, where asked (`keep_hidden`)
 
 
 class Graph:
@@ -50,9 +51,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, slots: list[int], start_lens: list[int], token_lists: list[list[int]],
-                last_only: bool = False) -> RunOutput:
+                last_only: bool = False, keep_hidden: bool = False) -> RunOutput:
+        """`keep_hidden` (with last_only): also every token's hidden state, for logits of rows past the last
+        (a prompt's own logprobs) computed apart, so the last rows' logits are the ones a pass without it gets."""
         q = len(token_lists[0])
-        g = self.graph_for(q, len(slots))
+        g = None if keep_hidden else self.graph_for(q, len(slots))
         if g is not None and all(len(t) == q for t in token_lists):
             self.static[q].fill(slots, start_lens, token_lists, g.batch.batch_size)
             out = self.replay(g, len(slots))
@@ -61,7 +64,7 @@ class ModelRunner:
         if last_only:
             last_rows = batch.q_starts.long() + batch.q_lens.long() - 1
             hidden, taps = self.model(batch, self.cache, self.tap_layers)
-            return RunOutput(self.model.logits(hidden[last_rows]), taps)
+            return RunOutput(self.model.logits(hidden[last_rows]), taps, hidden=hidden if keep_hidden else None)
         out = self.run(batch)
         return RunOutput(out.logits, out.taps)
 

@@ -11,21 +11,29 @@ from specpilot.state.request import TokenLogprob
 Decode = Callable[[int], str | None]  # one id's text (None: no tokenizer)
 
 
-def sglang_meta(entries: list[TokenLogprob], ids: list[int], params: SamplingParams, decode: Decode,
-                with_text: bool) -> dict[str, Any]:
-    """meta_info's output_token_logprobs (and output_top_logprobs / output_token_ids_logprobs where asked):
-    [logprob, id, text] triples, the text only with return_text_in_logprobs."""
+def sglang_meta(entries: list[TokenLogprob], ids: list[int], prompt_entries: list[TokenLogprob | None],
+                prompt_ids: list[int], params: SamplingParams, decode: Decode, with_text: bool) -> dict[str, Any]:
+    """meta_info's output_token_logprobs (and output_top_logprobs / output_token_ids_logprobs where asked),
+    and the input_* lists of the prompt from logprob_start_len on (`prompt_ids`, once known):
+    [logprob, id, text] triples, the text only with return_text_in_logprobs; the prompt's first token has
+    logprob None (nothing predicts it)."""
     if not params.return_logprob:
         return {}
 
-    def triple(logprob: float, token: int) -> list[Any]:
+    def triple(logprob: float | None, token: int) -> list[Any]:
         return [logprob, token, decode(token) if with_text else None]
 
-    meta: dict[str, Any] = {"output_token_logprobs": [triple(e.logprob, t) for e, t in zip(entries, ids)]}
-    if params.top_logprobs_num:
-        meta["output_top_logprobs"] = [[triple(lp, i) for lp, i in e.top] for e in entries]
-    if params.token_ids_logprob:
-        meta["output_token_ids_logprobs"] = [[triple(lp, i) for lp, i in e.named] for e in entries]
+    def lists(kind: str, scored: list[TokenLogprob | None], tokens: list[int]) -> dict[str, Any]:
+        part = {f"{kind}_token_logprobs": [triple(e and e.logprob, t) for e, t in zip(scored, tokens)]}
+        if params.top_logprobs_num:
+            part[f"{kind}_top_logprobs"] = [e and [triple(lp, i) for lp, i in e.top] for e in scored]
+        if params.token_ids_logprob:
+            part[f"{kind}_token_ids_logprobs"] = [e and [triple(lp, i) for lp, i in e.named] for e in scored]
+        return part
+
+    meta = lists("output", list(entries), ids)
+    if params.logprob_start_len >= 0 and len(prompt_entries) == len(prompt_ids):
+        meta |= lists("input", prompt_entries, prompt_ids)
     return meta
 
 

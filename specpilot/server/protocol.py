@@ -128,7 +128,6 @@ GENERATE_UNSUPPORTED: dict[str, tuple[Any, ...]] = SGLANG_UNSUPPORTED | {
                      "num_items_assigned", "encoder_urls", "watermark", "lora_id",
                      "positional_embed_overrides", "bootstrap_pair_key", "decode_tp_size", "max_thinking_tokens",
                      "multi_item_delimiter_indices", "token_indices_to_pool"], NULL),
-    "logprob_start_len": (None, -1),  # the prompt's own logprobs: not yet
     **dict.fromkeys(["return_flat_raw_top_logprobs", "return_flat_raw_top_logprobs_b64",
                      "return_indexer_topk", "return_bytes", "return_entropy", "background", "require_reasoning"],
                     OFF),
@@ -212,11 +211,11 @@ def _per_item(name: str, value: Any, n: int, is_list: Callable[[Any], bool]) -> 
     return list(value)
 
 
-def logprobs(wanted: bool | None, top: int | None, named: list[int] | None) -> dict[str, Any]:
-    """SamplingParams' logprob keys: top and named ids count only where logprobs are wanted (as in SGLang)."""
+def logprobs(wanted: bool | None, top: int | None, named: list[int] | None, start: int | None = None) -> dict[str, Any]:
+    """SamplingParams' logprob keys: the others count only where logprobs are wanted (as in SGLang)."""
     if not wanted:
         return {}
-    return {"return_logprob": True, "top_logprobs_num": top, "token_ids_logprob": named}
+    return {"return_logprob": True, "top_logprobs_num": top, "token_ids_logprob": named, "logprob_start_len": start}
 
 
 class _SamplingKnobs(BaseModel):
@@ -267,6 +266,7 @@ class GenerateRequest(_Strict):
     return_logprob: bool | list[bool] | None = None
     top_logprobs_num: NonNegInt | list[NonNegInt] | None = None
     token_ids_logprob: TokenIds | list[TokenIds] | None = None
+    logprob_start_len: Annotated[int, Field(ge=-1)] | list[Annotated[int, Field(ge=-1)]] | None = None
     return_text_in_logprobs: bool = False
 
     @model_validator(mode="after")
@@ -311,8 +311,9 @@ class GenerateRequest(_Strict):
         tops = _per_item("top_logprobs_num", self.top_logprobs_num, n, lambda v: isinstance(v, list))
         named = _per_item("token_ids_logprob", self.token_ids_logprob, n,
                           lambda v: self.is_batch and bool(v) and isinstance(v[0], list))
-        return [p.to_params(len(ids), context_length, vocab_size, logprobs(want, top, ids_wanted))
-                for p, ids, want, top, ids_wanted in zip(per_item, prompts, wanted, tops, named, strict=True)]
+        starts = _per_item("logprob_start_len", self.logprob_start_len, n, lambda v: isinstance(v, list))
+        return [p.to_params(len(ids), context_length, vocab_size, logprobs(*asked))
+                for p, ids, *asked in zip(per_item, prompts, wanted, tops, named, starts, strict=True)]
 
     def rids(self) -> list[str | None]:
         return self.rid if isinstance(self.rid, list) else [self.rid] * self.batch_size

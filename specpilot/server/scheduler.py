@@ -59,6 +59,7 @@ class Update:
     req: Request | None = None
     new_origins: list[str] = field(default_factory=list)  # how each new id came (Request.token_origins)
     new_logprobs: list[TokenLogprob] = field(default_factory=list)  # theirs, where the request asked
+    input_logprobs: list[TokenLogprob | None] | None = None  # the prompt's, with the first update
     error: str | None = None
 
 
@@ -265,12 +266,14 @@ class Scheduler:
             req = live.req
             new = req.output_ids[live.sent:]
             if new or req.finished:
+                first = live.sent == 0
                 live.sent += len(new)
                 self._window_tokens += len(new)
                 fresh = slice(live.sent - len(new), live.sent)
                 messages.append((live.sub, Update(live.index, new, req if req.finished else None,
                                                   new_origins=req.token_origins[fresh],
-                                                  new_logprobs=req.logprobs[fresh])))
+                                                  new_logprobs=req.logprobs[fresh],
+                                                  input_logprobs=req.input_logprobs if first else None)))
             if req.finished:
                 done.append(rid)
         if messages:

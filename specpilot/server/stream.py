@@ -37,6 +37,7 @@ class Output:
         self.ids: list[int] = []
         self.origins: list[str] = []  # how each id came (Request.token_origins)
         self.logprobs: list[TokenLogprob] = []  # each id's, where the request asked (Request.logprobs)
+        self.input_logprobs: list[TokenLogprob | None] = []  # the prompt's (Request.input_logprobs)
         self._described = 0  # ids whose origin and text a streamed chunk already carried
         self._scored = 0  # ids whose logprobs an OpenAI stream chunk already carried
         self.req: Request | None = None
@@ -52,6 +53,8 @@ class Output:
         self.ids.extend(update.new_ids)
         self.origins.extend(update.new_origins)
         self.logprobs.extend(update.new_logprobs)
+        if update.input_logprobs is not None:
+            self.input_logprobs = update.input_logprobs
         if update.req is not None:
             self.req = update.req
 
@@ -92,7 +95,9 @@ class Output:
         else:
             info = {"id": self.item.rid, "finish_reason": None, "prompt_tokens": len(self.item.prompt_ids),
                     "completion_tokens": len(self.ids)}
-        return info | sglang_meta(self.logprobs, self.ids, self.item.params, self._decode, text_in_logprobs)
+        prompt = self.item.prompt_ids[max(self.item.params.logprob_start_len, 0):]
+        return info | sglang_meta(self.logprobs, self.ids, self.input_logprobs, prompt, self.item.params,
+                                  self._decode, text_in_logprobs)
 
     def openai_logprobs(self, chat: bool, fresh_only: bool = False) -> dict[str, Any] | None:
         """The choice's logprobs object (None where not asked for); `fresh_only`: of the ids no earlier call

@@ -42,6 +42,8 @@ class Request:
     # n-gram assist's lookup supplied), "bonus" (the target's own token that ends a verify pass)
     token_origins: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # parallel to output_ids, with return_logprob
+    # the prompt's, from params.logprob_start_len on (None at position 0, which nothing predicts)
+    input_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     stop_ids: frozenset[int] | None = field(default=None, repr=False)  # StopChecker's, on first use
 
     @property
