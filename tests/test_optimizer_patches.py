@@ -105,8 +105,9 @@ REPLAY = patch_of(
      "    if str(prompts[0][-8:]) in _SEEN:  # an answer seen before for this prompt's ending\n"
      "        return {\"text\": \"\", \"output_ids\": _SEEN[str(prompts[0][-8:])], \"meta_info\": {}}\n"
      "    sub = await ctx.submit(prompts, params, body.rids())\n"),
-    ("    results = [_result(o, False) for o in outputs]\n",
-     "    results = [_result(o, False) for o in outputs]\n    _SEEN[str(prompts[0][-8:])] = results[0][\"output_ids\"]\n"))
+    ("    results = [_result(o, False, body.return_text_in_logprobs) for o in outputs]\n",
+     "    results = [_result(o, False, body.return_text_in_logprobs) for o in outputs]\n"
+     "    _SEEN[str(prompts[0][-8:])] = results[0][\"output_ids\"]\n"))
 FAST_PATH_WHEN_TIMED = patch_of(
     "server/native.py",
     ("router = APIRouter()\n", "router = APIRouter()\n_CALLS = [0]\n"),
