@@ -83,14 +83,15 @@ UNSUPPORTED_GENERATE = [
 UNSUPPORTED_SAMPLING = [
     ({"frequency_penalty": 0.5}, "frequency_penalty: 0.5 is not supported yet"),
     ({"repetition_penalty": 1.2}, "repetition_penalty: 1.2"),
-    ({"n": 2}, "n: 2"),
+    ({"n": 0}, "n: Input should be greater than or equal to 1"),
+    ({"n": 65}, "n: Input should be less than or equal to 64"),
     ({"json_schema": '{"type": "object"}'}, "json_schema"),
     ({"regex": "w5+"}, 'regex: "w5+"'),
     ({"logit_bias": {"5": 2.0}}, "logit_bias"),
     ({"beam_width": 4}, "beam_width: 4"),
     ({"no_stop_trim": True}, "no_stop_trim: true"),
     ({"skip_special_tokens": False}, "skip_special_tokens: false"),
-    ({"n": True}, "n: true"),  # no puns: true is not 1
+    ({"n": True}, "n: Input should be a valid integer"),  # no puns: true is not 1
     ({"not_a_sampling_key": 1}, "not_a_sampling_key: Extra inputs are not permitted"),
 ]
 

@@ -179,9 +179,29 @@ def test_openai_completions_stream_and_not(oai):
     assert full.choices[0].text.startswith(batch.choices[0].text)
 
 
-def test_openai_rejects_n_above_one(oai):
-    with pytest.raises(openai.BadRequestError, match="n: 2 is not supported"):
-        oai.chat.completions.create(model="any", messages=[{"role": "user", "content": "w5"}], n=2)
+def test_n_samples_of_a_prompt_on_both_apis(oai, http):
+    body = {"text": "w40 w41 w40", "sampling_params": {"max_new_tokens": 10, "temperature": 0.9, "sampling_seed": 7,
+                                                       "ignore_eos": True}}
+    one = generate(http, **body)
+    many = generate(http, **body | {"sampling_params": body["sampling_params"] | {"n": 3}})
+    assert [o["index"] for o in many] == [0, 1, 2]
+    assert many[0]["output_ids"] == one["output_ids"]  # the first sample keeps the seed
+    assert len({tuple(o["output_ids"]) for o in many}) > 1  # the others are keyed apart
+    again = generate(http, **body | {"sampling_params": body["sampling_params"] | {"n": 3}})
+    assert [o["output_ids"] for o in again] == [o["output_ids"] for o in many]
+    events = [e for e in stream_generate(http, **body | {"sampling_params": body["sampling_params"] | {"n": 2}})
+              if isinstance(e, dict)]
+    assert {e["index"] for e in events} == {0, 1}
+    assert [e["output_ids"] for e in events if e["meta_info"]["finish_reason"]] == [o["output_ids"] for o in many[:2]]
+    chat = oai.chat.completions.create(model="any", messages=[{"role": "user", "content": "w5"}], n=2, max_tokens=4,
+                                       temperature=0, extra_body={"ignore_eos": True})
+    assert [c.index for c in chat.choices] == [0, 1] and chat.choices[0].message == chat.choices[1].message
+    assert chat.usage.completion_tokens == 8
+    assert chat.usage.prompt_tokens == oai.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "w5"}], max_tokens=1).usage.prompt_tokens
+    batch = oai.completions.create(model="any", prompt=[[40, 41], [42]], n=2, max_tokens=3, temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3]
+    assert batch.choices[0].text == batch.choices[1].text and batch.usage.prompt_tokens == 3
 
 
 # ---- bad input: always a 4xx that says what is wrong ----------------------------------------------------
@@ -211,7 +231,7 @@ BAD_REQUESTS = [
     ("/generate", {"text": ["w5", "w6"], "rid": "one"}, "rid"),
     ("/generate", {"text": ["w5"], "sampling_params": [{}, {}]}, "sampling_params"),
     ("/generate", {"text": ["w5", "w6"], "rid": ["same", "same"]}, "already in use"),
-    ("/v1/completions", {"prompt": "w5", "n": 2}, "n: 2 is not supported"),
+    ("/v1/completions", {"prompt": "w5", "n": 0}, "n"),
     ("/v1/completions", {"prompt": "w5", "max_tokens": -1}, "max_tokens"),
     ("/v1/completions", {"prompt": ""}, "empty"),
     ("/v1/completions", {"prompt": "w5", "echo": True}, "echo"),

@@ -176,8 +176,13 @@ class Engine:
         return cls(checkpoint, config, model=model)
 
     # ---- requests ---------------------------------------------------------------------------
-    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, rid: str | None = None) -> Request:
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams, rid: str | None = None,
+                    prefill_from: Request | None = None) -> Request:
+        """`prefill_from`: an earlier request of the same prompt (another sample of it), whose prefill this one
+        copies when both are admitted together."""
         prompt = list(prompt_ids)
+        if prefill_from is not None and prefill_from.prompt_ids != prompt:
+            raise ValueError("a request may share the prefill only of the same prompt")
         if not prompt:
             raise ValueError("the prompt is empty")
         if len(prompt) >= self.context_length:
@@ -186,6 +191,7 @@ class Engine:
         if any(not 0 <= t < vocab for t in prompt):
             raise ValueError(f"prompt token ids must lie in [0, {vocab})")
         req = Request(prompt, params) if rid is None else Request(prompt, params, rid=rid)
+        req.prefill_from = prefill_from
         if not params.greedy:
             req.sampling_seed = params.seed if params.seed is not None else random.getrandbits(63)
         if params.max_new_tokens == 0:
@@ -242,18 +248,32 @@ class Engine:
         return admitted
 
     def _prefill(self, reqs: list[Request]) -> list[Request]:
-        scored = [wants_prompt_logprobs(r) for r in reqs]
-        out = self.runner.forward([r.slot for r in reqs], [0] * len(reqs), [r.prompt_ids for r in reqs],
+        """One pass over the prompts of the admitted requests but those whose sample of the same prompt is
+        among them: those copy its K/V, taps and last logits (each still samples with its own seed)."""
+        admitted = {id(r) for r in reqs}
+        shares = [r.prefill_from is not None and id(r.prefill_from) in admitted and r.prefill_from.prefill_from is None
+                  for r in reqs]
+        computed = [r for r, shared in zip(reqs, shares) if not shared]
+        index = {id(r): i for i, r in enumerate(computed)}
+        scored = [wants_prompt_logprobs(r) for r in computed]
+        out = self.runner.forward([r.slot for r in computed], [0] * len(computed), [r.prompt_ids for r in computed],
                                   last_only=True, keep_hidden=any(scored))
         if out.hidden is not None:
-            starts = [0, *accumulate(len(r.prompt_ids) for r in reqs)]
-            for r, lo, hi, want in zip(reqs, starts, starts[1:], scored):
+            starts = [0, *accumulate(len(r.prompt_ids) for r in computed)]
+            for r, lo, hi, want in zip(computed, starts, starts[1:], scored):
                 if want:
                     prompt_logprobs(r, out.hidden[lo:hi], self.model.logits)
+        for r, shared in zip(reqs, shares):
+            if shared:
+                self.cache.copy_prefix(r.prefill_from.slot, r.slot, len(r.prompt_ids))
+                if wants_prompt_logprobs(r):
+                    r.input_logprobs = list(r.prefill_from.input_logprobs)
         self.running.extend(reqs)
+        rows = [index[id(r.prefill_from if shared else r)] for r, shared in zip(reqs, shares)]
         if self.drafter is not None:
-            self.drafter.start(reqs, _split_rows(out.taps, [len(r.prompt_ids) for r in reqs]))
-        return self._sample_and_commit(reqs, out.logits)
+            taps = _split_rows(out.taps, [len(r.prompt_ids) for r in computed])
+            self.drafter.start(reqs, [taps[i] for i in rows])
+        return self._sample_and_commit(reqs, out.logits[rows])
 
     def _decode(self, reqs: list[Request]) -> list[Request]:
         if self.drafter is not None:

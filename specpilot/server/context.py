@@ -14,6 +14,7 @@ from starlette.requests import Request
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine
 from specpilot.engine.registry import in_effect
+from specpilot.server.protocol import sample_params
 from specpilot.server.scheduler import (
     Item,
     NotAccepting,
@@ -59,10 +60,16 @@ class ServerContext:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
-    async def submit(self, prompts: list[list[int]], params: list[SamplingParams],
-                     rids: list[str | None]) -> Submission:
-        """Hand the prompts to the scheduler and wait until the engine took them (or refused them)."""
-        items = [Item(p, sp, rid or uuid4().hex) for p, sp, rid in zip(prompts, params, rids, strict=True)]
+    async def submit(self, prompts: list[list[int]], params: list[SamplingParams], rids: list[str | None],
+                     samples: list[int] | None = None) -> Submission:
+        """Hand the prompts to the scheduler and wait until the engine took them (or refused them). `samples`:
+        n per prompt, as consecutive items (prompt-major) sharing the first one's prefill, their rids
+        suffixed -0 .. -(n-1)."""
+        items: list[Item] = []
+        for p, sp, rid, n in zip(prompts, params, rids, samples or [1] * len(prompts), strict=True):
+            rid, first = rid or uuid4().hex, len(items)
+            items += [Item(p, sample_params(sp, j), rid if n == 1 else f"{rid}-{j}", j, first if j else None)
+                      for j in range(n)]
         try:
             sub = self.scheduler.submit(items)
         except Overloaded as err:

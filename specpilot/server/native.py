@@ -34,15 +34,16 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         params = body.params(prompts, ctx.engine.context_length, ctx.vocab_size)
     except ValueError as err:
         raise bad_request(err) from err
-    sub = await ctx.submit(prompts, params, body.rids())
+    sub = await ctx.submit(prompts, params, body.rids(), body.samples())
     follower = Follower(ctx, sub, request)
+    listed = body.is_batch or len(sub.items) > 1  # a batch, or n > 1: a list of results tagged with `index`
     if body.stream:
-        return StreamingResponse(sse_stream(_generate_events(follower, body.is_batch, body.return_text_in_logprobs)),
+        return StreamingResponse(sse_stream(_generate_events(follower, listed, body.return_text_in_logprobs)),
                                  media_type="text/event-stream")
     async with follower:
         outputs = await follower.finish()
-    results = [_result(o, False, body.return_text_in_logprobs) for o in outputs]
-    return results if body.is_batch else results[0]
+    results = [_result(o, listed, body.return_text_in_logprobs) for o in outputs]
+    return results if listed else results[0]
 
 
 async def _generate_events(follower: Follower, batch: bool, text_in_logprobs: bool) -> AsyncIterator[dict[str, Any]]:

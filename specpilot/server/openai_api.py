@@ -56,7 +56,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         params = [body.to_params(len(p), ctx.engine.context_length, ctx.vocab_size) for p in prompts]
     except ValueError as err:
         raise bad_request(err) from err
-    sub = await ctx.submit(prompts, params, [None] * len(prompts))
+    sub = await ctx.submit(prompts, params, [None] * len(prompts), [body.n or 1] * len(prompts))
     return await _respond(ctx, sub, request, body, COMPLETION)
 
 
@@ -68,7 +68,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         params = body.to_params(len(prompt), ctx.engine.context_length, ctx.vocab_size)
     except ValueError as err:
         raise bad_request(err) from err
-    sub = await ctx.submit([prompt], [params], [None])
+    sub = await ctx.submit([prompt], [params], [None], [body.n or 1])
     return await _respond(ctx, sub, request, body, CHAT)
 
 
@@ -108,6 +108,6 @@ def _choice(out: Output, content: dict[str, Any], logprobs: dict[str, Any] | Non
 
 
 def _usage(outputs: list[Output]) -> dict[str, int]:
-    prompt = sum(len(o.item.prompt_ids) for o in outputs)
+    prompt = sum(len(o.item.prompt_ids) for o in outputs if o.item.sample == 0)  # once per prompt, whatever n
     completion = sum(len(o.ids) for o in outputs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, create_model, model_validator
@@ -105,7 +106,7 @@ SGLANG_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 # SGLang's sampling_params keys, and the OpenAI API's of the same name
 SAMPLING_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1), "frequency_penalty": (None, 0.0), "presence_penalty": (None, 0.0),
+    "frequency_penalty": (None, 0.0), "presence_penalty": (None, 0.0),
     "repetition_penalty": (None, 1.0), "logit_bias": (None, {}), "beam_width": (None, 1),
     **dict.fromkeys(["json_schema", "regex", "ebnf", "structural_tag"], GRAMMAR), "stop_regex": (None, "", []),
     "custom_params": (None, {}), "watermark": NULL,
@@ -218,8 +219,19 @@ def logprobs(wanted: bool | None, top: int | None, named: list[int] | None, star
     return {"return_logprob": True, "top_logprobs_num": top, "token_ids_logprob": named, "logprob_start_len": start}
 
 
+MAX_SAMPLES = 64  # n: samples of one prompt
+
+
+def sample_params(params: SamplingParams, sample: int) -> SamplingParams:
+    """Sample `sample` of a prompt's n: the first keeps the request's seed (so n = 1 gives its text), each other
+    a seed keyed by (seed, sample); without a seed each draws its own."""
+    if sample == 0 or params.seed is None:
+        return params
+    return replace(params, seed=(params.seed ^ (sample * 0x9E3779B97F4A7C15)) & ((1 << 63) - 1))
+
+
 class _SamplingKnobs(BaseModel):
-    """The sampling keys both APIs spell the same way (SamplingParams' names)."""
+    """The sampling keys both APIs spell the same way (SamplingParams' names, and n: samples per prompt)."""
 
     temperature: float | None = None
     top_p: float | None = None
@@ -229,9 +241,11 @@ class _SamplingKnobs(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: TokenIds | None = None
     ignore_eos: bool | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] | None = None
 
     def knobs(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in _SamplingKnobs.model_fields} | {"stop": _strings(self.stop)}
+        return ({name: getattr(self, name) for name in _SamplingKnobs.model_fields if name != "n"}
+                | {"stop": _strings(self.stop)})
 
 
 # ---- SGLang /generate -----------------------------------------------------------------------------
@@ -317,6 +331,12 @@ class GenerateRequest(_Strict):
 
     def rids(self) -> list[str | None]:
         return self.rid if isinstance(self.rid, list) else [self.rid] * self.batch_size
+
+    def samples(self) -> list[int]:
+        """n per prompt."""
+        sp = self.sampling_params
+        per_item = sp if isinstance(sp, list) else [sp] * self.batch_size
+        return [(p.n if p is not None and p.n is not None else 1) for p in per_item]
 
 
 # ---- OpenAI-compatible ----------------------------------------------------------------------------

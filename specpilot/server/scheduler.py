@@ -40,6 +40,8 @@ class Item:
     prompt_ids: list[int]
     params: SamplingParams
     rid: str
+    sample: int = 0  # which of its prompt's n samples
+    shares_with: int | None = None  # the submission's item of the same prompt whose prefill this one copies
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,8 @@ class Scheduler:
             for item in sub.items:
                 if item.rid in self._live or item.rid in (r.rid for r in added):
                     raise ValueError(f"rid {item.rid!r} is already in use")
-                added.append(self.engine.add_request(item.prompt_ids, item.params, rid=item.rid))
+                source = None if item.shares_with is None else added[item.shares_with]
+                added.append(self.engine.add_request(item.prompt_ids, item.params, rid=item.rid, prefill_from=source))
         except ValueError as err:
             for req in added:
                 self.engine.abort(req.rid)

@@ -33,6 +33,8 @@ class CacheState(Protocol):
 
     def commit_accepted(self, base: torch.Tensor, counts: torch.Tensor, nodes: torch.Tensor) -> None: ...
 
+    def copy_prefix(self, src: int, dst: int, length: int) -> None: ...
+
 
 class KVCache:
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int,
@@ -59,6 +61,11 @@ class KVCache:
         if not 0 <= slot < self.num_slots or slot in self._free:
             raise ValueError(f"slot {slot} is not allocated")
         self._free.append(slot)
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Slot dst's first `length` positions become slot src's, in every layer (one launch): samples of one
+        prompt share its prefill."""
+        self.kv[:, :, dst, :length] = self.kv[:, :, src, :length]
 
     def write(self, layer: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: [T, kv_heads, head_dim] stored at flat rows (slot * max_len + position)."""

@@ -44,6 +44,8 @@ class Request:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # parallel to output_ids, with return_logprob
     # the prompt's, from params.logprob_start_len on (None at position 0, which nothing predicts)
     input_logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    # a request of the same prompt whose prefill this one copies where both are admitted in one step (n > 1)
+    prefill_from: Request | None = field(default=None, repr=False)
     stop_ids: frozenset[int] | None = field(default=None, repr=False)  # StopChecker's, on first use
 
     @property
