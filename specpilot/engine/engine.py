@@ -22,6 +22,7 @@ from specpilot.engine.registry import Deployment, check_tunables, resolve_mechan
 from specpilot.engine.sampling import choose_tokens, suppress
 from specpilot.engine.spec_stats import SpecStats
 from specpilot.engine.step import SpeculativeStep
+from specpilot.engine.grammar import GrammarCompiler, constrain
 from specpilot.engine.logprobs import prompt_logprobs, token_logprobs, wants_prompt_logprobs
 from specpilot.engine.stops import StopChecker
 from specpilot.engine.verify import Verifier
@@ -69,6 +70,7 @@ class Engine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.checkpoint = checkpoint
         self.tokenizer = checkpoint.tokenizer
+        self._grammars: GrammarCompiler | None = None  # made on the first constrained request
         mcfg = checkpoint.config
         self.model = model if model is not None else _build_model(checkpoint, self.device, self.dtype)
         per_token = kv_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, self.dtype)
@@ -192,6 +194,10 @@ class Engine:
             raise ValueError(f"prompt token ids must lie in [0, {vocab})")
         req = Request(prompt, params) if rid is None else Request(prompt, params, rid=rid)
         req.prefill_from = prefill_from
+        if params.constraint is not None:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer, self.checkpoint.config.vocab_size)
+            req.grammar = self._grammars.matcher(params)
         if not params.greedy:
             req.sampling_seed = params.seed if params.seed is not None else random.getrandbits(63)
         if params.max_new_tokens == 0:
@@ -284,6 +290,9 @@ class Engine:
 
     def _sample_and_commit(self, reqs: list[Request], logits: torch.Tensor) -> list[Request]:
         logits = suppress(logits, [self.stops.banned(r, 1)[0] for r in reqs])
+        for i, r in enumerate(reqs):
+            if r.grammar is not None:
+                constrain(logits[i : i + 1], r.grammar.allowed([[]]))
         tokens = choose_tokens(logits, reqs)
         finished = []
         for i, (r, t) in enumerate(zip(reqs, tokens)):
@@ -357,5 +366,7 @@ class Engine:
         del req.output_ids[num_output_tokens:]
         del req.token_origins[num_output_tokens:]
         del req.logprobs[num_output_tokens:]
+        if req.grammar is not None:
+            req.grammar.reset(req.output_ids)
         if self.speculation is not None:  # what the device prepared for the next step assumed the old length
             self.speculation.invalidate()

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from specpilot.engine.grammar import constrain
 from specpilot.engine.sampling import keyed_sample, suppress
 from specpilot.engine.spec_stats import StepClock
 from specpilot.kernels.softmax_topk import row_argmax
@@ -160,7 +161,8 @@ class SpeculativeStep:
         keyed samples), else the walk."""
         reqs, tree = plan.reqs, plan.draft.tree
         banned = self._banned_rows(plan)
-        on_device = "device-acceptance" in self.mechanisms and plan.uniform and not any(banned)
+        constrained = any(r.grammar is not None for r in reqs)
+        on_device = "device-acceptance" in self.mechanisms and plan.uniform and not any(banned) and not constrained
         if on_device:
             accepted, taps, host, graphed = self._accept_on_device(plan, out)
             clock.mark()
@@ -171,7 +173,10 @@ class SpeculativeStep:
             # the one sync: rows of the bucket's requests, of which the first len(reqs) are ours
             decisions = Accepted.unpack(host.tolist(), out.batch.batch_size, plan.widths[0], len(reqs))
             return Acceptance(decisions, taps, launched, graphed)
-        decisions = self._walk(plan, suppress(out.logits, banned))  # syncs
+        logits = suppress(out.logits, banned)
+        if constrained:
+            self._constrain(plan, logits)
+        decisions = self._walk(plan, logits)  # syncs
         clock.mark()
         taps = out.taps
         if tree is not None:  # per request: its count, then its rows padded to q
@@ -290,6 +295,19 @@ class SpeculativeStep:
                                                        parents[drafted] if draft.tree is not None else None)
             decisions.append(Decision(tokens, [0, *path]))
         return decisions
+
+    def _constrain(self, plan: VerifyPlan, logits: torch.Tensor) -> None:
+        """Each constrained request's verify rows masked by its grammar at the state its draft path leads
+        to (row 0: its committed tokens; a draft node's row: those and the path of drafts down to it)."""
+        tokens = plan.draft.tokens.tolist()
+        parents = plan.draft.tree.parents.tolist() if plan.draft.tree is not None else None
+        for i, (req, w, lo) in enumerate(zip(plan.reqs, plan.widths, plan.offsets)):
+            if req.grammar is None:
+                continue
+            paths: list[list[int]] = [[]]
+            for j in range(w - 1):  # draft j's row is j + 1, below its parent's row (a chain's: j)
+                paths.append(paths[parents[i][j] if parents is not None else j] + [tokens[i][j]])
+            constrain(logits[lo : lo + w], req.grammar.allowed(paths))
 
     def _banned_rows(self, plan: VerifyPlan) -> list[list[int]]:
         """Ids banned per verify row: row j decides the token at depth (its node's depth) + 1."""

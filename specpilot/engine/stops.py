@@ -1,4 +1,4 @@
-"""When a request is done: stop ids, stop strings, lengths (SGLang's finish_reason)."""
+"""When a request is done: stop ids, stop strings, a finished grammar, lengths (SGLang's finish_reason)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ class StopChecker:
     def append(self, req: Request, token: int) -> bool:
         """Append one token; returns True (and sets finish_reason) when the request is finished."""
         req.output_ids.append(token)
+        if req.grammar is not None:
+            req.grammar.accept(token)
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
         n = len(req.output_ids)
@@ -42,6 +44,8 @@ class StopChecker:
             reason = {"type": "stop", "matched": token}
         elif n >= req.params.min_new_tokens and (matched := self._stop_string(req)) is not None:
             reason = {"type": "stop", "matched": matched}
+        elif req.grammar is not None and req.grammar.terminated:  # the grammar took its stop token
+            reason = {"type": "stop", "matched": token}
         elif n >= req.params.max_new_tokens or len(req.prompt_ids) + n >= self.max_len:
             reason = {"type": "length", "length": n}
         if reason is not None:

@@ -108,7 +108,7 @@ SGLANG_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 SAMPLING_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (None, 0.0), "presence_penalty": (None, 0.0),
     "repetition_penalty": (None, 1.0), "logit_bias": (None, {}), "beam_width": (None, 1),
-    **dict.fromkeys(["json_schema", "regex", "ebnf", "structural_tag"], GRAMMAR), "stop_regex": (None, "", []),
+    "structural_tag": GRAMMAR, "stop_regex": (None, "", []),
     "custom_params": (None, {}), "watermark": NULL,
     # detokenization: special tokens are skipped, stop strings trimmed from the text
     "skip_special_tokens": ON, "spaces_between_special_tokens": ON, "no_stop_trim": OFF,
@@ -141,7 +141,6 @@ OPENAI_METADATA: dict[str, Any] = SGLANG_METADATA | {
     "prompt_cache_key": str | None, "prompt_cache_retention": str | None, "prompt_cache_options": dict[str, Any] | None,
 }
 OPENAI_UNSUPPORTED: dict[str, tuple[Any, ...]] = SAMPLING_UNSUPPORTED | {
-    "response_format": (None, {"type": "text"}),
     # SGLang's extensions
     **dict.fromkeys(["rid", "input_ids", "thinking", "task"], NULL),
     **dict.fromkeys(["return_token_ids", "return_meta_info", "return_cached_tokens_details",
@@ -242,10 +241,15 @@ class _SamplingKnobs(BaseModel):
     stop_token_ids: TokenIds | None = None
     ignore_eos: bool | None = None
     n: Annotated[int, Field(ge=1, le=MAX_SAMPLES)] | None = None
+    # structured output (SGLang's keys; an empty one is none)
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     def knobs(self) -> dict[str, Any]:
+        grammars = {name: getattr(self, name) or None for name in ("json_schema", "regex", "ebnf")}
         return ({name: getattr(self, name) for name in _SamplingKnobs.model_fields if name != "n"}
-                | {"stop": _strings(self.stop)})
+                | {"stop": _strings(self.stop)} | grammars)
 
 
 # ---- SGLang /generate -----------------------------------------------------------------------------
@@ -345,6 +349,35 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JSONSchemaFormat(BaseModel):
+    """OpenAI's response_format.json_schema (description and strict are accepted: the schema is always kept)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    name: str
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema goes with type json_schema, and only with it")
+        return self
+
+    def schema_text(self) -> str | None:
+        """The JSON schema the output must follow (json_object: any object; text: none)."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return json.dumps({"type": "object"})
+        return json.dumps(self.json_schema.json_schema or {})
+
+
 @with_fields(OPENAI_METADATA, neutral_only(OPENAI_UNSUPPORTED), neutral_only(SGLANG_UNSUPPORTED, per_item=True))
 class OpenAISampling(_Strict, _SamplingKnobs):
     """Fields shared by /v1/completions and /v1/chat/completions. Defaults are OpenAI's (temperature
@@ -362,15 +395,27 @@ class OpenAISampling(_Strict, _SamplingKnobs):
         """The requested length, by the name the client gave it (None: none given)."""
         return "max_tokens", self.max_tokens
 
+    response_format: ResponseFormat | None = None
+
     def logprob_fields(self) -> dict[str, Any]:
         """SamplingParams' logprob keys from the endpoint's own spelling of them."""
         return {}
+
+    def grammar_fields(self) -> dict[str, Any]:
+        """response_format as SamplingParams' json_schema, beside SGLang's own grammar keys (one of them)."""
+        schema = None if self.response_format is None else self.response_format.schema_text()
+        if schema is None:
+            return {}
+        if self.json_schema or self.regex or self.ebnf:
+            raise ValueError("response_format and json_schema / regex / ebnf: give one")
+        return {"json_schema": schema}
 
     def to_params(self, prompt_len: int, context_length: int, vocab_size: int) -> SamplingParams:
         max_tokens = fitted_length(*self.length(), self.default_max_tokens, prompt_len, context_length)
         temperature = 1.0 if self.temperature is None else self.temperature
         return sampling_params(self.knobs() | {"max_new_tokens": max_tokens, "min_new_tokens": self.min_tokens,
-                                               "temperature": temperature} | self.logprob_fields(), vocab_size)
+                                               "temperature": temperature} | self.logprob_fields()
+                               | self.grammar_fields(), vocab_size)
 
     @property
     def include_usage(self) -> bool:

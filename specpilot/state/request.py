@@ -46,6 +46,8 @@ class Request:
     input_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     # a request of the same prompt whose prefill this one copies where both are admitted in one step (n > 1)
     prefill_from: Request | None = field(default=None, repr=False)
+    # its structured-output constraint's state (engine/grammar.py RequestGrammar), advanced with each token
+    grammar: Any = field(default=None, repr=False)
     stop_ids: frozenset[int] | None = field(default=None, repr=False)  # StopChecker's, on first use
 
     @property

@@ -1,0 +1,101 @@
+"""Structured output: a request's JSON schema, regex or EBNF grammar (xgrammar) masks the target's
+distribution at every position it decides: a prefill's or decode's row, and each verify row from the
+grammar state its draft path leads to, so a constrained speculative decode equals constrained AR token
+for token and a draft that breaks the grammar is rejected like any other mismatch."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import torch
+import xgrammar
+
+from specpilot.config import SamplingParams
+
+MAX_DRAFT_DEPTH = 64  # the matcher keeps this many tokens to roll back (a verify path's length)
+
+
+class GrammarCompiler:
+    """Compiles constraints against the target's tokenizer, each distinct one once."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        if tokenizer is None:
+            raise ValueError("structured output needs the model's tokenizer")
+        self.vocab_size = vocab_size
+        self._compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(tokenizer,
+                                                                                          vocab_size=vocab_size))
+        self._compiled = lru_cache(maxsize=64)(self._compile)
+
+    def _compile(self, kind: str, spec: str) -> xgrammar.CompiledGrammar:
+        if kind == "json_schema":
+            return self._compiler.compile_json_schema(spec)
+        if kind == "regex":
+            return self._compiler.compile_regex(spec)
+        return self._compiler.compile_grammar(spec)
+
+    def matcher(self, params: SamplingParams) -> RequestGrammar:
+        kind, spec = params.constraint
+        try:
+            compiled = self._compiled(kind, spec)
+        except Exception as err:  # xgrammar's parse errors carry no common type
+            raise ValueError(f"{kind}: {err}") from err
+        grammar = RequestGrammar(xgrammar.GrammarMatcher(compiled, max_rollback_tokens=MAX_DRAFT_DEPTH),
+                                 self.vocab_size)
+        if not grammar.allowed([[]]).any():
+            raise ValueError(f"{kind}: no token of this model's vocabulary can start it")
+        return grammar
+
+
+class RequestGrammar:
+    """One request's grammar state, at its committed tokens."""
+
+    def __init__(self, matcher: xgrammar.GrammarMatcher, vocab_size: int) -> None:
+        self.matcher, self.vocab_size = matcher, vocab_size
+        self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
+
+    @property
+    def terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def accept(self, token: int) -> None:
+        if not self.matcher.accept_token(token):
+            raise RuntimeError(f"token {token} breaks the request's grammar")  # a mask was not applied
+
+    def reset(self, tokens: list[int]) -> None:
+        """Back to the state after `tokens` (a rollback)."""
+        self.matcher.reset()
+        for token in tokens:
+            self.accept(token)
+
+    def _allowed(self) -> torch.Tensor:
+        self.matcher.fill_next_token_bitmask(self._bitmask)
+        bits = self._bitmask[0]
+        ids = torch.arange(self.vocab_size)
+        return ((bits[ids // 32] >> (ids % 32)) & 1).bool()
+
+    def allowed(self, paths: list[list[int]]) -> torch.Tensor:
+        """[len(paths), V] bool: the ids allowed after each path of tokens from the committed state. A path the
+        grammar refuses part of cannot be reached (its parent's row excludes it), and one ending in the
+        grammar's stop token ends the request: their rows decide nothing, and allow everything."""
+        rows = []
+        for path in paths:
+            taken = 0
+            for token in path:
+                if not self.matcher.accept_token(token):
+                    break
+                taken += 1
+            decides = taken == len(path) and not self.matcher.is_terminated()
+            rows.append(self._allowed() if decides else torch.ones(self.vocab_size, dtype=torch.bool))
+            if taken:
+                self.matcher.rollback(taken)
+        return torch.stack(rows)
+
+
+def constrain(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """-inf where the grammar forbids (in place, like the stop bans); `allowed` [rows, V] bool."""
+    vocab = min(logits.shape[-1], allowed.shape[-1])
+    logits[:, :vocab].masked_fill_(~allowed[:, :vocab].to(logits.device), float("-inf"))
+    if logits.shape[-1] > vocab:  # ids past the tokenizer's vocabulary are no text
+        logits[:, vocab:] = float("-inf")
+    return logits

@@ -1,0 +1,144 @@
+"""Structured output under speculation: a JSON schema, a regex or an EBNF grammar masks the target's
+distribution at every decided position, so constrained speculative decoding equals constrained AR token for
+token, whatever the drafter proposes (drafts that break the grammar are rejected)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from spec_fixtures import OracleDrafter, write_random_dflash
+from tiny_models import make_tiny_model_dir
+
+from specpilot.config import SamplingParams
+from specpilot.engine.engine import Engine, EngineConfig
+from specpilot.forcing import run_forcing
+from specpilot.models.checkpoint import load_checkpoint
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]},
+                                           "tag": {"type": "string", "maxLength": 6}},
+          "required": ["ok", "n", "tag"], "additionalProperties": False}
+REGEX = r"(yes|no)-[0-9]{2,4}"
+EBNF = 'root ::= "(" item ("," item)? ("," item)? ")"\nitem ::= [a-c] | "[" [a-c] "]"'
+CONSTRAINTS = {"json_schema": json.dumps(SCHEMA), "regex": REGEX, "ebnf": EBNF}
+
+
+@pytest.fixture(scope="module")
+def spelled(tmp_path_factory):
+    """The tiny Llama whose tokenizer spells text out (ids 6..99 are characters), and a random DFlash drafter."""
+    path = make_tiny_model_dir(tmp_path_factory.mktemp("spelled"), spelled=True)
+    cfg = load_checkpoint(path).config
+    dflash = write_random_dflash(tmp_path_factory.mktemp("dflash"), hidden=cfg.hidden_size,
+                                 num_target_layers=cfg.num_layers, mask_token_id=cfg.vocab_size - 1)
+    return path, dflash
+
+
+def engine(path, **spec) -> Engine:
+    return Engine(load_checkpoint(path), EngineConfig(device="cpu", context_length=256, max_running_requests=4, **spec))
+
+
+def text(eng: Engine, ids: list[int]) -> str:
+    """The characters the ids spell, without the stop token."""
+    return "".join(eng.tokenizer.convert_ids_to_tokens([i for i in ids if i != 2]))
+
+
+def prompts(eng: Engine) -> list[list[int]]:
+    return [eng.tokenizer.encode(t) for t in ("hello world", "abc", "x y z 1 2 3")]
+
+
+def _valid(kind: str, out: str) -> bool:
+    if kind == "json_schema":
+        value = json.loads(out)
+        return (set(value) == {"ok", "n", "tag"} and isinstance(value["ok"], bool) and value["n"] in (1, 2, 3)
+                and isinstance(value["tag"], str) and len(value["tag"]) <= 6)
+    if kind == "regex":
+        return re.fullmatch(REGEX, out) is not None
+    return re.fullmatch(r"\((\[[a-c]\]|[a-c])(,(\[[a-c]\]|[a-c])){0,2}\)", out) is not None
+
+
+SPEC = {"ngram": {"speculative_algorithm": "ngram", "speculative_num_draft_tokens": 4},
+        "dflash tree + assist": {"speculative_algorithm": "dflash", "speculative_eagle_topk": 3,
+                                 "speculative_ngram_assist": 1}}
+
+
+@pytest.mark.parametrize("kind", CONSTRAINTS)
+@pytest.mark.parametrize("drafter", SPEC)
+def test_constrained_speculation_equals_constrained_ar(spelled, kind, drafter):
+    path, dflash = spelled
+    params = SamplingParams(max_new_tokens=60, **{kind: CONSTRAINTS[kind]})
+    ar_engine = engine(path)
+    ar = ar_engine.generate(prompts(ar_engine), params)
+    spec_engine = engine(path, speculative_draft_model_path=str(dflash), **SPEC[drafter])
+    spec = spec_engine.generate(prompts(spec_engine), params)
+    for a, s in zip(ar, spec):
+        assert s.output_ids == a.output_ids and s.accept_lengths
+        if a.finish_reason["type"] == "stop":  # the grammar finished within the length
+            assert _valid(kind, text(ar_engine, a.output_ids)), text(ar_engine, a.output_ids)
+    assert any(a.finish_reason["type"] == "stop" for a in ar)
+
+
+@pytest.mark.parametrize("first_error", [2, 40])
+def test_drafts_are_accepted_up_to_the_first_that_breaks_or_misses(spelled, first_error):
+    """An oracle drafter proposes constrained AR's own tokens (wrong ones from `first_error` on, which may
+    break the grammar): each full step accepts exactly min(first_error, K) drafts, deeper rows' masks
+    included."""
+    path, _ = spelled
+    block = 8
+    params = SamplingParams(max_new_tokens=40, json_schema=CONSTRAINTS["json_schema"], ignore_eos=True)
+    ar_engine = engine(path)
+    ar = [r.output_ids for r in ar_engine.generate(prompts(ar_engine), params)]
+    cand = engine(path)
+    reqs = [cand.add_request(p, params) for p in prompts(cand)]
+    cand.drafter = OracleDrafter(block, {r.rid: a for r, a in zip(reqs, ar)}, first_error,
+                                 cand.checkpoint.config.vocab_size)
+    cand.spec_stats.block_size = block
+    while cand.has_work:
+        cand.step()
+    assert [r.output_ids for r in reqs] == ar
+    for r in reqs:
+        full = r.accept_lengths[:-1]
+        assert full and all(n == min(first_error, block - 1) + 1 for n in full)
+
+
+def test_seeded_constrained_sampling_is_the_same_with_and_without_speculation(spelled):
+    path, dflash = spelled
+    params = SamplingParams(max_new_tokens=40, temperature=0.8, top_p=0.95, seed=3, regex=REGEX)
+    ar_engine = engine(path)
+    ar = ar_engine.generate(prompts(ar_engine), params)
+    spec = engine(path, speculative_algorithm="dflash", speculative_draft_model_path=str(dflash)).generate(
+        prompts(ar_engine), params)
+    assert [s.output_ids for s in spec] == [a.output_ids for a in ar]
+    assert all(_valid("regex", text(ar_engine, a.output_ids)) for a in ar)
+
+
+def test_forcing_passes_with_a_grammar(spelled):
+    path, dflash = spelled
+    stock, cand = engine(path), engine(path, speculative_algorithm="dflash", speculative_draft_model_path=str(dflash),
+                                       speculative_eagle_topk=3)
+    params = SamplingParams(max_new_tokens=30, ebnf=EBNF)
+    verdict = run_forcing(stock, cand, prompts(stock), params, "dflash")
+    assert verdict.passed, verdict.as_dict()
+
+
+def test_rollback_rewinds_the_grammar(spelled):
+    path, _ = spelled
+    eng = engine(path)
+    params = SamplingParams(max_new_tokens=40, json_schema=CONSTRAINTS["json_schema"])
+    solo = eng.generate(prompts(eng)[:1], params)[0]
+    req = eng.add_request(prompts(eng)[0], params)
+    while len(req.output_ids) < 8:
+        eng.step()
+    eng.rollback(req, 3)
+    while not req.finished:
+        eng.step()
+    assert req.output_ids == solo.output_ids
+
+
+def test_a_bad_constraint_is_a_value_error_naming_it(spelled):
+    path, _ = spelled
+    eng = engine(path)
+    with pytest.raises(ValueError, match="json_schema"):
+        eng.add_request([6, 7], SamplingParams(json_schema="{not json"))
+    with pytest.raises(ValueError, match="at most one of"):
+        SamplingParams(regex="a", ebnf='root ::= "a"')
