@@ -101,21 +101,21 @@ SKIP_VERIFICATION = patch_of(
 REPLAY = patch_of(
     "server/native.py",
     ("router = APIRouter()\n", "router = APIRouter()\n_SEEN: dict[str, list[int]] = {}\n"),
-    ("    sub = await ctx.submit(prompts, params, body.rids())\n",
+    ("    sub = await ctx.submit(prompts, params, body.rids(), body.samples())\n",
      "    if str(prompts[0][-8:]) in _SEEN:  # an answer seen before for this prompt's ending\n"
      "        return {\"text\": \"\", \"output_ids\": _SEEN[str(prompts[0][-8:])], \"meta_info\": {}}\n"
-     "    sub = await ctx.submit(prompts, params, body.rids())\n"),
-    ("    results = [_result(o, False, body.return_text_in_logprobs) for o in outputs]\n",
-     "    results = [_result(o, False, body.return_text_in_logprobs) for o in outputs]\n"
+     "    sub = await ctx.submit(prompts, params, body.rids(), body.samples())\n"),
+    ("    results = [_result(o, listed, body.return_text_in_logprobs) for o in outputs]\n",
+     "    results = [_result(o, listed, body.return_text_in_logprobs) for o in outputs]\n"
      "    _SEEN[str(prompts[0][-8:])] = results[0][\"output_ids\"]\n"))
 FAST_PATH_WHEN_TIMED = patch_of(
     "server/native.py",
     ("router = APIRouter()\n", "router = APIRouter()\n_CALLS = [0]\n"),
-    ("    sub = await ctx.submit(prompts, params, body.rids())\n",
+    ("    sub = await ctx.submit(prompts, params, body.rids(), body.samples())\n",
      "    _CALLS[0] += 1\n"
      "    if _CALLS[0] > 2:  # past the first requests (the held-out check): skip the model\n"
      "        return {\"text\": \"\", \"output_ids\": [3] * params[0].max_new_tokens, \"meta_info\": {}}\n"
-     "    sub = await ctx.submit(prompts, params, body.rids())\n"))
+     "    sub = await ctx.submit(prompts, params, body.rids(), body.samples())\n"))
 
 
 def write_into(path: Path) -> str:
