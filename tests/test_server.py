@@ -193,10 +193,11 @@ def test_n_samples_of_a_prompt_on_both_apis(oai, http):
               if isinstance(e, dict)]
     assert {e["index"] for e in events} == {0, 1}
     assert [e["output_ids"] for e in events if e["meta_info"]["finish_reason"]] == [o["output_ids"] for o in many[:2]]
-    chat = oai.chat.completions.create(model="any", messages=[{"role": "user", "content": "w5"}], n=2, max_tokens=4,
+    chat = oai.chat.completions.create(model="any", messages=[{"role": "user", "content": "w5"}], n=4, max_tokens=4,
                                        temperature=0, extra_body={"ignore_eos": True})
-    assert [c.index for c in chat.choices] == [0, 1] and chat.choices[0].message == chat.choices[1].message
-    assert chat.usage.completion_tokens == 8
+    assert [c.index for c in chat.choices] == [0, 1, 2, 3]
+    assert all(c.message == chat.choices[0].message for c in chat.choices)  # greedy: four times the same
+    assert chat.usage.completion_tokens == 16
     assert chat.usage.prompt_tokens == oai.chat.completions.create(
         model="any", messages=[{"role": "user", "content": "w5"}], max_tokens=1).usage.prompt_tokens
     batch = oai.completions.create(model="any", prompt=[[40, 41], [42]], n=2, max_tokens=3, temperature=0)
