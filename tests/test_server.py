@@ -378,3 +378,10 @@ def test_logprobs_on_both_apis_equal_ar_s(http, oai, server):
 
 
 MESSAGES_FOR_LOGPROBS = [{"role": "user", "content": "w31 w32"}]
+
+
+def test_more_samples_than_the_server_holds_is_a_400(http, server):
+    capacity = server.ctx.scheduler.capacity
+    body = {"text": "w5", "sampling_params": {"n": capacity + 1, "max_new_tokens": 1}}
+    response = http.post("/generate", json=body)
+    assert response.status_code == 400 and f"exceed what the server holds at once ({capacity}" in response.text

@@ -42,7 +42,7 @@ class GrammarCompiler:
             raise ValueError(f"{kind}: {err}") from err
         grammar = RequestGrammar(xgrammar.GrammarMatcher(compiled, max_rollback_tokens=MAX_DRAFT_DEPTH),
                                  self.vocab_size)
-        if not grammar.allowed([[]]).any():
+        if not grammar.can_start():
             raise ValueError(f"{kind}: no token of this model's vocabulary can start it")
         return grammar
 
@@ -52,7 +52,6 @@ class RequestGrammar:
 
     def __init__(self, matcher: xgrammar.GrammarMatcher, vocab_size: int) -> None:
         self.matcher, self.vocab_size = matcher, vocab_size
-        self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
 
     @property
     def terminated(self) -> bool:
@@ -68,34 +67,34 @@ class RequestGrammar:
         for token in tokens:
             self.accept(token)
 
-    def _allowed(self) -> torch.Tensor:
-        self.matcher.fill_next_token_bitmask(self._bitmask)
-        bits = self._bitmask[0]
+    def can_start(self) -> bool:
+        """Whether some token of the vocabulary is allowed first."""
+        words = self.bitmask([[]])[0]
         ids = torch.arange(self.vocab_size)
-        return ((bits[ids // 32] >> (ids % 32)) & 1).bool()
+        return bool(((words[ids // 32] >> (ids % 32)) & 1).any())
 
-    def allowed(self, paths: list[list[int]]) -> torch.Tensor:
-        """[len(paths), V] bool: the ids allowed after each path of tokens from the committed state. A path the
-        grammar refuses part of cannot be reached (its parent's row excludes it), and one ending in the
-        grammar's stop token ends the request: their rows decide nothing, and allow everything."""
-        rows = []
-        for path in paths:
+    def bitmask(self, paths: list[list[int]]) -> torch.Tensor:
+        """xgrammar's token bitmask [len(paths), ceil(V / 32)] int32 (CPU) of the ids allowed after each path
+        of tokens from the committed state. A path the grammar refuses part of cannot be reached (its parent's
+        row excludes it), and one ending in the grammar's stop token ends the request: their rows decide
+        nothing, and allow everything."""
+        mask = xgrammar.allocate_token_bitmask(len(paths), self.vocab_size)
+        mask.fill_(-1)
+        for row, path in enumerate(paths):
             taken = 0
             for token in path:
                 if not self.matcher.accept_token(token):
                     break
                 taken += 1
-            decides = taken == len(path) and not self.matcher.is_terminated()
-            rows.append(self._allowed() if decides else torch.ones(self.vocab_size, dtype=torch.bool))
+            if taken == len(path) and not self.matcher.is_terminated():
+                self.matcher.fill_next_token_bitmask(mask, row)
             if taken:
                 self.matcher.rollback(taken)
-        return torch.stack(rows)
+        return mask
 
 
-def constrain(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """-inf where the grammar forbids (in place, like the stop bans); `allowed` [rows, V] bool."""
-    vocab = min(logits.shape[-1], allowed.shape[-1])
-    logits[:, :vocab].masked_fill_(~allowed[:, :vocab].to(logits.device), float("-inf"))
-    if logits.shape[-1] > vocab:  # ids past the tokenizer's vocabulary are no text
-        logits[:, vocab:] = float("-inf")
+def constrain(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """-inf where the grammar forbids (in place, like the stop bans): logits [rows, V], `bitmask` from
+    RequestGrammar.bitmask (the compiler knows V, ids past the tokenizer's own included)."""
+    xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True))
     return logits

@@ -307,7 +307,7 @@ class SpeculativeStep:
             paths: list[list[int]] = [[]]
             for j in range(w - 1):  # draft j's row is j + 1, below its parent's row (a chain's: j)
                 paths.append(paths[parents[i][j] if parents is not None else j] + [tokens[i][j]])
-            constrain(logits[lo : lo + w], req.grammar.allowed(paths))
+            constrain(logits[lo : lo + w], req.grammar.bitmask(paths))
 
     def _banned_rows(self, plan: VerifyPlan) -> list[list[int]]:
         """Ids banned per verify row: row j decides the token at depth (its node's depth) + 1."""

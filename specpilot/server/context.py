@@ -70,6 +70,9 @@ class ServerContext:
             rid, first = rid or uuid4().hex, len(items)
             items += [Item(p, sample_params(sp, j), rid if n == 1 else f"{rid}-{j}", j, first if j else None)
                       for j in range(n)]
+        if len(items) > self.scheduler.capacity:  # it could never be admitted: the client's to change
+            raise APIError(400, f"{len(items)} requests (prompts x n) exceed what the server holds at once "
+                                f"({self.scheduler.capacity} running or queued)")
         try:
             sub = self.scheduler.submit(items)
         except Overloaded as err:
