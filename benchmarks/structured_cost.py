@@ -46,6 +46,7 @@ def json_prompts(engine: Engine, n: int) -> list[list[int]]:
 
 def run(engine: Engine, prompts: list[list[int]], params: SamplingParams, speculate: bool) -> tuple[float, list]:
     """TPOT (ms) of the prompts one at a time, and the requests."""
+    engine.reset_spec_stats()
     if speculate:
         reqs = [r for p in prompts for r in engine.generate([p], params)]
     else:
@@ -68,6 +69,7 @@ def main() -> None:
     plain = SamplingParams(max_new_tokens=args.max_new_tokens)
     constrained = replace(plain, json_schema=json.dumps(SCHEMA))
     tpot: dict[str, list[float]] = {k: [] for k in ("ar", "spec", "ar_schema", "spec_schema")}
+    tau: dict[str, list[float]] = {"spec": [], "spec_schema": []}  # tokens per verify pass: what drafts earn
     identical, parsed = [], []
     for r in range(args.repeats):
         runs = {}
@@ -76,6 +78,8 @@ def main() -> None:
             ms, reqs = run(engine, prompts, params, speculate)
             tpot[key].append(ms)
             runs[key] = reqs
+            if speculate:
+                tau[key].append(engine.spec_stats.tau)
         identical.append(sum(a.output_ids == s.output_ids for a, s in zip(runs["ar_schema"], runs["spec_schema"])))
         parsed.append(sum(_parses(engine, q) for q in runs["spec_schema"]))
         print(f"repeat {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f} ms" for k, v in tpot.items()), flush=True)
@@ -86,9 +90,11 @@ def main() -> None:
               "prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "schema": SCHEMA,
               "tpot_ms": {k: spread(v) for k, v in tpot.items()}, "speedup": spread(speedup),
               "speedup_with_schema": spread(schema_speedup), "ratio": spread(ratio),
+              "tau": {k: spread(v) for k, v in tau.items()},
               "constrained_spec_identical_to_ar": identical, "constrained_outputs_parsing": parsed}
     print(f"speedup {statistics.median(speedup):.3f}, with the schema {statistics.median(schema_speedup):.3f}: "
-          f"ratio {statistics.median(ratio):.3f} (goal >= 0.9); constrained spec == AR on {identical} of "
+          f"ratio {statistics.median(ratio):.3f} (goal >= 0.9); tau {statistics.median(tau['spec']):.2f} vs "
+          f"{statistics.median(tau['spec_schema']):.2f} with it; constrained spec == AR on {identical} of "
           f"{args.num_prompts}; parsing {parsed}")
     write_json(out_dir(args.out) / "structured_cost.json", result)
 
