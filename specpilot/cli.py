@@ -97,6 +97,20 @@ def _sampling_args(p: argparse.ArgumentParser, with_length: bool = True) -> None
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--stop-token-id", dest="stop_token_ids", type=_nonneg_int, action="append", default=[])
     g.add_argument("--ignore-eos", action="store_true")
+    g = p.add_argument_group("structured output (at most one; TEXT or @FILE)")
+    g.add_argument("--json-schema", type=_text_or_file, default=None, help="the output follows this JSON schema")
+    g.add_argument("--regex", type=_text_or_file, default=None, help="the output matches this regex")
+    g.add_argument("--ebnf", type=_text_or_file, default=None, help="the output follows this EBNF grammar")
+
+
+def _text_or_file(value: str) -> str:
+    """An argparse type: the text itself, or @PATH for a file's."""
+    if not value.startswith("@"):
+        return value
+    try:
+        return pathlib.Path(value[1:]).read_text()
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"cannot read {value[1:]}: {err.strerror}") from err
 
 
 def _int_at_least(minimum: int):
@@ -122,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"default: {DEFAULT_PROMPT!r}")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object {text, output_ids, meta_info}")
+    gen.add_argument("--logprobs", type=_nonneg_int, default=None, metavar="N",
+                     help="with --json: each output token's logprob and its N likeliest alternatives")
     _engine_args(gen)
     _sampling_args(gen)
     gen.set_defaults(func=_cmd_generate)
@@ -417,7 +433,9 @@ def sampling_params_from_args(args: argparse.Namespace):
     return SamplingParams(
         max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens, temperature=args.temperature,
         top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=args.stop,
-        stop_token_ids=args.stop_token_ids, ignore_eos=args.ignore_eos,
+        stop_token_ids=args.stop_token_ids, ignore_eos=args.ignore_eos, json_schema=args.json_schema,
+        regex=args.regex, ebnf=args.ebnf, return_logprob=getattr(args, "logprobs", None) is not None,
+        top_logprobs_num=getattr(args, "logprobs", None) or 0,
     )
 
 
@@ -648,7 +666,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     [req] = engine.generate([ids], params)
     text = engine.output_text(req)
     if args.json:
-        print(json.dumps({"text": text, "output_ids": req.output_ids, "meta_info": req.meta_info()}))
+        out = {"text": text, "output_ids": req.output_ids, "meta_info": req.meta_info()}
+        if params.return_logprob:
+            out["logprobs"] = [{"logprob": e.logprob, "top": e.top} for e in req.logprobs]
+        print(json.dumps(out))
     else:
         print(text)
     return 0

@@ -36,6 +36,15 @@ def test_generate_speculative_meta_info_and_same_tokens(capsys, tiny_dir):
     assert meta["spec_accept_length"] == pytest.approx(16 / meta["spec_verify_ct"])
 
 
+def test_generate_with_a_grammar_and_logprobs(capsys, tiny_dir, tmp_path):
+    pattern = tmp_path / "pattern.txt"
+    pattern.write_text("(w5|w6){2,5}w7")
+    out = run_json(capsys, "generate", "--model-path", str(tiny_dir), "--prompt", "w5 w6", "--max-new-tokens", "12",
+                   "--regex", f"@{pattern}", "--logprobs", "2", "--json", "--speculative-algorithm", "ngram")
+    assert out["meta_info"]["finish_reason"]["type"] == "stop" and out["text"].replace(" ", "")[-2:] == "w7"
+    assert len(out["logprobs"]) == len(out["output_ids"]) and all(len(e["top"]) == 2 for e in out["logprobs"])
+
+
 @pytest.mark.parametrize("argv,flag", [
     (["generate", "--max-new-tokens", "-3"], "--max-new-tokens"),
     (["generate", "--device", "tpu"], "--device"),
@@ -47,6 +56,8 @@ def test_generate_speculative_meta_info_and_same_tokens(capsys, tiny_dir):
     (["generate", "--attention-kv-splits", "-1"], "--attention-kv-splits"),
     (["generate", "--model-path", "/nonexistent/model"], "/nonexistent/model"),
     (["generate", "--top-p", "0"], "top_p"),
+    (["generate", "--regex", "@/nonexistent/pattern"], "--regex"),
+    (["generate", "--regex", "a", "--ebnf", 'root ::= "a"'], "at most one of"),
 ])
 def test_bad_flags_name_the_problem(capsys, argv, flag):
     with pytest.raises(SystemExit) as exc:
