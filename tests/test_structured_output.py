@@ -9,6 +9,7 @@ import re
 
 import pytest
 from spec_fixtures import OracleDrafter, write_random_dflash
+from test_speculative import TEST_DEVICE, TEST_DTYPE
 from tiny_models import make_tiny_model_dir
 
 from specpilot.config import SamplingParams
@@ -35,7 +36,8 @@ def spelled(tmp_path_factory):
 
 
 def engine(path, **spec) -> Engine:
-    return Engine(load_checkpoint(path), EngineConfig(device="cpu", context_length=256, max_running_requests=4, **spec))
+    return Engine(load_checkpoint(path), EngineConfig(device=TEST_DEVICE, dtype=TEST_DTYPE, context_length=256,
+                                                      max_running_requests=4, **spec))
 
 
 def text(eng: Engine, ids: list[int]) -> str:

@@ -64,6 +64,7 @@ SPLIT_KEYS = 256
 INVARIANT_BLOCK_N = 64
 INVARIANT_BLOCK_M = 16
 TREE_TABLE_KEYS = 2 * INVARIANT_BLOCK_N
+_BLOCK_M32_WAVES = 4  # 16-row programs per SM from which 32-row tiles pay
 INVARIANT_SPLIT_GRID_MAX_Q = 64  # passes of at most this many queries per request spread splits over programs
 
 
@@ -832,14 +833,18 @@ def tree_tail_rows(positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Te
     return torch.where(virtual <= positions[:, None], rows, 0).to(torch.int32)
 
 
-def _invariant_block_m(rows_max: int, tree: bool, dtype: torch.dtype) -> int:
-    """(token, head) rows per program: 32 once a request's rows fill them (half the programs re-reading its
-    keys), 16 for fewer and for trees, whose per-token tiles cost every row of the program (the same bits).
-    float32 stays at 16: its dots are FMA loops whose register layout, and so its row sums' order, follow
-    the tile height (16-bit dtypes take one MMA layout per row at either)."""
-    if dtype == torch.float32:
+def _invariant_block_m(device: torch.device, rows_max: int, programs16: int, tree: bool, dtype: torch.dtype) -> int:
+    """(token, head) rows per program (the same bits at 16 and 32): 32 halves the programs re-reading a
+    request's keys, which pays on CUDA only once the 16-row programs (`programs16`) are several waves of SMs
+    (B=32 verifies); fewer, 16 is faster (docs/RESULTS.md's sweep). Off CUDA any full 32 takes 32, so the
+    interpreter keeps both heights in use. Trees stay at 16: their per-token tiles cost every row of a
+    program. float32 stays at 16: its dots are FMA loops whose register layout, and so its row sums' order,
+    follow the tile height (16-bit dtypes take one MMA layout per row at either)."""
+    if dtype == torch.float32 or tree or rows_max < 32:
         return INVARIANT_BLOCK_M
-    return 32 if rows_max >= 32 and not tree else INVARIANT_BLOCK_M
+    if device.type == "cuda" and programs16 < _BLOCK_M32_WAVES * _sm_count(device):
+        return INVARIANT_BLOCK_M
+    return 32
 
 
 def slot_attention_invariant(
@@ -892,8 +897,10 @@ def slot_attention_invariant(
     group = num_heads // num_kv_heads
     num_splits = triton.cdiv(k_cache.shape[1], SPLIT_KEYS)
     num_rows = num_tokens * num_heads
-    block_m = block_m or _invariant_block_m(max_q_len * group, tail_rows is not None, q.dtype)
-    row_blocks = triton.cdiv(max_q_len * group, block_m)
+    rows_max = max_q_len * group
+    block_m = block_m or _invariant_block_m(q.device, rows_max, triton.cdiv(rows_max, INVARIANT_BLOCK_M) * batch
+                                            * num_kv_heads, tail_rows is not None, q.dtype)
+    row_blocks = triton.cdiv(rows_max, block_m)
     if split_grid is None:
         split_grid = _split_the_grid(q.device, max_q_len, row_blocks * batch * num_kv_heads)
     if split_grid:
