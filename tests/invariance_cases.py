@@ -24,7 +24,7 @@ def _differing(a: torch.Tensor, b: torch.Tensor) -> int:
     return int((a.view(-1) != b.view(-1)).sum())
 
 
-def _attend(q, k, v, slots, starts, q_lens, kv_lens, positions, tree_mask=None) -> torch.Tensor:
+def _attend(q, k, v, slots, starts, q_lens, kv_lens, positions, tree_mask=None, **launch) -> torch.Tensor:
     dev = q.device
 
     def t(x: list[int], dtype=torch.int32) -> torch.Tensor:
@@ -32,7 +32,7 @@ def _attend(q, k, v, slots, starts, q_lens, kv_lens, positions, tree_mask=None) 
 
     return slot_attention_invariant(q, k, v, t(slots), t(starts), t(q_lens), t(kv_lens), t(positions, torch.int64),
                                     scale=1.0 / math.sqrt(q.shape[-1]), max_q_len=max(q_lens),
-                                    tree_mask=None if tree_mask is None else t(tree_mask, torch.int64))
+                                    tree_mask=None if tree_mask is None else t(tree_mask, torch.int64), **launch)
 
 
 def _tree_with_path() -> tuple[list[int], list[int]]:
@@ -112,10 +112,11 @@ def attention_report(device: str, dtype: torch.dtype, ctx: int = 250, kv_heads: 
     for d, node in enumerate(path):
         k[1, ctx + node], v[1, ctx + node], tree_q[node] = k[0, ctx + d], v[0, ctx + d], q_new[d]
     tree_pos = [ctx + d for d in depth]
-    tree = _attend(torch.cat([others[:1], tree_q]), k, v, [2, 1], [0, 1], [1, NEW], [40, length], [39, *tree_pos],
-                   tree_mask=[1, *bits])
     on_path = torch.tensor(path, device=device) + 1
-    report["tree verify"] = _differing(tree[on_path], decode[: len(path)])
+    for name, per_token in (("packed rows", False), ("a program per token", True)):
+        tree = _attend(torch.cat([others[:1], tree_q]), k, v, [2, 1], [0, 1], [1, NEW], [40, length],
+                       [39, *tree_pos], tree_mask=[1, *bits], per_token=per_token)
+        report[f"tree verify, {name}"] = _differing(tree[on_path], decode[: len(path)])
     return report
 
 

@@ -270,6 +270,8 @@ def test_invariant_kernel_refuses_a_tile_height_that_would_change_bits() -> None
     for dtype, block_m in ((torch.float32, 32), (torch.bfloat16, 64)):
         with pytest.raises(ValueError, match="block_m must be 16 or 32"):  # raised before any launch
             call(slot_attention_invariant, {**inp, "q": inp["q"].to(dtype)}, positions=positions, block_m=block_m)
+    with pytest.raises(ValueError, match="per_token needs a tree pass"):  # a chain has no gathered tiles
+        call(slot_attention_invariant, inp, positions=positions, per_token=True)
 
 
 def test_dispatch_on_cpu_uses_torch() -> None:

@@ -569,26 +569,39 @@ if HAS_TRITON:
         stride_vs, stride_vn, stride_vh, stride_ot, stride_oh,
         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, TABLE: tl.constexpr, SPLIT_GRID: tl.constexpr,
-        TREE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        TREE: tl.constexpr, PER_TOKEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ):
         # Program = (row block, request x kv head, split). With SPLIT_GRID, each program stores its split's
         # partial for the combine kernel; otherwise one program folds the splits in the same order itself.
+        # A row block is BLOCK_M consecutive (token, head-in-group) rows, or with PER_TOKEN one token's GROUP
+        # rows (a tree pass's gathered tiles then serve that token alone, and its tokens run in parallel).
         row_block = tl.program_id(0)
         req = tl.program_id(1) // NUM_KV_HEADS
         kv_head = tl.program_id(1) % NUM_KV_HEADS
         part = tl.program_id(2)
         q_len = tl.load(q_len_ptr + req)
-        row_lo = row_block * BLOCK_M
-        row_hi = q_len * GROUP
-        if row_lo >= row_hi:
-            return
+        lanes = tl.arange(0, BLOCK_M)
+        if PER_TOKEN:
+            if row_block >= q_len:
+                return
+            tok = row_block + lanes * 0
+            head = kv_head * GROUP + lanes % GROUP
+            row_ok = lanes < GROUP
+            tok_lo = row_block
+            tok_hi = row_block
+        else:
+            row_lo = row_block * BLOCK_M
+            row_hi = q_len * GROUP
+            if row_lo >= row_hi:
+                return
+            rows = row_lo + lanes
+            tok = rows // GROUP
+            head = kv_head * GROUP + rows % GROUP
+            row_ok = rows < row_hi
+            tok_lo = row_lo // GROUP
+            tok_hi = (tl.minimum(row_lo + BLOCK_M, row_hi) - 1) // GROUP
         q_start = tl.load(q_start_ptr + req)
         slot = tl.load(slot_ptr + req).to(tl.int64)
-
-        rows = row_lo + tl.arange(0, BLOCK_M)
-        tok = rows // GROUP
-        head = kv_head * GROUP + rows % GROUP
-        row_ok = rows < row_hi
         dims = tl.arange(0, HEAD_DIM)
         q_rows = (q_start + tok).to(tl.int64)
         q_tile = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
@@ -605,8 +618,6 @@ if HAS_TRITON:
             key_end = keys
         block_end = tl.max(key_end, 0)
         block_full = tl.min(tl.where(row_ok, key_end, block_end), 0)
-        tok_lo = row_lo // GROUP
-        tok_hi = (tl.minimum(row_lo + BLOCK_M, row_hi) - 1) // GROUP
         k_base = k_ptr + slot * stride_ks + kv_head * stride_kh
         v_base = v_ptr + slot * stride_vs + kv_head * stride_vh
         flat = q_rows * (NUM_KV_HEADS * GROUP) + head
@@ -847,6 +858,13 @@ def _invariant_block_m(device: torch.device, rows_max: int, programs16: int, tre
     return 32
 
 
+def _per_token_tree(device: torch.device, tree: bool, group: int, programs16: int) -> bool:
+    """A tree pass gives each token a program of its own on CUDA while the packed 16-row programs are fewer
+    than the SMs (a verify of few requests, latency-bound: a packed program walks each of its tokens'
+    gathered tiles in turn); with more, packing saves re-reading the shared context."""
+    return tree and device.type == "cuda" and group <= INVARIANT_BLOCK_M and programs16 < _sm_count(device)
+
+
 def slot_attention_invariant(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -863,6 +881,7 @@ def slot_attention_invariant(
     *,
     block_m: int | None = None,
     split_grid: bool | None = None,
+    per_token: bool | None = None,
 ) -> torch.Tensor:
     """Batch-invariant causal (or tree) slot attention: the module docstring's fixed reduction structure.
 
@@ -873,7 +892,8 @@ def slot_attention_invariant(
     order and arithmetic (`_split_the_grid`).
     A tree pass reads its nodes' ancestor tiles through ``tail_rows`` (:func:`tree_tail_rows` of ``positions``
     and ``tree_mask``): a model passes the one table its layers share, else it is made here.
-    ``block_m`` ((token, head) rows per program, 16 or 32) and ``split_grid`` (which form) pin the launch.
+    ``block_m`` ((token, head) rows per program, 16 or 32), ``split_grid`` (which form) and ``per_token`` (a
+    tree pass: one token's rows per program) pin the launch; every choice gives the same bits.
     """
     num_tokens, num_heads, head_dim = q.shape
     if positions.shape != (num_tokens,) or positions.dtype not in _INDEX_DTYPES:
@@ -898,9 +918,14 @@ def slot_attention_invariant(
     num_splits = triton.cdiv(k_cache.shape[1], SPLIT_KEYS)
     num_rows = num_tokens * num_heads
     rows_max = max_q_len * group
-    block_m = block_m or _invariant_block_m(q.device, rows_max, triton.cdiv(rows_max, INVARIANT_BLOCK_M) * batch
-                                            * num_kv_heads, tail_rows is not None, q.dtype)
-    row_blocks = triton.cdiv(rows_max, block_m)
+    programs16 = triton.cdiv(rows_max, INVARIANT_BLOCK_M) * batch * num_kv_heads
+    block_m = block_m or _invariant_block_m(q.device, rows_max, programs16, tail_rows is not None, q.dtype)
+    if per_token is None:
+        per_token = _per_token_tree(q.device, tail_rows is not None, group, programs16)
+    elif per_token and (tail_rows is None or group > block_m):
+        raise ValueError(f"per_token needs a tree pass (tree_mask) and at most block_m ({block_m}) query heads "
+                         f"per kv head, got tree_mask={'set' if tail_rows is not None else None}, {group} heads")
+    row_blocks = max_q_len if per_token else triton.cdiv(rows_max, block_m)
     if split_grid is None:
         split_grid = _split_the_grid(q.device, max_q_len, row_blocks * batch * num_kv_heads)
     if split_grid:
@@ -916,7 +941,7 @@ def slot_attention_invariant(
         k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=INVARIANT_BLOCK_N,
         SPLIT=SPLIT_KEYS, TABLE=TREE_TABLE_KEYS, SPLIT_GRID=split_grid, TREE=tail_rows is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PER_TOKEN=per_token, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4, num_stages=2, enable_fp_fusion=False,
     )
     if split_grid:
