@@ -4,7 +4,8 @@ replay over enough weight (or KV) copies that nothing stays in L2, the way a ver
 GEMM: Llama-3.1-8B's weight shapes at decode, verify and prefill sizes; each candidate's rows are checked against
 the decode tiles' (the rows a decode pass computes) and timed beside cuBLAS and today's `invariant_config`.
 Attention: one layer at Llama-3.1-8B's and the embedded model's heads, today's fastest kernel (batch-sized key
-splits) beside the invariant one at several tile heights, whose outputs are checked against 16-row tiles'.
+splits) beside the invariant one at several tile heights, whose outputs are checked against 16-row tiles'; then
+a 16-node tree verify, the invariant kernel's packed rows beside a program per token (checked equal).
 
     python benchmarks/gpu_gemm_configs.py [--out DIR] [--old-attention PATH] [--model embedded] [--m 1 16 64]
         [--skip-gemm] [--skip-attention]
@@ -28,7 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import out_dir, write_json  # noqa: E402
 
 from specpilot.kernels.skinny_gemm import SkinnyConfig, default_config, invariant_config, invariant_gemm  # noqa: E402
-from specpilot.kernels.slot_attention import kv_splits, slot_attention_invariant, slot_attention_triton  # noqa: E402
+from specpilot.kernels.slot_attention import (  # noqa: E402
+    kv_splits,
+    slot_attention_invariant,
+    slot_attention_triton,
+    tree_tail_rows,
+)
 
 MODEL_SHAPES = {
     "llama-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
@@ -185,19 +191,73 @@ def attention_rows(old_invariant, context: int = 512, layers: int = 8) -> list[d
     return out
 
 
+# A 16-node tree of 3 branches (a top-3 tree's shape): node i > 0 hangs off node i - 3 (the root for 1..3).
+TREE_PARENTS = [-1, 0, 0, 0, *range(1, 13)]
+
+
+def tree_bits() -> list[int]:
+    bits: list[int] = []
+    for i, p in enumerate(TREE_PARENTS):
+        bits.append((bits[p] if p >= 0 else 0) | (1 << i))
+    return bits
+
+
+def tree_attention_rows(context: int = 512, cache_len: int = 4096, layers: int = 8) -> list[dict]:
+    """One layer's tree verify attention: the fast kernel, the invariant one with packed 16-row programs and
+    with a program per token (the tail table made once, as a model pass does)."""
+    out = []
+    i32 = dict(dtype=torch.int32, device="cuda")
+    bits = tree_bits()
+    q = len(bits)
+    depth = [bin(b).count("1") - 1 for b in bits]
+    for heads_name, (heads, kv_heads, dim) in ATTENTION_HEADS.items():
+        for b in (1, 8, 32):
+            caches = [(torch.randn(b, cache_len, kv_heads, dim, device="cuda", dtype=torch.bfloat16),
+                       torch.randn(b, cache_len, kv_heads, dim, device="cuda", dtype=torch.bfloat16))
+                      for _ in range(layers)]
+            qt = torch.randn(b * q, heads, dim, device="cuda", dtype=torch.bfloat16)
+            meta = (torch.arange(b, **i32), torch.arange(0, b * q, q, **i32), torch.full((b,), q, **i32),
+                    torch.full((b,), context + q, **i32))
+            mask = torch.tensor(bits, dtype=torch.int64, device="cuda").repeat(b)
+            pos = torch.tensor([context + d for d in depth], dtype=torch.int64, device="cuda").repeat(b)
+            table = tree_tail_rows(pos, mask)
+            splits = kv_splits(torch.device("cuda"), b, kv_heads)
+
+            def per_layer_us(attend) -> float:
+                return 1e3 * graph_ms(lambda: [attend(kc, vc) for kc, vc in caches]) / layers
+
+            def invariant(per_token: bool):
+                return lambda kc, vc: slot_attention_invariant(qt, kc, vc, *meta, pos, scale=0.088, max_q_len=q,
+                                                               tree_mask=mask, tail_rows=table, per_token=per_token)
+
+            base = invariant(False)(*caches[0])
+            row = {"heads": heads_name, "batch": b, "tree_nodes": q, "context": context, "cache_len": cache_len,
+                   "fastest_us": per_layer_us(lambda kc, vc: slot_attention_triton(
+                       qt, kc, vc, *meta, scale=0.088, max_q_len=q, tree_mask=mask, num_kv_splits=splits)),
+                   "packed_us": per_layer_us(invariant(False)), "per_token_us": per_layer_us(invariant(True)),
+                   "per_token_equal": bool(torch.equal(invariant(True)(*caches[0]), base))}
+            out.append(row)
+            print("tree attention", {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()},
+                  flush=True)
+            del caches
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=None)
     ap.add_argument("--old-attention", default=None)
     ap.add_argument("--skip-gemm", action="store_true")
     ap.add_argument("--skip-attention", action="store_true")
+    ap.add_argument("--tree-only", action="store_true", help="of the attention, only the tree verify rows")
     ap.add_argument("--m", type=int, nargs="+", default=list(M_VALUES), help="GEMM rows to sweep")
     ap.add_argument("--model", default="llama-8b", choices=sorted(MODEL_SHAPES), help="whose weight shapes")
     args = ap.parse_args()
-    attention = [] if args.skip_attention else attention_rows(load_old_attention(args.old_attention))
+    attention = [] if args.skip_attention or args.tree_only else attention_rows(load_old_attention(args.old_attention))
+    tree = [] if args.skip_attention else tree_attention_rows()
     rows = [] if args.skip_gemm else gemm_rows(MODEL_SHAPES[args.model], args.m)
     write_json(out_dir(args.out) / "gpu_gemm_configs.json", {"device": torch.cuda.get_device_name(), "rows": rows,
-                                                         "attention": attention})
+                                                         "attention": attention, "tree_attention": tree})
 
 
 if __name__ == "__main__":
