@@ -20,6 +20,7 @@ run() {  # name, repeats, flags...
         --max-new-tokens "$tokens" --repeats "$repeats" --speculative-algorithm dflash --device cuda \
         --output-dir "$out/$name" "$@" > "$out/$name.log" 2>&1
     echo "== $name rc=$? $((SECONDS - t0))s"
+    tar czf "${OUT:-/tmp/out}/identity.tgz" -C "$out" .  # after each run: a cut-off call keeps what finished
     python3 -c "
 import json, glob
 for f in glob.glob('$out/$name/bench_*.json'):

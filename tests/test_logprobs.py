@@ -117,3 +117,15 @@ def test_prompt_logprobs_leave_the_tokens_alone(tiny, start):
             if entry is not None:
                 assert math.isclose(entry.logprob, reference[pos - 1, p[pos]].item(), abs_tol=1e-4)
                 assert len(entry.top) == 2
+
+
+def test_tied_top_logprobs_put_the_committed_token_first():
+    """bf16 logits tie often: the top list's order among equal values must not be torch.topk's."""
+    from specpilot.engine.logprobs import token_logprobs
+
+    rows = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0]])
+    params = SamplingParams(return_logprob=True, top_logprobs_num=2)
+    for token in (1, 3, 4):
+        (entry,) = token_logprobs(rows, [token], params)
+        assert entry.top[0][1] == token and entry.top[0][0] == entry.logprob
+        assert entry.top[1][0] == entry.logprob and entry.top[1][1] == min({1, 3, 4} - {token})

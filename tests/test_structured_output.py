@@ -9,6 +9,7 @@ import re
 
 import pytest
 from spec_fixtures import OracleDrafter, write_random_dflash
+from test_redteam import _noisy_verify
 from test_speculative import TEST_DEVICE, TEST_DTYPE
 from tiny_models import make_tiny_model_dir
 
@@ -121,6 +122,19 @@ def test_forcing_passes_with_a_grammar(spelled):
     params = SamplingParams(max_new_tokens=30, ebnf=EBNF)
     verdict = run_forcing(stock, cand, prompts(stock), params, "dflash")
     assert verdict.passed, verdict.as_dict()
+    # stock's teacher-forced rows carry the grammar's masks too: no masked id reads as noise, which would
+    # widen the tie band to everything
+    assert verdict.stock_noise < 1e-3, verdict.as_dict()
+
+
+def test_forcing_with_a_grammar_still_fails_noisy_verify_logits(spelled, monkeypatch):
+    path, dflash = spelled
+    stock = engine(path)
+    cand = engine(path, speculative_algorithm="dflash", speculative_draft_model_path=str(dflash),
+                  speculative_eagle_topk=3, cuda_graphs=False)
+    _noisy_verify(monkeypatch, cand, 0.05)
+    verdict = run_forcing(stock, cand, prompts(stock), SamplingParams(max_new_tokens=30, ebnf=EBNF), "planted")
+    assert not verdict.passed, verdict.as_dict()
 
 
 def test_rollback_rewinds_the_grammar(spelled):

@@ -22,7 +22,7 @@ from specpilot.engine.registry import Deployment, check_tunables, resolve_mechan
 from specpilot.engine.sampling import choose_tokens, suppress
 from specpilot.engine.spec_stats import SpecStats
 from specpilot.engine.step import SpeculativeStep
-from specpilot.engine.grammar import GrammarCompiler, constrain
+from specpilot.engine.grammar import GrammarCompiler, RequestGrammar, constrain
 from specpilot.engine.logprobs import prompt_logprobs, token_logprobs, wants_prompt_logprobs
 from specpilot.engine.stops import StopChecker
 from specpilot.engine.verify import Verifier
@@ -195,9 +195,7 @@ class Engine:
         req = Request(prompt, params) if rid is None else Request(prompt, params, rid=rid)
         req.prefill_from = prefill_from
         if params.constraint is not None:
-            if self._grammars is None:
-                self._grammars = GrammarCompiler(self.tokenizer, self.checkpoint.config.vocab_size)
-            req.grammar = self._grammars.matcher(params)
+            req.grammar = self._grammar(params)
         if not params.greedy:
             req.sampling_seed = params.seed if params.seed is not None else random.getrandbits(63)
         if params.max_new_tokens == 0:
@@ -287,6 +285,22 @@ class Engine:
         out = self.runner.forward([r.slot for r in reqs], [r.cached_len for r in reqs],
                                   [[r.output_ids[-1]] for r in reqs])
         return self._sample_and_commit(reqs, out.logits)
+
+    def mask_as_decoded(self, params: SamplingParams, output: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """The rows [len(output), V] that decided `output` (a teacher-forced pass's), masked in place as a
+        request of `params` masks them while decoding: stop ids banned before min_new_tokens, then its grammar
+        along `output`."""
+        if banned := min(params.min_new_tokens, len(output)):
+            suppress(logits[:banned], [sorted(self.stops.stop_ids(Request([], params)))] * banned)
+        if params.constraint is not None:
+            constrain(logits, self._grammar(params).masks_along(output))
+        return logits
+
+    def _grammar(self, params: SamplingParams) -> RequestGrammar:
+        """A fresh grammar state for `params`' constraint (the compiler is made on first use)."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.checkpoint.config.vocab_size)
+        return self._grammars.matcher(params)
 
     def _sample_and_commit(self, reqs: list[Request], logits: torch.Tensor) -> list[Request]:
         logits = suppress(logits, [self.stops.banned(r, 1)[0] for r in reqs])

@@ -93,6 +93,24 @@ class RequestGrammar:
         return mask
 
 
+    def masks_along(self, tokens: list[int]) -> torch.Tensor:
+        """Bitmask rows [len(tokens), ceil(V / 32)]: row j allows the ids the grammar allows after tokens[:j]
+        from this state, which it returns to."""
+        mask = xgrammar.allocate_token_bitmask(len(tokens), self.vocab_size)
+        mask.fill_(-1)
+        taken = 0
+        for row, token in enumerate(tokens):
+            if self.matcher.is_terminated():
+                break
+            self.matcher.fill_next_token_bitmask(mask, row)
+            if not self.matcher.accept_token(token):
+                break
+            taken += 1
+        if taken:
+            self.matcher.rollback(taken)
+        return mask
+
+
 def constrain(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """-inf where the grammar forbids (in place, like the stop bans): logits [rows, V], `bitmask` from
     RequestGrammar.bitmask (the compiler knows V, ids past the tokenizer's own included)."""

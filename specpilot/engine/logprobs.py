@@ -26,18 +26,39 @@ def token_logprobs(rows: torch.Tensor, tokens: list[int], params: SamplingParams
     values, top_ids = [], []
     for row, token in zip(rows, tokens):
         logprobs = torch.log_softmax(row.float(), dim=-1)
-        top = torch.topk(logprobs, k)
-        values.append(torch.cat([logprobs[token : token + 1], top.values, logprobs[named]]))
-        top_ids.append(top.indices)
+        ids = _top_ids(logprobs, k)
+        values.append(torch.cat([logprobs[token : token + 1], logprobs[ids], logprobs[named]]))
+        top_ids.append(ids)
     if not values:
         return []
     host_values, host_ids = torch.stack(values).tolist(), torch.stack(top_ids).tolist()
     out = []
-    for vals, ids in zip(host_values, host_ids):
+    for vals, ids, token in zip(host_values, host_ids, tokens):
         vals = [_finite(v) for v in vals]
-        out.append(TokenLogprob(vals[0], list(zip(vals[1 : 1 + k], ids)),
+        out.append(TokenLogprob(vals[0], _tie_order(list(zip(vals[1 : 1 + k], ids)), vals[0], token),
                                 list(zip(vals[1 + k :], params.token_ids_logprob))))
     return out
+
+
+def _top_ids(logprobs: torch.Tensor, k: int) -> torch.Tensor:
+    """The ids of the k largest logprobs, where the k-th ties others the lowest of those ids (torch.topk's
+    pick among ties varies by device and kernel)."""
+    if k == 0:
+        return torch.zeros(0, dtype=torch.long, device=logprobs.device)
+    kth = torch.topk(logprobs, k).values[-1]
+    vocab = logprobs.shape[-1]
+    ids = torch.arange(vocab, device=logprobs.device)
+    score = torch.where(logprobs > kth, 2 * vocab, torch.where(logprobs == kth, vocab - ids, 0))
+    return torch.topk(score, k).indices
+
+
+def _tie_order(top: list[tuple[float, int]], logprob: float, token: int) -> list[tuple[float, int]]:
+    """The top entries by logprob, ties broken the same way on every device: the committed token first (a
+    greedy token heads the list even where it ties another), then by id. A committed token that tied the
+    last entry but was cut takes that entry's place."""
+    if top and token not in (i for _, i in top) and logprob == top[-1][0]:
+        top[-1] = (logprob, token)
+    return sorted(top, key=lambda e: (-e[0], e[1] != token, e[1]))
 
 
 def wants_prompt_logprobs(req: Request) -> bool:

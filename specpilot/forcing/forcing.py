@@ -168,7 +168,7 @@ class ForcingObserver:
             if deviations[j] is not None:
                 self.verdict.max_logit_deviation = max(self.verdict.max_logit_deviation, deviations[j])
                 self.verdict.logit_deviations += deviations[j] > self.verdict.tie_epsilon
-            if same_rows is not None and same_rows[j] is False:
+            if same_rows is not None and not same_rows[j]:
                 self.verdict.row_mismatches += 1
             if not req.params.greedy:
                 mine = target_probs(rows[j : j + 1], req.params).cpu()
@@ -191,13 +191,10 @@ class ForcingObserver:
         gaps = torch.where(finite, (mine - theirs).abs(), -1.0).max(1).values.tolist()
         return [g if g >= 0 else None for g in gaps]
 
-    def _same_rows(self, prompt: int, start: int, rows: torch.Tensor) -> list[bool | None]:
-        """Per row: whether its digest is stock's; None for a row with banned ids (-inf before
-        min_new_tokens), which stock's unmasked teacher-forced row cannot match."""
+    def _same_rows(self, prompt: int, start: int, rows: torch.Tensor) -> list[bool]:
+        """Per row: whether its digest is stock's (whose rows carry the same masks: `Engine.mask_as_decoded`)."""
         n = rows.shape[0]
-        digests, masked = torch.stack([row_digests(rows), torch.isinf(rows).any(1).long()]).cpu()  # one copy
-        same = digests == self.stock.digests[prompt][start : start + n]
-        return [None if m else bool(e) for m, e in zip(masked.tolist(), same.tolist())]
+        return (row_digests(rows).cpu() == self.stock.digests[prompt][start : start + n]).tolist()
 
     def _mismatch(self, prompt: int, pos: int, expected: int, got: int, margin: float) -> None:
         noise = self.stock.noise_at[prompt] if self.stock.noise_at and not self.verdict.exact else ()
@@ -245,14 +242,15 @@ def run_stock(engine: Engine, prompts: list[list[int]], params: SamplingParams,
     for req, prompt, out in zip(reqs, prompts, tokens):
         if passes is not None:
             progress.advance(passes)
-        logits = teacher_forced_logits(engine, prompt, out)
+        logits = engine.mask_as_decoded(params, out, teacher_forced_logits(engine, prompt, out))
         top_values, top_ids = torch.topk(logits.float(), NOISE_TOP_K, dim=-1)
         top_logits.append((top_ids.cpu(), top_values.cpu()))
         digests.append(row_digests(logits).cpu())
         at = [0.0] * len(out)
         if top := recorder.top.get(req.rid):
             values, ids = (torch.stack(t) for t in zip(*top))
-            at[: len(top)] = (values - logits[: len(top)].float().gather(1, ids)).abs().max(1).values.tolist()
+            gaps = (values - logits[: len(top)].float().gather(1, ids)).abs()
+            at[: len(top)] = gaps.nan_to_num(0.0).max(1).values.tolist()  # -inf both ways: a masked id, no gap
         noise_at.append(at)
         if params.greedy:
             top2 = torch.topk(logits, 2, dim=-1).values
