@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Input, Select, Tree
 from tui_support import app_started_round, copy_db, until
 
@@ -23,7 +24,7 @@ from specpilot.tui.runs import RunControl, _proc_state
 from specpilot.tui.screens.compare import CompareScreen
 from specpilot.tui.screens.dialogs import PathDialog, StartDialog
 from specpilot.tui.screens.help import HelpScreen
-from specpilot.tui.screens.memory import MemoryScreen
+from specpilot.tui.screens.memory import DETAIL_DELAY_S, MemoryScreen
 from specpilot.tui.screens.rounds import RoundsScreen
 from specpilot.tui.screens.server import ServerScreen
 from specpilot.tui.widgets import Histogram, TokenView
@@ -129,6 +130,10 @@ async def test_memory_screen_pages_filters_shows_a_candidate_and_exports(tui_db,
         table.focus()
         table.move_cursor(row=199)
         await until(pilot, lambda: screen.loaded == 260, what="the second page")
+        # the cursor's own choice lands first (its detail follows once it rests), so it cannot replace ours
+        resting = int(table.coordinate_to_cell_key(Coordinate(199, 0)).row_key.value)
+        await until(pilot, lambda: screen.current == resting, what="the resting cursor's candidate")
+        await pilot.pause(4 * DETAIL_DELAY_S)
         # a candidate with a patch and a parent: highlighted patch, diff, lineage
         patched = MemoryReader(db).query("SELECT id FROM candidates WHERE patch IS NOT NULL AND parent_id IS NOT NULL "
                                          "ORDER BY id LIMIT 1")[0]["id"]
