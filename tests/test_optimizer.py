@@ -35,6 +35,18 @@ def test_agents_deal_out_the_guided_moves_and_never_repeat_a_tried_profile():
     assert not set(map(json.dumps, search.propose(_brief(tried=tried, count=50)))) & set(map(json.dumps, tried))
 
 
+def test_a_gap_moves_from_the_value_the_deployment_runs():
+    """Stock leaves the block to the drafter (4 on CPU): the verify gap's smaller block is 2, not a step up
+    from the space's first value."""
+    stock = {"mechanisms": "stock", "tunables": {}}
+    smaller = search.propose(_brief(best=stock, gaps=[{"name": "verify"}], count=2, current={"block-size": 4}))
+    assert {"mechanisms": "stock", "tunables": {"block-size": 2}} in smaller
+    between = search.propose(_brief(best=stock, gaps=[{"name": "verify"}, {"name": "acceptance (tau)"}], count=3,
+                                    current={"block-size": 6}))  # 6 lies between the space's 4 and 8
+    assert {"mechanisms": "stock", "tunables": {"block-size": 4}} in between
+    assert {"mechanisms": "stock", "tunables": {"block-size": 8}} in between
+
+
 def _request(tiny_dir, candidate) -> Request:
     config = EngineConfig(model_path=str(tiny_dir), device="cpu", max_running_requests=1,
                           speculative_algorithm="ngram")

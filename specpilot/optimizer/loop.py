@@ -148,14 +148,25 @@ def _agents(briefs: list[search.Brief], llm: llm_agent.LlmBrief | None, root: Pa
     return out
 
 
-def _measure_gaps(settings: Settings, profile: dict[str, Any]) -> list[dict[str, Any]]:
-    """The cost model on the current best profile: its gaps, ranked."""
+def _measure_gaps(settings: Settings, profile: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The cost model on the current best profile: its gaps, ranked, and the values its engine runs the
+    search's tunables at."""
     from specpilot.bench.datasets import apply_chat_template, load_prompts
 
     engine = Engine.from_config(Profile.parse(profile, "the best profile").apply(settings.config))
     prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts(settings.dataset, 1)]
     measured, context = measure(engine, prompts, settings.max_new_tokens)
-    return [g.as_dict() for g in rank_gaps(measured, floors_of(engine, context))]
+    return [g.as_dict() for g in rank_gaps(measured, floors_of(engine, context))], _running_values(engine)
+
+
+def _running_values(engine: Engine) -> dict[str, Any]:
+    """Each search tunable's value in this engine; the block where the profile leaves it to the drafter
+    (on CPU, DFlash drafts chains of DFLASH_CPU_BLOCK), so a gap's "smaller block" starts from there."""
+    fields = {t.name: t.field for t in TUNABLES}
+    values = {name: getattr(engine.config, fields[name]) for name in search.VALUES}
+    if values.get("block-size") is None and engine.drafter is not None:
+        values["block-size"] = engine.drafter.block_size
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def integrate(accepted: list[dict[str, Any]], best: dict[str, Any]) -> Candidate | None:
@@ -305,7 +316,7 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
     root = Path(settings.out)
     root.mkdir(parents=True, exist_ok=True)
     rounds: list[dict[str, Any]] = []
-    gaps = _measure_gaps(settings, best) if settings.rounds else []
+    gaps, current = _measure_gaps(settings, best) if settings.rounds else ([], {})
     for _ in range(settings.rounds):
         if loop.stopping:
             break
@@ -314,7 +325,7 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
         work.mkdir(parents=True, exist_ok=True)
         memory.add_gaps(round_id, _gap_rows(gaps))
         briefs = [search.Brief(space, best, gaps, priors, loop.tried, settings.per_agent, seed=1000 * round_id + i,
-                               index=i, agents=settings.agents) for i in range(settings.agents)]
+                               index=i, agents=settings.agents, current=current) for i in range(settings.agents)]
         llm = None if settings.llm is None else llm_agent.LlmBrief(settings.llm, gaps, best, settings.llm_attempts,
                                                                      source_chars=settings.llm_source_chars)
         priors = []
@@ -344,7 +355,7 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
         memory.finish_round(round_id)
         rounds.append({"round": round_id, "gaps": gaps, "results": results, "challenge": challenge, "best": best,
                        "best_speedup_over_stock": best_speedup})
-        gaps = _measure_gaps(settings, best)
+        gaps, current = _measure_gaps(settings, best)
         # the next round stores them as its own; the last round's would be lost without this
         memory.event("gaps after", {"gaps": [{"rank": i, **g} for i, g in enumerate(_gap_rows(gaps), start=1)]},
                      round_id)

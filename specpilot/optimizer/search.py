@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,22 +40,26 @@ class Brief:
     seed: int
     index: int = 0  # this agent's place among `agents`: the guided moves are dealt out between them
     agents: int = 1
+    # each tunable's value where `best` leaves it open: what the deployment runs with (CPU DFlash: block 4)
+    current: dict[str, Any] = field(default_factory=dict)
 
 
 def _key(profile: dict[str, Any]) -> str:
     return json.dumps(profile, sort_keys=True)
 
 
-def _step(space: dict[str, list[Any]], tunables: dict[str, Any], name: str, direction: int) -> dict[str, Any] | None:
+def _step(space: dict[str, list[Any]], tunables: dict[str, Any], name: str, direction: int,
+          current: dict[str, Any]) -> dict[str, Any] | None:
+    """One value along `name` from where the profile stands (its own value, else the deployment's)."""
     values = space.get(name)
     if not values:
         return None
-    current = tunables.get(name, values[0])
-    index = values.index(current) if current in values else 0
-    target = index + direction
-    if not 0 <= target < len(values):
+    at = tunables.get(name, current.get(name, values[0]))
+    # the nearest tried value that way (`at` may lie between them)
+    side = [v for v in values if (v < at if direction < 0 else v > at)]
+    if not side:
         return None
-    return tunables | {name: values[target]}
+    return tunables | {name: side[-1] if direction < 0 else side[0]}
 
 
 def propose(brief: Brief) -> list[dict[str, Any]]:
@@ -77,7 +81,7 @@ def propose(brief: Brief) -> list[dict[str, Any]]:
         guided.append({"mechanisms": None, "tunables": tunables})
     for gap in brief.gaps:
         for name, direction in GAP_MOVES.get(gap["name"], []):
-            moved = _step(brief.space, tunables, name, direction)
+            moved = _step(brief.space, tunables, name, direction, brief.current)
             if moved is not None:
                 guided.append({"mechanisms": mechanisms, "tunables": moved})
     unique = list({_key(p): p for p in guided}.values())
