@@ -145,21 +145,28 @@ def load_old_attention(path: str | None):
     return module.slot_attention_invariant
 
 
+def attention_inputs(b: int, q: int, heads: int, kv_heads: int, dim: int, cache_len: int, context: int,
+                     layers: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, tuple]:
+    """`layers` K/V cache copies, the queries of b requests of q tokens each at `context`, and the slot
+    metadata (slots, q starts, q lengths, kv lengths)."""
+    caches = [(torch.randn(b, cache_len, kv_heads, dim, device="cuda", dtype=torch.bfloat16),
+               torch.randn(b, cache_len, kv_heads, dim, device="cuda", dtype=torch.bfloat16)) for _ in range(layers)]
+    qt = torch.randn(b * q, heads, dim, device="cuda", dtype=torch.bfloat16)
+    i32 = dict(dtype=torch.int32, device="cuda")
+    meta = (torch.arange(b, **i32), torch.arange(0, b * q, q, **i32), torch.full((b,), q, **i32),
+            torch.full((b,), context + q, **i32))
+    return caches, qt, meta
+
+
 def attention_rows(old_invariant, context: int = 512, layers: int = 8) -> list[dict]:
     """One layer's attention over `layers` KV copies (a verify graph reads each layer's cache once)."""
     out = []
-    i32 = dict(dtype=torch.int32, device="cuda")
     for heads_name, (heads, kv_heads, dim) in ATTENTION_HEADS.items():
         for cache_len in (1024, 8192):
             for b, q in ATTENTION_CASES:
                 if heads_name == "embedded" and b > 1:
                     continue
-                caches = [(torch.randn(b, cache_len, kv_heads, dim, device="cuda", dtype=torch.bfloat16),
-                           torch.randn(b, cache_len, kv_heads, dim, device="cuda", dtype=torch.bfloat16))
-                          for _ in range(layers)]
-                qt = torch.randn(b * q, heads, dim, device="cuda", dtype=torch.bfloat16)
-                meta = (torch.arange(b, **i32), torch.arange(0, b * q, q, **i32), torch.full((b,), q, **i32),
-                        torch.full((b,), context + q, **i32))
+                caches, qt, meta = attention_inputs(b, q, heads, kv_heads, dim, cache_len, context, layers)
                 pos = (context + torch.arange(q, device="cuda")).repeat(b)
                 splits = kv_splits(torch.device("cuda"), b, kv_heads)
 
@@ -206,18 +213,12 @@ def tree_attention_rows(context: int = 512, cache_len: int = 4096, layers: int =
     """One layer's tree verify attention: the fast kernel, the invariant one with packed 16-row programs and
     with a program per token (the tail table made once, as a model pass does)."""
     out = []
-    i32 = dict(dtype=torch.int32, device="cuda")
     bits = tree_bits()
     q = len(bits)
     depth = [bin(b).count("1") - 1 for b in bits]
     for heads_name, (heads, kv_heads, dim) in ATTENTION_HEADS.items():
         for b in (1, 8, 32):
-            caches = [(torch.randn(b, cache_len, kv_heads, dim, device="cuda", dtype=torch.bfloat16),
-                       torch.randn(b, cache_len, kv_heads, dim, device="cuda", dtype=torch.bfloat16))
-                      for _ in range(layers)]
-            qt = torch.randn(b * q, heads, dim, device="cuda", dtype=torch.bfloat16)
-            meta = (torch.arange(b, **i32), torch.arange(0, b * q, q, **i32), torch.full((b,), q, **i32),
-                    torch.full((b,), context + q, **i32))
+            caches, qt, meta = attention_inputs(b, q, heads, kv_heads, dim, cache_len, context, layers)
             mask = torch.tensor(bits, dtype=torch.int64, device="cuda").repeat(b)
             pos = torch.tensor([context + d for d in depth], dtype=torch.int64, device="cuda").repeat(b)
             table = tree_tail_rows(pos, mask)
