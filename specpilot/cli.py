@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from specpilot.engine.config import EngineConfig
 
 DEFAULT_PROMPT = "Write a haiku about the sea."
+# optimize's evaluation workload by device, (prompts, new tokens per prompt): a CPU decodes the embedded model
+# at ~100 ms a token, so 2 rounds of 2 agents fit in 15 minutes only with short runs (docs/RESULTS.md)
+OPTIMIZE_WORKLOAD = {"cuda": (3, 128), "cpu": (2, 24)}
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -219,7 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "evaluator admits what forcing proves lossless and interleaved runs prove "
                                      "faster than stock; the memory (--db) records it all. Ends with a profile "
                                      "for --profile.")
-    _dataset_args(opt, default_prompts=3, default_tokens=32)
+    _dataset_args(opt, default_prompts=None, default_tokens=None,
+                  help_prompts="default: %d on CUDA, %d on CPU" % (OPTIMIZE_WORKLOAD["cuda"][0],
+                                                                 OPTIMIZE_WORKLOAD["cpu"][0]),
+                  help_tokens="default: %d on CUDA, %d on CPU" % (OPTIMIZE_WORKLOAD["cuda"][1],
+                                                                OPTIMIZE_WORKLOAD["cpu"][1]))
     opt.add_argument("--rounds", type=_nonneg_int, default=2,
                      help="rounds to run (0: with --resume --baseline, only the baseline for the rounds in memory)")
     opt.add_argument("--agents", type=_positive_int, default=2, help="search agents per round, each a process")
@@ -338,7 +345,8 @@ def _serving_bench_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="ShareGPT sample and arrival times")
 
 
-def _dataset_args(p: argparse.ArgumentParser, default_prompts: int, default_tokens: int, many: bool = False) -> None:
+def _dataset_args(p: argparse.ArgumentParser, default_prompts: int | None, default_tokens: int | None,
+                  many: bool = False, help_prompts: str | None = None, help_tokens: str | None = None) -> None:
     from specpilot.bench.datasets import BENCH_DATASETS
 
     g = p.add_argument_group("workload")
@@ -346,8 +354,8 @@ def _dataset_args(p: argparse.ArgumentParser, default_prompts: int, default_toke
         g.add_argument("--dataset", nargs="+", default=["humaneval"], choices=BENCH_DATASETS, help="one or more")
     else:
         g.add_argument("--dataset", default="humaneval", choices=BENCH_DATASETS)
-    g.add_argument("--num-prompts", type=_positive_int, default=default_prompts)
-    g.add_argument("--max-new-tokens", type=_positive_int, default=default_tokens)
+    g.add_argument("--num-prompts", type=_positive_int, default=default_prompts, help=help_prompts)
+    g.add_argument("--max-new-tokens", type=_positive_int, default=default_tokens, help=help_tokens)
 
 
 def _cmd_force(args: argparse.Namespace) -> int:
@@ -560,6 +568,7 @@ def _cmd_costmodel(args: argparse.Namespace) -> int:
 def _cmd_optimize(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    from specpilot.engine.config import resolve_device
     from specpilot.engine.registry import TUNABLES
     from specpilot.memory import DEFAULT_PATH
     from specpilot.optimizer.llm_agent import Endpoint
@@ -578,8 +587,10 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     if not config.speculative_algorithm:
         raise ValueError("--speculative-algorithm: optimize tunes a speculative deployment; name its drafter")
     config, prior = plain_stock(config, {t.field for t in TUNABLES if getattr(args, t.field, None) is not None})
+    prompts, tokens = OPTIMIZE_WORKLOAD[resolve_device(config.device).type]
     settings = Settings(config, rounds=args.rounds, agents=args.agents, per_agent=args.proposals_per_agent,
-                        dataset=args.dataset, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
+                        dataset=args.dataset, num_prompts=args.num_prompts or prompts,
+                        max_new_tokens=args.max_new_tokens or tokens,
                         repeats=args.repeats, db=args.db or DEFAULT_PATH, out=args.output_dir or "specpilot-optimize",
                         resume=args.resume, priors=[prior] if prior else [], baseline=args.baseline,
                         llm=asdict(endpoint) if endpoint else None, llm_attempts=args.llm_attempts,
