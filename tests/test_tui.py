@@ -66,8 +66,9 @@ async def test_rounds_screen_shows_the_recorded_round(tui_db):
         assert "×" in row[4]
         agents = screen.query_one("#agents", DataTable)
         assert agents.get_row_at(0)[:3] == ["search-0", "done", "1"]
-        text = shown(app)  # the gaps as the speedup each costs, in their own units, before and after the round
-        assert "1. verify" in text and " ms · " in text and "τ " in text and "   after" in text
+        # the gaps as the speedup each costs, in their own units, before and after the round
+        await until(pilot, lambda: all(s in shown(app) for s in ("1. verify", " ms · ", "τ ", "   after")),
+                    what="the gap chart")
         # the labels repaint on the next refresh, which a loaded machine may not have reached yet
         await until(pilot, lambda: "Round 1 (id 1): finished" in shown(app), what="the round's title")
         await until(pilot, lambda: "the optimizer is gone" in shown(app), what="the run's state")  # it has ended
@@ -123,7 +124,7 @@ async def test_memory_screen_pages_filters_shows_a_candidate_and_exports(tui_db,
         table = screen.query_one("#candidates", DataTable)
         await until(pilot, lambda: screen.loaded == 200 and screen.total == 260, what="the first page")
         await until(pilot, lambda: screen.current == 1, what="the first candidate's detail")
-        assert "#1 from search-0" in shown(app)
+        await until(pilot, lambda: "#1 from search-0" in shown(app), what="the detail's repaint")
         tree = screen.query_one("#deployments", Tree)
         await until(pilot, lambda: len(tree.root.children) == 1)
         assert len(tree.root.children[0].children) == 4  # the real round and three filled ones
@@ -218,7 +219,8 @@ async def test_server_screen_live_state_and_a_coloured_stream(tui_server):
         await until(pilot, lambda: "bonus" in view.origins and screen.series["throughput"] and
                     max(screen.series["throughput"]) > 0, timeout=60, what="the stream and a throughput sample")
         assert len(view.origins) == len(view.texts) > 1
-        assert " bonus " in shown(app) and " draft " in shown(app)  # the legend, with each origin's count
+        await until(pilot, lambda: " bonus " in shown(app) and " draft " in shown(app),
+                    what="the legend, with each origin's count")
         await until(pilot, lambda: max(screen.series["accept"]) > 1.0, what="the accept length")
         histogram = screen.query_one(Histogram)
         assert sum(histogram.counts) > 0 and any(histogram.counts[2:])  # passes that accepted drafts
@@ -227,7 +229,7 @@ async def test_server_screen_live_state_and_a_coloured_stream(tui_server):
         screen.query_one("#url", Input).value = CLOSED
         await pilot.click("#connect")
         await until(pilot, lambda: screen.connected is False, what="the lost server")
-        assert "disconnected from" in shown(app)
+        await until(pilot, lambda: "disconnected from" in shown(app), what="the disconnected state's repaint")
         # back by Enter in the address field (a second click this soon would land in the button's 0.2 s press
         # effect, which Textual ignores)
         await pilot.click("#url")
