@@ -290,8 +290,7 @@ class Engine:
         """The rows [len(output), V] that decided `output` (a teacher-forced pass's), masked in place as a
         request of `params` masks them while decoding: stop ids banned before min_new_tokens, then its grammar
         along `output`."""
-        if banned := min(params.min_new_tokens, len(output)):
-            suppress(logits[:banned], [sorted(self.stops.stop_ids(Request([], params)))] * banned)
+        suppress(logits, self.stops.banned(Request([], params), len(output)))  # positions from the first
         if params.constraint is not None:
             constrain(logits, self._grammar(params).masks_along(output))
         return logits

@@ -92,7 +92,6 @@ class RequestGrammar:
                 self.matcher.rollback(taken)
         return mask
 
-
     def masks_along(self, tokens: list[int]) -> torch.Tensor:
         """Bitmask rows [len(tokens), ceil(V / 32)]: row j allows the ids the grammar allows after tokens[:j]
         from this state, which it returns to."""
