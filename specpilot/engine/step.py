@@ -158,11 +158,14 @@ class SpeculativeStep:
 
     def accept(self, plan: VerifyPlan, out: RunOutput, clock: StepClock) -> Acceptance:
         """Device acceptance where it applies (uniform widths, nothing banned; sampled rows decided by their
-        keyed samples), else the walk."""
+        keyed samples), else the walk. A grammar's masks go into the verify logits first, in place (a graph's
+        own output buffer, which its acceptance graph reads): a masked argmax or keyed sample never takes a
+        draft the grammar forbids, so constrained steps stay on the device path."""
         reqs, tree = plan.reqs, plan.draft.tree
         banned = self._banned_rows(plan)
-        constrained = any(r.grammar is not None for r in reqs)
-        on_device = "device-acceptance" in self.mechanisms and plan.uniform and not any(banned) and not constrained
+        if any(r.grammar is not None for r in reqs):
+            self._constrain(plan, out.logits)
+        on_device = "device-acceptance" in self.mechanisms and plan.uniform and not any(banned)
         if on_device:
             accepted, taps, host, graphed = self._accept_on_device(plan, out)
             clock.mark()
@@ -174,8 +177,6 @@ class SpeculativeStep:
             decisions = Accepted.unpack(host.tolist(), out.batch.batch_size, plan.widths[0], len(reqs))
             return Acceptance(decisions, taps, launched, graphed)
         logits = suppress(out.logits, banned)
-        if constrained:
-            self._constrain(plan, logits)
         decisions = self._walk(plan, logits)  # syncs
         clock.mark()
         taps = out.taps
