@@ -859,10 +859,11 @@ def _invariant_block_m(device: torch.device, rows_max: int, programs16: int, tre
 
 
 def _per_token_tree(device: torch.device, tree: bool, group: int, programs16: int) -> bool:
-    """A tree pass gives each token a program of its own on CUDA while the packed 16-row programs are fewer
-    than the SMs (a verify of few requests, latency-bound: a packed program walks each of its tokens'
-    gathered tiles in turn); with more, packing saves re-reading the shared context."""
-    return tree and device.type == "cuda" and group <= INVARIANT_BLOCK_M and programs16 < _sm_count(device)
+    """A tree pass gives each token a program of its own on CUDA while the packed 16-row programs are under a
+    quarter of the SMs (a verify of very few requests, latency-bound: a packed program walks each of its
+    tokens' gathered tiles in turn); with more, packing saves re-reading the shared context (the H200 tree
+    sweep in docs/RESULTS.md puts the crossover between the embedded model's B=1 and B=8)."""
+    return tree and device.type == "cuda" and group <= INVARIANT_BLOCK_M and 4 * programs16 < _sm_count(device)
 
 
 def slot_attention_invariant(
