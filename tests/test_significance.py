@@ -21,6 +21,9 @@ def test_a_steady_gain_is_accepted_with_its_bound_and_every_loss_is_not():
     assert verdict.accepted and verdict.speedup["p"] == 1 / 64 and 1.09 < verdict.speedup["lower"] < 1.11
     slower = _verdict([1.0] * 6, [1.05] * 6)
     assert not slower.accepted and slower.reason.startswith("not shown faster than stock: p = 1.000")
+    head_to_head = decide([1.0] * 6, [1.05] * 6, over_ar=1.5, ceiling=3.0, forcing=None, seconds=1.0,
+                          reference="the profile it is set against")
+    assert "than the profile it is set against" in head_to_head.reason and "stock" not in head_to_head.reason
 
 
 def test_one_outlier_pair_does_not_sink_a_clear_gain_nor_does_one_lucky_pair_make_one():

@@ -32,7 +32,7 @@ from specpilot.config import SamplingParams
 from specpilot.costmodel.measure import speedup_ceiling
 from specpilot.engine.config import EngineConfig
 from specpilot.engine.engine import Engine
-from specpilot.engine.registry import Profile, ar_changes
+from specpilot.engine.registry import STOCK, Profile, ar_changes
 from specpilot.forcing import run_forcing
 from specpilot.optimizer.patched import evaluate_patch
 from specpilot.optimizer.verdicts import Request, Verdict, decide
@@ -75,8 +75,10 @@ def evaluate_profile(request: Request) -> Verdict:
     ar_ms = _tpot_ms(ar, bench, params)
     over_ar = ar_ms / statistics.median(runs["candidate"])
     context = int(statistics.mean(len(p) for p in bench) + request.max_new_tokens / 2)
+    is_stock = request.stock.get("mechanisms") == STOCK and not request.stock.get("tunables")
+    reference = "stock" if is_stock else "the profile it is set against"
     return decide(runs["stock"], runs["candidate"], over_ar, speedup_ceiling(candidate, ar_ms, context), forcing,
-                  time.perf_counter() - start)
+                  time.perf_counter() - start, reference=reference)
 
 
 def evaluate(request: Request) -> Verdict:

@@ -43,11 +43,12 @@ class Verdict:
 
 
 def decide(stock_runs: list[float], candidate_runs: list[float], over_ar: float, ceiling: float,
-           forcing: dict[str, Any] | None, seconds: float, alpha: float = ALPHA) -> Verdict:
+           forcing: dict[str, Any] | None, seconds: float, alpha: float = ALPHA,
+           reference: str = "stock") -> Verdict:
     """Paired interleaved runs (times, lower is faster) into a verdict: implausible above the ceiling, else
     accepted only if the paired sign-flip test shows the candidate faster than stock at `alpha`, i.e. its
     speedup's lower confidence bound is above 1. Stock's own spread across pairs is the noise band stated
-    beside it."""
+    beside it. `reference` names what `stock_runs` ran in the reason (a head to head runs another profile)."""
     speedups = [s / c for s, c in zip(stock_runs, candidate_runs)]
     noise = (max(stock_runs) - min(stock_runs)) / statistics.median(stock_runs)
     test = paired_test(stock_runs, candidate_runs, alpha)
@@ -62,9 +63,9 @@ def decide(stock_runs: list[float], candidate_runs: list[float], over_ar: float,
         return Verdict(False, f"too few repeats: {len(speedups)} pairs cannot show a speedup at p <= {alpha}; "
                        f"at least {min_pairs(alpha)} are needed", **common)
     if test.p_value > alpha:
-        return Verdict(False, f"not shown faster than stock: p = {test.p_value:.3f} > {alpha} over "
+        return Verdict(False, f"not shown faster than {reference}: p = {test.p_value:.3f} > {alpha} over "
                        f"{len(speedups)} pairs (median {spread['median']:.3f}x, {1 - alpha:.0%} bound "
-                       f"{test.lower:.3f}x; stock's own spread {noise:.3f})", **common)
+                       f"{test.lower:.3f}x; {reference}'s own spread {noise:.3f})", **common)
     return Verdict(True, None, **common)
 
 
