@@ -213,3 +213,20 @@ def test_a_later_profile_takes_the_lead_only_by_beating_the_best_head_to_head(tm
     for agent in ("search-0", "baseline"):
         loop.memory.validate(loop.memory.add_candidate(round_id, agent, params=first), False, "slower")
     assert loop_module._loop_evaluations(loop.memory, loop.dep) == 3
+
+
+def test_the_report_says_how_much_of_each_gap_a_round_closed():
+    from specpilot.optimizer import report
+    from specpilot.optimizer.loop import STOCK
+
+    def gap(name, measured, best, unit):
+        return {"name": name, "measured": measured, "best": best, "unit": unit, "lost_speedup": 1.0}
+
+    before = [gap("acceptance (tau)", 2.0, 10.0, "tokens/step"), gap("verify", 1.2, 0.2, "ms"), gap("draft", 0.3, 0.3, "ms")]
+    after = [gap("acceptance (tau)", 4.0, 10.0, "tokens/step"), gap("verify", 1.3, 0.2, "ms"), gap("draft", 0.3, 0.3, "ms")]
+    shown = report.markdown({"round": 1, "gaps": before, "results": [], "best": STOCK,
+                             "best_speedup_over_stock": 1.0}, after)
+    table = shown.split("## Candidates")[0].splitlines()
+    rows = {line.split(" | ")[0].lstrip("| "): line.rsplit(" | ", 1)[1].rstrip(" |") for line in table
+            if line.startswith("| ") and not line.startswith("| gap |")}
+    assert rows == {"acceptance (tau)": "closed 25%", "verify": "widened 10%", "draft": "–"}

@@ -31,12 +31,21 @@ def _gap(g: dict[str, Any] | None) -> str:
     return f"{g['measured']:.3f} / {g['best']:.3f} {g.get('unit', 'ms')}, costs {g['lost_speedup']:.3f}×"
 
 
+def _closed(before: dict[str, Any], after: dict[str, Any] | None) -> str:
+    """How much of the distance to its best the round covered: a time falling or τ rising closes a gap."""
+    if after is None or before["measured"] == before["best"]:
+        return "–"
+    share = (before["measured"] - after["measured"]) / (before["measured"] - before["best"])
+    return f"closed {share:.0%}" if share >= 0 else f"widened {-share:.0%}"
+
+
 def markdown(round_: dict[str, Any], gaps_after: list[dict[str, Any]] | None) -> str:
     after = {g["name"]: g for g in gaps_after or []}
     lines = [f"# Round {round_['round']}", "", "## Gaps (measured / best possible; the speedup each costs)", "",
-             "| gap | at the start | after the round |", "|---|---|---|"]
+             "| gap | at the start | after the round | of the distance to best |", "|---|---|---|---|"]
     for g in round_["gaps"]:
-        lines.append(f"| {g['name']} | {_gap(g)} | {_gap(after.get(g['name']))} |")
+        moved = after.get(g["name"])
+        lines.append(f"| {g['name']} | {_gap(g)} | {_gap(moved)} | {_closed(g, moved)} |")
     lines += ["", "## Candidates", "", "| id | agent | candidate | verdict | speedup over stock: median (min–max), 95% bound, p |",
               "|---|---|---|---|---|"]
     for r in round_["results"]:
