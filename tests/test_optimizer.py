@@ -222,11 +222,14 @@ def test_the_report_says_how_much_of_each_gap_a_round_closed():
     def gap(name, measured, best, unit):
         return {"name": name, "measured": measured, "best": best, "unit": unit, "lost_speedup": 1.0}
 
-    before = [gap("acceptance (tau)", 2.0, 10.0, "tokens/step"), gap("verify", 1.2, 0.2, "ms"), gap("draft", 0.3, 0.3, "ms")]
-    after = [gap("acceptance (tau)", 4.0, 10.0, "tokens/step"), gap("verify", 1.3, 0.2, "ms"), gap("draft", 0.3, 0.3, "ms")]
+    before = [gap("acceptance (tau)", 2.0, 10.0, "tokens/step"), gap("verify", 1.2, 0.2, "ms"), gap("draft", 0.3, 0.3, "ms"),
+              gap("host", 0.5, 0.1, "ms"), gap("tau, a deeper block", 3.0, 4.0, "tokens/step")]
+    after = [gap("acceptance (tau)", 4.0, 10.0, "tokens/step"), gap("verify", 1.3, 0.2, "ms"), gap("draft", 0.3, 0.3, "ms"),
+             gap("host", 0.5001, 0.1, "ms"), gap("tau, a deeper block", 3.5, 6.0, "tokens/step")]
     shown = report.markdown({"round": 1, "gaps": before, "results": [], "best": STOCK,
                              "best_speedup_over_stock": 1.0}, after)
     table = shown.split("## Candidates")[0].splitlines()
     rows = {line.split(" | ")[0].lstrip("| "): line.rsplit(" | ", 1)[1].rstrip(" |") for line in table
             if line.startswith("| ") and not line.startswith("| gap |")}
-    assert rows == {"acceptance (tau)": "closed 25%", "verify": "widened 10%", "draft": "–"}
+    assert rows == {"acceptance (tau)": "closed 25%", "verify": "widened 10%", "draft": "–", "host": "unchanged",
+                    "tau, a deeper block": "widened 150%"}

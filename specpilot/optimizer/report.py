@@ -32,11 +32,14 @@ def _gap(g: dict[str, Any] | None) -> str:
 
 
 def _closed(before: dict[str, Any], after: dict[str, Any] | None) -> str:
-    """How much of the distance to its best the round covered: a time falling or τ rising closes a gap."""
+    """How much of its distance to the best possible the round removed, each side against its own best (a
+    deeper block raises τ's ceiling, so its gap can widen while τ rises)."""
     if after is None or before["measured"] == before["best"]:
         return "–"
-    share = (before["measured"] - after["measured"]) / (before["measured"] - before["best"])
-    return f"closed {share:.0%}" if share >= 0 else f"widened {-share:.0%}"
+    share = 1 - abs(after["measured"] - after["best"]) / abs(before["measured"] - before["best"])
+    if round(share, 2) == 0:
+        return "unchanged"
+    return f"closed {share:.0%}" if share > 0 else f"widened {-share:.0%}"
 
 
 def markdown(round_: dict[str, Any], gaps_after: list[dict[str, Any]] | None) -> str:
