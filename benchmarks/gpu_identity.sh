@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200, inside `gpu_ferry.sh run` (carry .ferry/part3 .ferry/whl .ferry/extra): output ids of speculation
+# H200, inside `gpu_ferry.sh run` (.ferry/extra carried with stage 2, or with the run): output ids of speculation
 # against AR on the embedded model in bf16, served configuration (DFlash trees + n-gram assist), on the four
 # bench datasets, at B=1 and 32 requests together, greedy and T=0.8 / top-p 0.95 with per-request seeds.
 # Then the same through the HTTP server, 32 concurrent streams (benchmarks/server_identity.py), unless
