@@ -3,7 +3,7 @@
 # against AR on the embedded model in bf16, served configuration (DFlash trees + n-gram assist), on the four
 # bench datasets, at B=1 and 32 requests together, greedy and T=0.8 / top-p 0.95 with per-request seeds.
 # Then the same through the HTTP server, 32 concurrent streams (benchmarks/server_identity.py), unless
-# NO_SERVER is set. RUNS picks the engine runs (default: greedy-b1 greedy-b32 t08-b1 t08-b32; "" for none);
+# NO_SERVER is set; SERVERS picks those runs (default: server-greedy server-t08). RUNS picks the engine runs (default: greedy-b1 greedy-b32 t08-b1 t08-b32; "" for none);
 # REPEATS (default 1): interleaved AR/speculative repeats of greedy-b1 (the README's headline: median, spread).
 # .ferry/extra holds MT-Bench's questions and ShareGPT's opening turns (scripts/export_sharegpt_first_turns.py).
 #   bash benchmarks/gpu_identity.sh [PROMPTS] [TOKENS]       -> $OUT/identity.tgz (bench JSON per run)
@@ -35,6 +35,7 @@ run t08-b1 1 --batch-size 1 --temperature 0.8 --top-p 0.95 --sampling-seed 1
 run t08-b32 1 --batch-size 32 --temperature 0.8 --top-p 0.95 --sampling-seed 1
 server() {  # name, flags...
     local name=$1; shift
+    [[ " ${SERVERS-server-greedy server-t08} " == *" $name "* ]] || return 0
     local t0=$SECONDS
     python3 benchmarks/server_identity.py --num-prompts "$prompts" --max-new-tokens "$tokens" --concurrency 32 \
         --out "$out/$name" "$@" -- --device cuda > "$out/$name.log" 2>&1
