@@ -62,7 +62,8 @@ run)
             "$FERRY"/whl/*.whl "/tmp/ferry/$name"
         touch /tmp/site/.ferried
     fi
-    if [ ! -d "$FERRY/extra" ] && [ -d /tmp/ferry/extra ]; then mkdir -p "$FERRY" && ln -s /tmp/ferry/extra "$FERRY/extra"; fi
+    # the staged copy wins: a carried .ferry/extra can linger, partial, in the device's working tree
+    if [ -d /tmp/ferry/extra ]; then mkdir -p "$FERRY" && rm -rf "$FERRY/extra" && ln -s /tmp/ferry/extra "$FERRY/extra"; fi
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     eval "$2"
     ;;
