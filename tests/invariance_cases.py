@@ -5,7 +5,8 @@ CUDA tests: each returns, per comparison, how many output elements differ from t
 Attention: one request's 16 new tokens after `ctx` context keys, computed as 16 decode passes (the baseline),
 as one chain verify, as a chain verify beside other requests, inside a whole-prompt prefill, and as the path
 of a draft tree whose other nodes hold unrelated K/V - a node's row must equal the decode of the token at its
-depth. GEMM: rows of x alone, in small batches and in a large one.
+depth; then the verify, prefill and tree passes again over a page pool (the engine's page size, pages
+shuffled), which must give the same bits. GEMM: rows of x alone, in small batches and in a large one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from specpilot.kernels.skinny_gemm import invariant_config, invariant_gemm
 from specpilot.kernels.slot_attention import slot_attention_invariant
 
 NEW = 16  # tokens per verify block
+PAGE = 64  # the engine's page size (state/pages.py)
 
 
 def _differing(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -33,6 +35,21 @@ def _attend(q, k, v, slots, starts, q_lens, kv_lens, positions, tree_mask=None, 
     return slot_attention_invariant(q, k, v, t(slots), t(starts), t(q_lens), t(kv_lens), t(positions, torch.int64),
                                     scale=1.0 / math.sqrt(q.shape[-1]), max_q_len=max(q_lens),
                                     tree_mask=None if tree_mask is None else t(tree_mask, torch.int64), **launch)
+
+
+def paged_cache(k: torch.Tensor, v: torch.Tensor, page: int, seed: int = 1) -> dict[str, torch.Tensor]:
+    """k and v [slots, max_len, ...] cut into pages of `page` (max_len a multiple of it), shuffled into a pool
+    with a spare page: the k_cache, v_cache and page_table of the same cache."""
+    slots, max_len = k.shape[:2]
+    per_slot = max_len // page
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randperm(slots * per_slot + 1, generator=g)[: slots * per_slot].view(slots, per_slot)
+    pools = []
+    for cache in (k, v):
+        pool = torch.zeros(slots * per_slot + 1, page, *cache.shape[2:], dtype=cache.dtype, device=cache.device)
+        pool[table.flatten().to(cache.device)] = cache.reshape(slots * per_slot, page, *cache.shape[2:])
+        pools.append(pool)
+    return {"k": pools[0], "v": pools[1], "page_table": table.to(torch.int32).to(k.device)}
 
 
 def _tree_with_path() -> tuple[list[int], list[int]]:
@@ -68,8 +85,9 @@ def attention_report(device: str, dtype: torch.dtype, ctx: int = 250, kv_heads: 
         return torch.randn(*shape, generator=g).to(dtype).to(device)
 
     heads, length = kv_heads * group, ctx + NEW
-    k = randn(4, max(length, 300) + 8, kv_heads, head_dim)
-    v = randn(4, max(length, 300) + 8, kv_heads, head_dim)
+    slot_len = -(-(max(length, 300) + 8) // PAGE) * PAGE
+    k = randn(4, slot_len, kv_heads, head_dim)
+    v = randn(4, slot_len, kv_heads, head_dim)
     q_new = randn(NEW, heads, head_dim)
     new_pos = list(range(ctx, length))
     report: dict[str, int] = {}
@@ -117,6 +135,18 @@ def attention_report(device: str, dtype: torch.dtype, ctx: int = 250, kv_heads: 
         tree = _attend(torch.cat([others[:1], tree_q]), k, v, [2, 1], [0, 1], [1, NEW], [40, length],
                        [39, *tree_pos], tree_mask=[1, *bits], per_token=per_token)
         report[f"tree verify, {name}"] = _differing(tree[on_path], decode[: len(path)])
+
+    pool = paged_cache(k, v, PAGE)
+    pk, pv, table = pool["k"], pool["v"], pool["page_table"]
+    paged_chain = _attend(mixed_q, pk, pv, [2, 0, 3], [0, 1, 1 + NEW], [1, NEW, 5], [40, length, 300],
+                          [39, *new_pos, *range(295, 300)], page_table=table)
+    report["paged: chain verify in a batch"] = _differing(paged_chain[1 : 1 + NEW], decode)
+    paged_prefill = _attend(prompt_q, pk, pv, [0], [0], [length], [length], list(range(length)), page_table=table)
+    report["paged: prefill"] = _differing(paged_prefill[ctx:], decode)
+    for name, per_token in (("packed rows", False), ("a program per token", True)):
+        tree = _attend(torch.cat([others[:1], tree_q]), pk, pv, [2, 1], [0, 1], [1, NEW], [40, length],
+                       [39, *tree_pos], tree_mask=[1, *bits], per_token=per_token, page_table=table)
+        report[f"paged: tree verify, {name}"] = _differing(tree[on_path], decode[: len(path)])
     return report
 
 

@@ -39,6 +39,30 @@ def test_reference_moves_accepted_rows_to_their_depths() -> None:
             assert torch.equal(kv[:, base[i] + d], before[:, src])
 
 
+PAGE = 8
+
+
+def paged(kv: torch.Tensor, seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv's slot rows cut into pages of PAGE, shuffled into a pool with spare pages: (pool, flat table)."""
+    pages = kv.shape[1] // PAGE
+    table = torch.randperm(pages + 3, generator=torch.Generator().manual_seed(seed))[:pages].to(torch.int32)
+    pool = torch.zeros(kv.shape[0], (pages + 3) * PAGE, kv.shape[2])
+    pool.view(kv.shape[0], pages + 3, PAGE, -1)[:, table.long()] = kv.view(kv.shape[0], pages, PAGE, -1)
+    return pool, table
+
+
+def unpaged(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    return pool.view(pool.shape[0], -1, PAGE, pool.shape[2])[:, table.long()].reshape(pool.shape[0], -1, pool.shape[2])
+
+
+def test_reference_through_a_page_table_moves_the_same_rows() -> None:
+    kv, base, counts, nodes = make_case(3, 6)
+    pool, table = paged(kv)
+    compact_accepted_reference(kv, base, counts, nodes)
+    compact_accepted_reference(pool, base, counts, nodes, table, PAGE)
+    assert torch.equal(unpaged(pool, table), kv)
+
+
 CASES = [(0, 6), (1, 192), (2, 1500)]  # width: one block, a wide block, several blocks
 
 
@@ -50,6 +74,10 @@ def _triton_results() -> dict[str, list]:
         kv, base, counts, nodes = make_case(seed, width)
         compact_accepted_triton(kv, base, counts, nodes)
         out[f"{seed}-{width}"] = kv.tolist()
+    kv, base, counts, nodes = make_case(3, 6)
+    pool, table = paged(kv)
+    compact_accepted_triton(pool, base, counts, nodes, table, PAGE)
+    out["paged"] = unpaged(pool, table).tolist()
     return out
 
 
@@ -61,6 +89,12 @@ def test_triton_matches_the_reference(triton_results: dict[str, list], case: tup
     kv, base, counts, nodes = make_case(*case)
     compact_accepted_reference(kv, base, counts, nodes)
     assert triton_results[f"{case[0]}-{case[1]}"] == kv.tolist()
+
+
+def test_triton_through_a_page_table_matches_the_reference(triton_results: dict[str, list]) -> None:
+    kv, base, counts, nodes = make_case(3, 6)
+    compact_accepted_reference(kv, base, counts, nodes)
+    assert triton_results["paged"] == kv.tolist()
 
 
 if __name__ == "__main__":

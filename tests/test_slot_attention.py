@@ -86,6 +86,27 @@ def make_inputs(case: Case) -> dict:
     return inp
 
 
+def paged(inp: dict, page_size: int, seed: int = 0) -> dict:
+    """The same inputs over a page pool: every slot's positions cut into pages of `page_size`, the pages
+    shuffled into a pool with spare NaN pages, and a page table naming them (the last page of a slot may run
+    past its max_len; those rows are NaN too)."""
+    g = torch.Generator().manual_seed(seed)
+    k, v = inp["k_cache"], inp["v_cache"]
+    num_slots, max_len = k.shape[:2]
+    per_slot = -(-max_len // page_size)
+    num_pages = num_slots * per_slot + 3
+    order = torch.randperm(num_pages, generator=g)[: num_slots * per_slot]
+    table = order.view(num_slots, per_slot).to(torch.int32)
+    pools = []
+    for cache in (k, v):
+        pool = torch.full((num_pages, page_size, *cache.shape[2:]), float("nan"), dtype=cache.dtype)
+        padded = torch.full((num_slots, per_slot * page_size, *cache.shape[2:]), float("nan"), dtype=cache.dtype)
+        padded[:, :max_len] = cache
+        pool[table.long().flatten()] = padded.view(num_slots * per_slot, page_size, *cache.shape[2:])
+        pools.append(pool)
+    return {**inp, "k_cache": pools[0], "v_cache": pools[1], "page_table": table}
+
+
 def tree_bits(n: int, kind: str, g: torch.Generator) -> torch.Tensor:
     """int64 [n] ancestors-or-self bits of a draft tree: node 0 is the root, parent[i] uniform in [0, i-1]
     ("random") or i - 1 ("chain", i.e. causal)."""
@@ -178,6 +199,21 @@ def test_reference_tree_mask_matches_naive(case: Case) -> None:
     torch.testing.assert_close(got[covered].double(), expected[covered], atol=tol, rtol=tol)
     # through the dispatcher too
     torch.testing.assert_close(call(slot_attention, inp, max_q_len=max(case.q_lens)), got)
+
+
+@pytest.mark.parametrize("case", REFERENCE_CASES[:3] + TREE_REFERENCE_CASES[:1], ids=lambda c: c.name)
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_reference_through_a_page_table_equals_contiguous_slots(case: Case, page_size: int) -> None:
+    inp = make_inputs(case)
+    assert torch.equal(call(slot_attention_reference, paged(inp, page_size)), call(slot_attention_reference, inp))
+
+
+def test_page_table_validation() -> None:
+    inp = paged(make_inputs(REFERENCE_CASES[0]), 16)
+    with pytest.raises(ValueError, match="page_table must be contiguous int32"):
+        call(slot_attention_reference, {**inp, "page_table": inp["page_table"].long()})
+    with pytest.raises(ValueError, match="kv_len .* <= max_len"):
+        call(slot_attention_reference, {**inp, "page_table": inp["page_table"][:, :1].contiguous()})
 
 
 def test_reference_chain_tree_equals_causal() -> None:
@@ -361,6 +397,7 @@ TREE_TRITON_CASES = [
     ])
 ]
 TRITON_TOL = {"float32": 1e-4, "bfloat16": 3e-2}
+PAGED_CASES = [TRITON_CASES[0], TRITON_CASES[4], TRITON_CASES[9], TREE_TRITON_CASES[0]]
 
 
 def _triton_errors() -> dict[str, float]:
@@ -378,6 +415,14 @@ def _triton_errors() -> dict[str, float]:
         got = call(slot_attention_triton, inp, max_q_len=max(case.q_lens), num_kv_splits=case.num_kv_splits)
         assert got.dtype == inp["q"].dtype
         errors[case.name] = (got.float() - expected)[covered].abs().max().item()
+    for case in PAGED_CASES:  # through a page table: the same bits as over contiguous slots
+        inp = make_inputs(case)
+        kwargs = dict(max_q_len=max(case.q_lens), num_kv_splits=case.num_kv_splits)
+        expected = call(slot_attention_triton, inp, **kwargs)
+        _, covered = naive_attention(inp)
+        for page_size in (16, 64):
+            got = call(slot_attention_triton, paged(inp, page_size, seed=page_size), **kwargs)
+            errors[f"paged{page_size}-{case.name}"] = float(not torch.equal(got[covered], expected[covered]))
     return errors
 
 
@@ -388,6 +433,13 @@ triton_errors = interpreter_fixture(__file__)
 def test_triton_matches_reference(triton_errors: dict[str, float], case: Case) -> None:
     err = triton_errors[case.name]
     assert err <= TRITON_TOL[case.dtype], f"{case.name}: max abs error {err}"
+
+
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("case", PAGED_CASES, ids=lambda c: c.name)
+def test_triton_through_a_page_table_gives_the_same_bits(triton_errors: dict[str, float], case: Case,
+                                                          page_size: int) -> None:
+    assert triton_errors[f"paged{page_size}-{case.name}"] == 0.0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """Attention over a fixed-slot KV cache.
 
-Cache layout (one per layer): ``k_cache`` / ``v_cache`` are ``[num_slots, max_len, num_kv_heads, head_dim]``.
+Cache layout (one per layer): ``k_cache`` / ``v_cache`` are ``[num_slots, max_len, num_kv_heads, head_dim]``, or
+with an int32 ``page_table [num_slots, pages_per_slot]`` a pool of pages ``[num_pages, page_size, num_kv_heads,
+head_dim]``: position ``p`` of slot ``s`` is row ``p % page_size`` of page ``page_table[s, p // page_size]`` (looked
+up per key lane, so a page may hold any slot's positions and ``max_len = pages_per_slot * page_size``).
 Request ``b`` owns slot ``slot_ids[b]``; its ``kv_lens[b]`` tokens sit at positions ``0 .. kv_lens[b]-1``.
 Queries are flat and ragged: request ``b`` owns rows ``q_starts[b] : q_starts[b] + q_lens[b]`` of ``q``, and
 their K/V are already in the cache, so query ``i`` sits at absolute position ``kv_lens[b] - q_lens[b] + i``.
@@ -51,6 +54,7 @@ __all__ = [
     "slot_attention_invariant",
     "slot_attention_reference",
     "slot_attention_triton",
+    "slot_geometry",
     "tree_tail_rows",
 ]
 
@@ -81,6 +85,7 @@ def _check_inputs(
     q_starts: torch.Tensor,
     q_lens: torch.Tensor,
     kv_lens: torch.Tensor,
+    page_table: torch.Tensor | None = None,
 ) -> None:
     """Shape/dtype/device checks that need no host sync."""
     if q.dim() != 3:
@@ -110,6 +115,19 @@ def _check_inputs(
             raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q is on {q.device}")
+    if page_table is not None:
+        if page_table.dim() != 2 or page_table.dtype != torch.int32 or not page_table.is_contiguous():
+            raise ValueError(f"page_table must be contiguous int32 [num_slots, pages_per_slot], got {page_table.dtype} "
+                             f"{tuple(page_table.shape)}")
+        if page_table.device != q.device:
+            raise ValueError(f"page_table is on {page_table.device}, q is on {q.device}")
+
+
+def slot_geometry(k_cache: torch.Tensor, page_table: torch.Tensor | None) -> tuple[int, int]:
+    """(num_slots, max_len) of a cache: its first two dimensions, or through its page table."""
+    if page_table is None:
+        return k_cache.shape[0], k_cache.shape[1]
+    return page_table.shape[0], page_table.shape[1] * k_cache.shape[1]
 
 
 def _check_tree_mask(tree_mask: torch.Tensor, q: torch.Tensor) -> None:
@@ -136,9 +154,10 @@ def _check_lengths(
     q_starts: list[int],
     q_lens: list[int],
     kv_lens: list[int],
+    page_table: torch.Tensor | None = None,
 ) -> None:
     """Value checks on host copies of the metadata (the reference syncs anyway to size its batches)."""
-    num_slots, max_len = k_cache.shape[0], k_cache.shape[1]
+    num_slots, max_len = slot_geometry(k_cache, page_table)
     for b, (slot, start, q_len, kv_len) in enumerate(zip(slot_ids, q_starts, q_lens, kv_lens)):
         if not 0 <= slot < num_slots:
             raise ValueError(f"request {b}: slot id {slot} out of range [0, {num_slots})")
@@ -180,6 +199,7 @@ def _attend_bucket(
     scale: float,
     causal: bool,
     tree_mask: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
 ) -> None:
     """Padded batched attention for one bucket of requests; writes its rows of ``out``."""
     device = q.device
@@ -194,8 +214,13 @@ def _attend_bucket(
     keys = torch.minimum(kj[None, :], kv_lens[:, None] - 1)
 
     q_b = q[rows].transpose(1, 2)  # [nb, H, max_q, D]
-    k_b = k_cache[slots[:, None], keys].transpose(1, 2)  # [nb, Hkv, max_kv, D]
-    v_b = v_cache[slots[:, None], keys].transpose(1, 2)
+    if page_table is None:
+        pages, rows_in_page = slots[:, None], keys
+    else:
+        page = k_cache.shape[1]
+        pages, rows_in_page = page_table[slots[:, None], keys // page].long(), keys % page
+    k_b = k_cache[pages, rows_in_page].transpose(1, 2)  # [nb, Hkv, max_kv, D]
+    v_b = v_cache[pages, rows_in_page].transpose(1, 2)
 
     mask = kj[None, None, :] < kv_lens[:, None, None]  # [nb, 1, max_kv]
     no_keys = None
@@ -229,16 +254,17 @@ def slot_attention_reference(
     scale: float,
     causal: bool = True,
     tree_mask: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Plain-torch slot attention (one padded SDPA per q_len bucket). Rows of q owned by no request are zero.
 
     With ``tree_mask`` (int64 [T], see the module docstring) ``causal`` is ignored.
     """
-    _check_inputs(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens)
+    _check_inputs(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, page_table)
     if tree_mask is not None:
         _check_tree_mask(tree_mask, q)
     host = [t.tolist() for t in (slot_ids, q_starts, q_lens, kv_lens)]
-    _check_lengths(q, k_cache, *host)
+    _check_lengths(q, k_cache, *host, page_table=page_table)
     q_lens_h, kv_lens_h = host[2], host[3]
     if tree_mask is not None:
         _check_tree_q_len(max(q_lens_h, default=0))
@@ -260,6 +286,7 @@ def slot_attention_reference(
             scale=scale,
             causal=causal,
             tree_mask=tree_mask,
+            page_table=page_table,
         )
     return out
 
@@ -297,6 +324,25 @@ if HAS_TRITON:
         return m_new, denom * alpha + w, acc * alpha[:, None] + w[:, None] * o
 
     @triton.jit
+    def _slot_bases(k_ptr, v_ptr, pages_ptr, slot, stride_pages, stride_ks, stride_vs, kv_head, stride_kh, stride_vh,
+                    PAGED: tl.constexpr):
+        """A (slot, kv head)'s K and V base pointers and its page-table row (unread without PAGED)."""
+        if PAGED:
+            return k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh, pages_ptr + slot * stride_pages
+        return k_ptr + slot * stride_ks + kv_head * stride_kh, v_ptr + slot * stride_vs + kv_head * stride_vh, pages_ptr
+
+    @triton.jit
+    def _key_offsets(keys, ok, page_row, stride_ks, stride_kn, stride_vs, stride_vn, PAGE: tl.constexpr,
+                     PAGED: tl.constexpr):
+        """K and V element offsets of a slot's key positions `keys` (lanes with `ok` false are never read):
+        with PAGED, through the slot's page-table row; else from its slot's base."""
+        if PAGED:
+            page = tl.load(page_row + keys // PAGE, mask=ok, other=0).to(tl.int64)
+            within = keys % PAGE
+            return page * stride_ks + within * stride_kn, page * stride_vs + within * stride_vn
+        return keys.to(tl.int64) * stride_kn, keys.to(tl.int64) * stride_vn
+
+    @triton.jit
     def _attend_key_tiles(
         acc,
         l_i,
@@ -304,7 +350,10 @@ if HAS_TRITON:
         q_tile,
         k_base,
         v_base,
+        page_row,
+        stride_ks,
         stride_kn,
+        stride_vs,
         stride_vn,
         qk_scale,
         key_limit,
@@ -316,6 +365,8 @@ if HAS_TRITON:
         TREE: tl.constexpr,
         BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr,
+        PAGE: tl.constexpr,
+        PAGED: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
     ):
         """Online-softmax update over the key tiles in [lo, hi).
@@ -327,10 +378,12 @@ if HAS_TRITON:
         dims = tl.arange(0, HEAD_DIM)
         for start in range(lo, hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
-            k_ptrs = k_base + cols[:, None] * stride_kn + dims[None, :]
-            v_ptrs = v_base + cols[:, None] * stride_vn + dims[None, :]
+            col_ok = cols < hi
+            k_off, v_off = _key_offsets(cols, col_ok, page_row, stride_ks, stride_kn, stride_vs, stride_vn, PAGE,
+                                        PAGED)
+            k_ptrs = k_base + k_off[:, None] + dims[None, :]
+            v_ptrs = v_base + v_off[:, None] + dims[None, :]
             if MASKED:
-                col_ok = cols < hi
                 k_tile = tl.load(k_ptrs, mask=col_ok[:, None], other=0.0)
             else:
                 k_tile = tl.load(k_ptrs)
@@ -363,6 +416,8 @@ if HAS_TRITON:
         q_len_ptr,
         kv_len_ptr,
         tree_mask_ptr,
+        pages_ptr,
+        stride_pages,
         qk_scale,  # softmax scale * log2(e): scores live in the exp2 domain
         num_rows,  # T * num_heads, the stride between kv splits in the partial buffers
         stride_qt,
@@ -383,6 +438,8 @@ if HAS_TRITON:
         NUM_SPLITS: tl.constexpr,
         CAUSAL: tl.constexpr,
         TREE: tl.constexpr,
+        PAGE: tl.constexpr,
+        PAGED: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
     ):
         # Program = (row block, request x kv head, kv split). A row is one (query token, head-in-group) pair,
@@ -437,19 +494,21 @@ if HAS_TRITON:
         hi = tl.minimum(lo + tiles_per_split * BLOCK_N, kv_end)
         mid = lo + tl.maximum(tl.minimum(hi, full_end) - lo, 0) // BLOCK_N * BLOCK_N
 
-        k_base = k_ptr + slot * stride_ks + kv_head * stride_kh
-        v_base = v_ptr + slot * stride_vs + kv_head * stride_vh
+        k_base, v_base, page_row = _slot_bases(k_ptr, v_ptr, pages_ptr, slot, stride_pages, stride_ks, stride_vs,
+                                               kv_head, stride_kh, stride_vh, PAGED)
         # A finite floor instead of -inf keeps exp2(m_old - m_new) NaN-free for rows whose keys are all masked.
         m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         acc, l_i, m_i = _attend_key_tiles(
-            acc, l_i, m_i, q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, key_limit, tree_bits, ctx, lo,
-            mid, MASKED=False, TREE=TREE, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, DOT_PRECISION=DOT_PRECISION,
+            acc, l_i, m_i, q_tile, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs, stride_vn, qk_scale,
+            key_limit, tree_bits, ctx, lo, mid, MASKED=False, TREE=TREE, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, PAGE=PAGE,
+            PAGED=PAGED, DOT_PRECISION=DOT_PRECISION,
         )
         acc, l_i, m_i = _attend_key_tiles(
-            acc, l_i, m_i, q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, key_limit, tree_bits, ctx, mid,
-            hi, MASKED=True, TREE=TREE, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, DOT_PRECISION=DOT_PRECISION,
+            acc, l_i, m_i, q_tile, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs, stride_vn, qk_scale,
+            key_limit, tree_bits, ctx, mid, hi, MASKED=True, TREE=TREE, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, PAGE=PAGE,
+            PAGED=PAGED, DOT_PRECISION=DOT_PRECISION,
         )
 
         o, lse = _partial(acc, l_i, m_i)
@@ -512,9 +571,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _gathered_tiles(
-        acc, l_i, m_i, q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, pos_ptr, table_ptr, q_start,
-        tok_lo, tok_hi, gather_lo, lo, hi, BLOCK_N: tl.constexpr, TABLE: tl.constexpr, HEAD_DIM: tl.constexpr,
-        DOT_PRECISION: tl.constexpr,
+        acc, l_i, m_i, q_tile, tok, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs, stride_vn, qk_scale,
+        pos_ptr, table_ptr, q_start, tok_lo, tok_hi, gather_lo, lo, hi, BLOCK_N: tl.constexpr, TABLE: tl.constexpr,
+        HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ):
         """A tree pass's key tiles in [max(lo, gather_lo), hi), token by token: lane i of a token's tile is its
         virtual key start + i, read from the cache row `tree_tail_rows` names, and folded into its rows only."""
@@ -527,19 +586,22 @@ if HAS_TRITON:
             for start in range(first, tl.minimum(hi, pos + 1), BLOCK_N):
                 virtual = start + lanes
                 lane_ok = virtual <= pos
-                phys = tl.load(table + virtual, mask=lane_ok, other=0).to(tl.int64)
-                k_tile = tl.load(k_base + phys[:, None] * stride_kn + dims[None, :], mask=lane_ok[:, None], other=0.0)
-                v_tile = tl.load(v_base + phys[:, None] * stride_vn + dims[None, :], mask=lane_ok[:, None], other=0.0)
+                phys = tl.load(table + virtual, mask=lane_ok, other=0)
+                k_off, v_off = _key_offsets(phys, lane_ok, page_row, stride_ks, stride_kn, stride_vs, stride_vn, PAGE,
+                                            PAGED)
+                k_tile = tl.load(k_base + k_off[:, None] + dims[None, :], mask=lane_ok[:, None], other=0.0)
+                v_tile = tl.load(v_base + v_off[:, None] + dims[None, :], mask=lane_ok[:, None], other=0.0)
                 s = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION) * qk_scale
                 s = tl.where((tok == t)[:, None] & lane_ok[None, :], s, float("-inf"))
                 acc, l_i, m_i = _online_update(acc, l_i, m_i, s, v_tile, DOT_PRECISION)
         return acc, l_i, m_i
 
     @triton.jit
-    def _split_partial(q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, key_end, block_end, block_full,
-                       lo, pos_ptr, table_ptr, q_start, tok_lo, tok_hi, gather_lo, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, TABLE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       TREE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    def _split_partial(q_tile, tok, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs, stride_vn, qk_scale,
+                       key_end, block_end, block_full, lo, pos_ptr, table_ptr, q_start, tok_lo, tok_hi, gather_lo,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, TABLE: tl.constexpr,
+                       HEAD_DIM: tl.constexpr, TREE: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr):
         """The partial of keys [lo, lo + SPLIT): the tiles every row reads from the cache as they lie, each row's
         cut at its own key_end, then (TREE) the tiles from gather_lo on, read per token through its table."""
         hi = tl.minimum(lo + SPLIT, block_end)
@@ -548,28 +610,32 @@ if HAS_TRITON:
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         acc, l_i, m_i = _attend_key_tiles(
-            acc, l_i, m_i, q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, key_end, key_end, 0, lo, mid,
-            MASKED=False, TREE=False, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, DOT_PRECISION=DOT_PRECISION,
+            acc, l_i, m_i, q_tile, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs, stride_vn, qk_scale,
+            key_end, key_end, 0, lo, mid, MASKED=False, TREE=False, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, PAGE=PAGE,
+            PAGED=PAGED, DOT_PRECISION=DOT_PRECISION,
         )
         acc, l_i, m_i = _attend_key_tiles(
-            acc, l_i, m_i, q_tile, k_base, v_base, stride_kn, stride_vn, qk_scale, key_end, key_end, 0, mid, hi,
-            MASKED=True, TREE=False, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, DOT_PRECISION=DOT_PRECISION,
+            acc, l_i, m_i, q_tile, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs, stride_vn, qk_scale,
+            key_end, key_end, 0, mid, hi, MASKED=True, TREE=False, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, PAGE=PAGE,
+            PAGED=PAGED, DOT_PRECISION=DOT_PRECISION,
         )
         if TREE:
             acc, l_i, m_i = _gathered_tiles(
-                acc, l_i, m_i, q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, pos_ptr, table_ptr,
-                q_start, tok_lo, tok_hi, gather_lo, lo, lo + SPLIT, BLOCK_N, TABLE, HEAD_DIM, DOT_PRECISION,
+                acc, l_i, m_i, q_tile, tok, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs, stride_vn,
+                qk_scale, pos_ptr, table_ptr, q_start, tok_lo, tok_hi, gather_lo, lo, lo + SPLIT, BLOCK_N, TABLE,
+                HEAD_DIM, PAGE, PAGED, DOT_PRECISION,
             )
         return _partial(acc, l_i, m_i)
 
     @triton.jit
     def _slot_attn_invariant_kernel(
         q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr, slot_ptr, q_start_ptr, q_len_ptr, kv_len_ptr,
-        pos_ptr, table_ptr, qk_scale, num_rows, stride_qt, stride_qh, stride_ks, stride_kn, stride_kh,
-        stride_vs, stride_vn, stride_vh, stride_ot, stride_oh,
+        pos_ptr, table_ptr, pages_ptr, stride_pages, qk_scale, num_rows, stride_qt, stride_qh, stride_ks, stride_kn,
+        stride_kh, stride_vs, stride_vn, stride_vh, stride_ot, stride_oh,
         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, TABLE: tl.constexpr, SPLIT_GRID: tl.constexpr,
-        TREE: tl.constexpr, PER_TOKEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        TREE: tl.constexpr, PER_TOKEN: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
     ):
         # Program = (row block, request x kv head, split). With SPLIT_GRID, each program stores its split's
         # partial for the combine kernel; otherwise one program folds the splits in the same order itself.
@@ -618,16 +684,17 @@ if HAS_TRITON:
             key_end = keys
         block_end = tl.max(key_end, 0)
         block_full = tl.min(tl.where(row_ok, key_end, block_end), 0)
-        k_base = k_ptr + slot * stride_ks + kv_head * stride_kh
-        v_base = v_ptr + slot * stride_vs + kv_head * stride_vh
+        k_base, v_base, page_row = _slot_bases(k_ptr, v_ptr, pages_ptr, slot, stride_pages, stride_ks, stride_vs,
+                                               kv_head, stride_kh, stride_vh, PAGED)
         flat = q_rows * (NUM_KV_HEADS * GROUP) + head
 
         if SPLIT_GRID:
             if part * SPLIT >= keys_end:  # past the block's last key: the combine reads no partial here
                 return
-            o, lse = _split_partial(q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, key_end, block_end,
-                                    block_full, part * SPLIT, pos_ptr, table_ptr, q_start, tok_lo, tok_hi, gather_lo,
-                                    BLOCK_M, BLOCK_N, SPLIT, TABLE, HEAD_DIM, TREE, DOT_PRECISION)
+            o, lse = _split_partial(q_tile, tok, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs, stride_vn,
+                                    qk_scale, key_end, block_end, block_full, part * SPLIT, pos_ptr, table_ptr,
+                                    q_start, tok_lo, tok_hi, gather_lo, BLOCK_M, BLOCK_N, SPLIT, TABLE, HEAD_DIM, TREE,
+                                    PAGE, PAGED, DOT_PRECISION)
             at = part * num_rows + flat
             tl.store(part_o_ptr + at[:, None] * HEAD_DIM + dims[None, :], o, mask=row_ok[:, None])
             tl.store(part_lse_ptr + at, lse, mask=row_ok)
@@ -637,9 +704,10 @@ if HAS_TRITON:
             denom = tl.zeros([BLOCK_M], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
             for lo in range(0, keys_end, SPLIT):
-                o, lse = _split_partial(q_tile, tok, k_base, v_base, stride_kn, stride_vn, qk_scale, key_end,
-                                        block_end, block_full, lo, pos_ptr, table_ptr, q_start, tok_lo, tok_hi,
-                                        gather_lo, BLOCK_M, BLOCK_N, SPLIT, TABLE, HEAD_DIM, TREE, DOT_PRECISION)
+                o, lse = _split_partial(q_tile, tok, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs,
+                                        stride_vn, qk_scale, key_end, block_end, block_full, lo, pos_ptr, table_ptr,
+                                        q_start, tok_lo, tok_hi, gather_lo, BLOCK_M, BLOCK_N, SPLIT, TABLE, HEAD_DIM,
+                                        TREE, PAGE, PAGED, DOT_PRECISION)
                 m, denom, acc = _merge(m, denom, acc, lse, o)
             out = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
             out_ptrs = out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
@@ -696,11 +764,12 @@ def _launch_config(rows_max: int, head_dim: int, dtype: torch.dtype) -> tuple[in
 
 def _triton_prologue(name: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      slot_ids: torch.Tensor, q_starts: torch.Tensor, q_lens: torch.Tensor, kv_lens: torch.Tensor,
-                     max_q_len: int | None, tree_mask: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+                     max_q_len: int | None, tree_mask: torch.Tensor | None,
+                     page_table: torch.Tensor | None) -> tuple[torch.Tensor, int]:
     """The Triton kernels' shared checks; returns (the output to fill, max_q_len), max_q_len 0 (or an empty
     output) when there is nothing to compute."""
     require_triton(name)
-    _check_inputs(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens)
+    _check_inputs(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, page_table)
     if tree_mask is not None:
         _check_tree_mask(tree_mask, q)
     head_dim = q.shape[2]
@@ -733,6 +802,7 @@ def slot_attention_triton(
     max_q_len: int | None = None,
     num_kv_splits: int = 1,
     tree_mask: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton slot attention. Rows of q owned by no request are left unwritten.
 
@@ -745,7 +815,7 @@ def slot_attention_triton(
     if num_kv_splits < 1:
         raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
     out, max_q_len = _triton_prologue("slot_attention_triton", q, k_cache, v_cache, slot_ids, q_starts, q_lens,
-                                      kv_lens, max_q_len, tree_mask)
+                                      kv_lens, max_q_len, tree_mask, page_table)
     if out.numel() == 0 or max_q_len == 0:
         return out
     num_tokens, num_heads, head_dim = q.shape
@@ -773,6 +843,8 @@ def slot_attention_triton(
         q_lens,
         kv_lens,
         q_lens if tree_mask is None else tree_mask,  # a placeholder pointer without TREE
+        q_lens if page_table is None else page_table,  # likewise without PAGED
+        0 if page_table is None else page_table.stride(0),
         scale * math.log2(math.e),
         num_rows,
         q.stride(0),
@@ -793,6 +865,8 @@ def slot_attention_triton(
         NUM_SPLITS=num_kv_splits,
         CAUSAL=causal and tree_mask is None,
         TREE=tree_mask is not None,
+        PAGE=k_cache.shape[1],
+        PAGED=page_table is not None,
         # fp32 inputs would otherwise run the dots in tf32
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps,
@@ -879,6 +953,7 @@ def slot_attention_invariant(
     max_q_len: int | None = None,
     tree_mask: torch.Tensor | None = None,
     tail_rows: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
     *,
     block_m: int | None = None,
     split_grid: bool | None = None,
@@ -902,7 +977,7 @@ def slot_attention_invariant(
     if block_m not in (None, 16, 32) or (block_m == 32 and q.dtype == torch.float32):
         raise ValueError(f"block_m must be 16 or 32 (the heights with one MMA layout; 16 in float32), got {block_m}")
     out, max_q_len = _triton_prologue("slot_attention_invariant", q, k_cache, v_cache, slot_ids, q_starts, q_lens,
-                                      kv_lens, max_q_len, tree_mask)
+                                      kv_lens, max_q_len, tree_mask, page_table)
     if out.numel() == 0 or max_q_len == 0:
         return out
     if tree_mask is None:
@@ -916,7 +991,7 @@ def slot_attention_invariant(
     batch = slot_ids.shape[0]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    num_splits = triton.cdiv(k_cache.shape[1], SPLIT_KEYS)
+    num_splits = triton.cdiv(slot_geometry(k_cache, page_table)[1], SPLIT_KEYS)
     num_rows = num_tokens * num_heads
     rows_max = max_q_len * group
     programs16 = triton.cdiv(rows_max, INVARIANT_BLOCK_M) * batch * num_kv_heads
@@ -938,11 +1013,12 @@ def slot_attention_invariant(
     _slot_attn_invariant_kernel[grid](
         q, k_cache, v_cache, out, part_o, part_lse, slot_ids, q_starts, q_lens, kv_lens, positions,
         q_lens if tail_rows is None else tail_rows,  # a placeholder pointer without TREE
+        q_lens if page_table is None else page_table, 0 if page_table is None else page_table.stride(0),  # PAGED
         scale * math.log2(math.e), num_rows, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=INVARIANT_BLOCK_N,
         SPLIT=SPLIT_KEYS, TABLE=TREE_TABLE_KEYS, SPLIT_GRID=split_grid, TREE=tail_rows is not None,
-        PER_TOKEN=per_token, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PER_TOKEN=per_token, PAGE=k_cache.shape[1], PAGED=page_table is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4, num_stages=2, enable_fp_fusion=False,
     )
     if split_grid:
@@ -971,6 +1047,7 @@ def slot_attention(
     tree_mask: torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
     tail_rows: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dispatch: ``"triton"``, ``"torch"``, or ``"auto"`` (triton for CUDA tensors when importable).
 
@@ -984,13 +1061,14 @@ def slot_attention(
             if not causal and tree_mask is None:
                 raise ValueError("the batch-invariant kernel takes causal or tree passes, not a non-causal block")
             return slot_attention_invariant(q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, positions,
-                                            scale, max_q_len, tree_mask, tail_rows)
+                                            scale, max_q_len, tree_mask, tail_rows, page_table)
         return slot_attention_triton(
             q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, scale, causal, max_q_len, num_kv_splits,
-            tree_mask=tree_mask,
+            tree_mask=tree_mask, page_table=page_table,
         )
     if tree_mask is not None and max_q_len is not None:
         _check_tree_q_len(max_q_len)
     return slot_attention_reference(
-        q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, scale, causal, tree_mask=tree_mask
+        q, k_cache, v_cache, slot_ids, q_starts, q_lens, kv_lens, scale, causal, tree_mask=tree_mask,
+        page_table=page_table,
     )
