@@ -121,7 +121,8 @@ def main() -> None:
     model = synthetic_model(cfg, device, torch.bfloat16)
     max_len = max(args.context + 64, PREFILL[1])
     model.setup_rope(max_len)
-    cache = KVCache(cfg.num_layers, max(BATCHES), max_len, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, device)
+    cache = KVCache.whole_slots(cfg.num_layers, max(BATCHES), max_len, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16,
+                                device)
     runners = {k: ModelRunner(model, cache, device) for k in KERNELS}
     floor_ms = weight_bytes_per_step(model) / bw * 1e3
 

@@ -52,7 +52,7 @@ def dflash_factory(target_cfg: ModelConfig, layers: int, block: int):
             model = DFlashModel(cfg).to(ctx.dtype)
         for name, p in model.named_parameters():
             p.data.uniform_(0.8, 1.2) if name.endswith("norm.weight") else p.data.normal_(0.0, 0.02)
-        return DFlashDrafter(model.eval(), cfg, ctx.model, ctx.num_slots, ctx.context_length,
+        return DFlashDrafter(model.eval(), cfg, ctx.model, ctx.pages, ctx.context_length,
                              ctx.device, ctx.dtype)
     return build
 

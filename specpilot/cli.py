@@ -35,12 +35,16 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="default: bfloat16 on CUDA, float32 on CPU")
     g.add_argument("--context-length", type=_positive_int, default=None,
-                   help="KV positions per request (default: 4096 on CUDA, 2048 on CPU, at most the model's)")
+                   help="KV positions a request may reach (default: 4096 on CUDA, 2048 on CPU, at most the model's)")
     g.add_argument("--max-running-requests", type=_positive_int, default=None,
-                   help="requests decoded together, each with a KV slot of --context-length (default: 32 on "
-                        "CUDA, 8 on CPU; generate: 1; bench: --batch-size), fewer if the free memory holds fewer")
+                   help="requests decoded together (default: 32 on CUDA, 8 on CPU; generate: 1; bench: "
+                        "--batch-size); admitted while the KV pool has pages for their prompt and new tokens")
     g.add_argument("--max-total-tokens", type=_positive_int, default=None,
-                   help="KV positions of all slots together: caps --max-running-requests at this / --context-length")
+                   help="KV pool's positions, all requests together (default: every request's "
+                        "--context-length, within the memory)")
+    g.add_argument("--mem-fraction-static", type=_fraction, default=None,
+                   help="share of the device's memory for the weights and the KV pool together (default: the KV "
+                        "pool takes 60%% of the memory free after loading on CUDA, 25%% on CPU)")
     g.add_argument("--max-prefill-tokens", type=_positive_int, default=None,
                    help=f"prompt tokens admitted in one prefill pass (default {EngineConfig.max_prefill_tokens})")
     g.add_argument("--min-prefill-batch", type=_positive_int, default=None, metavar="N",
@@ -127,6 +131,14 @@ def _int_at_least(minimum: int):
 
 
 _positive_int, _nonneg_int, _at_least_two = _int_at_least(1), _int_at_least(0), _int_at_least(2)
+
+
+def _fraction(text: str) -> float:
+    """An argparse type: a number strictly between 0 and 1."""
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1, got {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -478,6 +490,7 @@ def engine_config_from_args(args: argparse.Namespace, max_running_requests: int 
             logging.getLogger("specpilot").info("speed settings: the shipped profile %s", profile)
     config = EngineConfig(model_path=args.model_path, device=args.device, dtype=args.dtype,
                           context_length=args.context_length, max_total_tokens=args.max_total_tokens,
+                          mem_fraction_static=args.mem_fraction_static,
                           max_running_requests=max_running_requests, speculative_algorithm=algorithm,
                           speculative_draft_model_path=args.speculative_draft_model_path,
                           batch_invariant=args.batch_invariant,

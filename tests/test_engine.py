@@ -144,12 +144,12 @@ def test_graph_input_buffers_pad_into_scratch_slot(tmp_path):
     plain = runner.forward(slots, starts, verify).logits
     inputs = StaticBatch(4, 4, engine.device, cache.scratch_slot, cache.max_len)
     other_slot = cache.allocate()
-    before = cache.k[0][other_slot].clone()
+    before = cache.read(0, other_slot, cache.max_len)[0].clone()
     inputs.fill(slots, starts, verify, 4)
     with torch.inference_mode():
         padded = runner.run(inputs.batch(4, num_kv_splits=1)).logits
     torch.testing.assert_close(padded[:12], plain)
-    assert torch.equal(cache.k[0][other_slot], before)
+    assert torch.equal(cache.read(0, other_slot, cache.max_len)[0], before)
 
 
 def test_prefill_waves_keep_outputs_and_cut_prefill_passes(tmp_path):

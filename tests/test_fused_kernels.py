@@ -27,7 +27,6 @@ from specpilot.kernels.fused import (
 )
 from specpilot.models.rope import RotaryTable
 from specpilot.models.transformer import RMSNorm
-from specpilot.state.cache import KVCache
 
 EPS = 1e-5
 MAX_POS = 64
@@ -122,9 +121,7 @@ def rope_inputs(case: RopeCase, seed: int = 0, slots: int = 3, max_len: int = 8)
     else:
         q, k, v = (_randn(g, T, h, D + 8, dtype=dtype)[..., :D] for h in (Hq, Hkv, Hkv))
     rope = RotaryTable(D, 10000.0, None, MAX_POS, CPU)
-    cache = KVCache(1, slots, max_len, Hkv, D, dtype, CPU)
-    cache.k[0].copy_(torch.randn(cache.k[0].shape, generator=g))
-    cache.v[0].copy_(torch.randn(cache.v[0].shape, generator=g))
+    k_cache, v_cache = (torch.randn(slots + 1, max_len, Hkv, D, generator=g).to(dtype) for _ in range(2))
     inp = dict(
         q=q,
         k=k,
@@ -133,8 +130,8 @@ def rope_inputs(case: RopeCase, seed: int = 0, slots: int = 3, max_len: int = 8)
         sin=rope.sin,
         positions=torch.randint(0, MAX_POS, (T,), generator=g),
         rows=torch.randperm((slots + 1) * max_len, generator=g)[:T],
-        k_cache=cache.k[0],
-        v_cache=cache.v[0],
+        k_cache=k_cache,
+        v_cache=v_cache,
     )
     if case.qk_norm:
         inp.update(
@@ -177,15 +174,14 @@ def test_rms_norm_reference_matches_module(dtype: str, residual: bool) -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_rope_reference_matches_unfused(dtype: str, qk_norm: bool) -> None:
-    """Against RMSNorm modules + RotaryTable.apply + KVCache.write, on a two-layer cache (layer 0 untouched)."""
+    """Against RMSNorm modules + RotaryTable.apply + a row write, on a two-layer cache (layer 0 untouched)."""
     case = RopeCase(tokens=5, heads=4, kv_heads=2, head_dim=32, dtype=dtype, qk_norm=qk_norm, layout="qkv")
     inp = rope_inputs(case)
     torch_dtype = getattr(torch, dtype)
     rope = RotaryTable(32, 10000.0, None, MAX_POS, CPU)
-    cache = KVCache(2, 3, 8, 2, 32, torch_dtype, CPU)
-    for t in (*cache.k, *cache.v):
-        t.copy_(torch.randn(t.shape, generator=_gen(1)))
-    fused_cache = [t.clone() for t in (*cache.k, *cache.v)]
+    k_layers = [torch.randn(4, 8, 2, 32, generator=_gen(1)).to(torch_dtype) for _ in range(2)]
+    v_layers = [torch.randn(4, 8, 2, 32, generator=_gen(1)).to(torch_dtype) for _ in range(2)]
+    fused_cache = [t.clone() for t in (*k_layers, *v_layers)]
 
     q, k, v = inp["q"], inp["k"], inp["v"]
     if qk_norm:
@@ -194,12 +190,13 @@ def test_rope_reference_matches_unfused(dtype: str, qk_norm: bool) -> None:
         k_norm.weight.copy_(inp["k_norm_weight"])
         q, k = q_norm(q), k_norm(k)
     q, k = rope.apply(q, inp["positions"]), rope.apply(k, inp["positions"])
-    cache.write(1, inp["rows"], k, v)
+    k_layers[1].view(-1, 2, 32).index_copy_(0, inp["rows"], k)
+    v_layers[1].view(-1, 2, 32).index_copy_(0, inp["rows"], v)
 
     fused_q = rope_and_cache_write_reference(**{**inp, "k_cache": fused_cache[1], "v_cache": fused_cache[3]})
     assert fused_q.is_contiguous()
     assert torch.equal(fused_q, q)
-    for expected, got in zip((*cache.k, *cache.v), fused_cache):
+    for expected, got in zip((*k_layers, *v_layers), fused_cache):
         assert torch.equal(expected, got)
 
 

@@ -1,5 +1,5 @@
-"""KV sizing: slots from the flags within the free memory, engines sharing one cache, the CLI's
-per-command defaults, and the server reporting what it reserved."""
+"""KV sizing: the pool from the flags within the free memory, engines sharing one cache, admission by
+pages, the CLI's per-command defaults, and the server reporting what it reserved."""
 
 from __future__ import annotations
 
@@ -34,12 +34,24 @@ def test_defaults_per_device_within_the_model():
     assert plan_kv(CPU, PER_TOKEN, 512, 2, None, None, free_bytes=PLENTY).context_length == 512  # the model's limit
 
 
-def test_max_total_tokens_and_memory_cap_the_slots():
+def test_max_total_tokens_and_memory_cut_the_pool_not_the_slots():
     plan = plan_kv(CPU, PER_TOKEN, 8192, 16, 1000, 4500, free_bytes=PLENTY)
-    assert (plan.num_slots, plan.limited_by) == (4, "--max-total-tokens")
-    free = int(3.5 * 1000 * PER_TOKEN / KV_MEMORY_FRACTION["cpu"])  # room for 3.5 slots
+    assert (plan.num_slots, plan.total_tokens, plan.limited_by) == (16, 4500, "--max-total-tokens")
+    assert not plan.whole_slots
+    free = int(3.5 * 1000 * PER_TOKEN / KV_MEMORY_FRACTION["cpu"])  # room for 3.5 whole requests
     plan = plan_kv(CPU, PER_TOKEN, 8192, 16, 1000, None, free_bytes=free)
-    assert (plan.num_slots, plan.limited_by) == (3, "memory") and plan.reserved_bytes <= plan.budget_bytes
+    assert (plan.num_slots, plan.limited_by) == (16, "memory") and plan.reserved_bytes <= plan.budget_bytes
+    assert plan.total_tokens >= 3499
+
+
+def test_mem_fraction_static_counts_what_the_weights_already_hold():
+    total, free = 100 * 1000 * PER_TOKEN, 70 * 1000 * PER_TOKEN  # 30 "tokens' worth" x 1000 in use already
+    plan = plan_kv(CPU, PER_TOKEN, 8192, 32, 1000, None, free_bytes=free, mem_fraction_static=0.5,
+                   total_bytes=total)
+    assert (plan.limited_by, plan.budget_bytes) == ("--mem-fraction-static", 20 * 1000 * PER_TOKEN)
+    assert plan.total_tokens == 20 * 1000
+    with pytest.raises(ValueError, match="--mem-fraction-static"):
+        plan_kv(CPU, PER_TOKEN, 8192, 16, 1000, None, free_bytes=free, mem_fraction_static=0.3, total_bytes=total)
 
 
 @pytest.mark.parametrize("total,free,flag", [(999, PLENTY, "--max-total-tokens"), (None, 1000, "--context-length")])
@@ -54,7 +66,8 @@ def test_engine_reserves_the_plan_and_its_twin_shares_weights_and_cache(tiny_dir
     candidate = Engine(ckpt, EngineConfig(device="cpu", max_running_requests=3, context_length=128,
                                           speculative_algorithm="ngram", speculative_num_draft_tokens=4))
     assert (candidate.config.max_running_requests, candidate.config.max_total_tokens) == (3, 3 * 128)
-    assert candidate.cache.kv.shape == (2, cfg.num_layers, 4, 128 + 4, cfg.num_kv_heads, cfg.head_dim)
+    # whole slots of 128 + a verify's spill (room for a tree: 64), in pages of 64, and a scratch page
+    assert candidate.cache.kv.shape == (2, cfg.num_layers, 3 * 3 + 1, 64, cfg.num_kv_heads, cfg.head_dim)
     assert candidate.kv_plan.bytes_per_token == kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
                                                                    torch.float32)
     stock = candidate.twin(speculative_algorithm=None)

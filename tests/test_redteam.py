@@ -72,8 +72,11 @@ def test_a_stale_kv_row_fails_forcing(tiny, monkeypatch):  # noqa: F811
         req = plan.reqs[0]
         pos = req.cached_len - 1
         if pos > 0:
-            for layer in range(len(self.cache.k)):
-                self.cache.k[layer][req.slot, pos] = self.cache.k[layer][req.slot, pos - 1]
+            rows = self.cache.pages.physical(torch.tensor([pos, pos - 1], device=self.cache.kv.device)
+                                             + req.slot * self.cache.max_len)
+            for k in self.cache.k:
+                flat = k.view(-1, *k.shape[2:])
+                flat[rows[0]] = flat[rows[1]]
         return out
 
     monkeypatch.setattr(SpeculativeStep, "verify", stale)

@@ -23,6 +23,7 @@ from specpilot.models.build import build_model
 from specpilot.models.checkpoint import load_checkpoint
 from specpilot.models.rope import RotaryTable
 from specpilot.models.transformer import DecoderLayer
+from specpilot.state.pages import PageTable
 from specpilot.state.request import Request
 from specpilot.training.data import load_training_prompts
 from specpilot.training.train import (
@@ -89,13 +90,15 @@ def test_train_forward_matches_inference(target_dir, tmp_path):
     hidden = draft_hidden(model, target, rope, feats, tokens, anchors, cfg.mask_token_id, B)
     train_logits = target.logits(hidden[:, :, 1:])
 
-    drafter = DFlashDrafter(model, cfg, target, num_slots=1, context_length=64, device=CPU, dtype=torch.float32)
+    pages = PageTable(1, 64 + cfg.block_size, None, CPU)
+    drafter = DFlashDrafter(model, cfg, target, pages, context_length=64, device=CPU, dtype=torch.float32)
+    slot = pages.allocate()
     seen = []
     logits = target.logits
     target.logits = lambda h: seen.append(logits(h)) or seen[-1]
     for n in range(2):
         for j, a in enumerate(anchors[n].tolist()):
-            req = Request(tokens[n, :a].tolist(), SamplingParams(), output_ids=[int(tokens[n, a])], slot=0)
+            req = Request(tokens[n, :a].tolist(), SamplingParams(), output_ids=[int(tokens[n, a])], slot=slot)
             drafter.start([req], [feats[n, :a]])
             drafter.propose([req])
             torch.testing.assert_close(train_logits[n, j], seen[-1], rtol=1e-5, atol=1e-5)

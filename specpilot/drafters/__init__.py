@@ -72,7 +72,7 @@ def _model_drafter(config: EngineConfig, engine: DrafterContext, alg: str, block
 
         if block is None and engine.device.type == "cpu" and config.speculative_eagle_topk == 1:
             block = min(DFLASH_CPU_BLOCK, read_dflash_config(Path(path)).block_size)
-        drafter = DFlashDrafter.from_pretrained(path, engine.model, engine.num_slots, engine.context_length,
+        drafter = DFlashDrafter.from_pretrained(path, engine.model, engine.pages, engine.context_length,
                                                 engine.device, engine.dtype, block_size=block,
                                                 topk=config.speculative_eagle_topk,
                                                 lookup_prob=config.speculative_lookup_prob,
@@ -80,7 +80,7 @@ def _model_drafter(config: EngineConfig, engine: DrafterContext, alg: str, block
     else:
         from specpilot.drafters.pard import PardDrafter
 
-        drafter = PardDrafter(path, engine.checkpoint.config, engine.num_slots, engine.context_length,
+        drafter = PardDrafter(path, engine.checkpoint.config, engine.pages, engine.context_length,
                               engine.device, engine.dtype, block_size=block or DEFAULT_BLOCK["pard"])
     drafter.source = str(path)
     return drafter

@@ -12,6 +12,7 @@ from specpilot.models.checkpoint import Checkpoint
 from specpilot.models.transformer import Transformer
 from specpilot.state.batch import ForwardBatch
 from specpilot.state.draft import Accepted, Draft
+from specpilot.state.pages import PageTable
 from specpilot.state.request import Request
 
 if TYPE_CHECKING:
@@ -35,14 +36,14 @@ class Capabilities:
 
 @dataclass(frozen=True)
 class DrafterContext:
-    """What a drafter is built against: the target's model and checkpoint, where it runs, and the
-    request slots and context length its own caches must hold."""
+    """What a drafter is built against: the target's model and checkpoint, where it runs, the page table
+    its own caches take their slots and pages from (the target's), and the context length they must hold."""
 
     model: Transformer
     checkpoint: Checkpoint
     device: torch.device
     dtype: torch.dtype
-    num_slots: int
+    pages: PageTable
     context_length: int
 
 

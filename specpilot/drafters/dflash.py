@@ -28,6 +28,7 @@ from specpilot.models.rope import RotaryTable
 from specpilot.models.transformer import Transformer
 from specpilot.state.batch import ForwardBatch
 from specpilot.state.cache import KVCache
+from specpilot.state.pages import PageTable
 from specpilot.state.draft import Accepted, Draft
 from specpilot.state.graphs import CapturedPass, EagerReplay, GraphBackend, capture_buckets, pick_bucket
 from specpilot.state.request import Request
@@ -43,7 +44,7 @@ class DFlashDrafter(Drafter):
 
     name = "dflash"
 
-    def __init__(self, model: DFlashModel, cfg: DFlashConfig, target: Transformer, num_slots: int,
+    def __init__(self, model: DFlashModel, cfg: DFlashConfig, target: Transformer, pages: PageTable,
                  context_length: int, device: torch.device, dtype: torch.dtype, block_size: int | None = None,
                  topk: int = 1, lookup_prob: float = 0.9, num_kv_splits: int = 0) -> None:
         """`lookup_prob`: the probability a tree gives prompt lookup's tokens when it merges them into the
@@ -69,9 +70,8 @@ class DFlashDrafter(Drafter):
         if device.type == "cpu":
             use_cpu_layout(self.model)
             use_cpu_layout(self.context_kv)
-        # room for the block past the longest context
-        self.cache = KVCache(cfg.layers.num_layers, num_slots, context_length + self.block_size,
-                             cfg.layers.num_kv_heads, cfg.layers.head_dim, dtype, device)
+        # the target's slots and pages (room for the block past the longest context)
+        self.cache = KVCache(cfg.layers.num_layers, cfg.layers.num_kv_heads, cfg.layers.head_dim, dtype, pages)
         self.rope = RotaryTable(cfg.layers.head_dim, cfg.layers.rope_theta, cfg.layers.rope_scaling,
                                 context_length + self.block_size, device)
         self.pending: dict[str, tuple[torch.Tensor, int]] = {}  # rid -> (verify-row taps, rows committed)
@@ -86,12 +86,12 @@ class DFlashDrafter(Drafter):
         self.device_lookup: DeviceLookup | None = None
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, target: Transformer, num_slots: int, context_length: int,
+    def from_pretrained(cls, path: str | Path, target: Transformer, pages: PageTable, context_length: int,
                         device: torch.device, dtype: torch.dtype, **settings: float | int | None) -> DFlashDrafter:
         """`settings`: the constructor's block_size, topk, lookup_prob and num_kv_splits."""
         path = Path(path)
         cfg = read_dflash_config(path)
-        return cls(load_dflash_model(path, cfg, device, dtype), cfg, target, num_slots, context_length, device,
+        return cls(load_dflash_model(path, cfg, device, dtype), cfg, target, pages, context_length, device,
                    dtype, **settings)
 
     def attach_lookup(self, min_n: int, max_n: int) -> DeviceLookup:
@@ -240,6 +240,7 @@ class DFlashDrafter(Drafter):
     def _write_context(self, feats: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> None:
         ctx = self.model.hidden_norm(self.model.fc(feats))
         kv = self.context_kv(ctx)
+        rows = self.cache.pages.physical(rows)
         for layer, part in zip(self.model.layers, kv.split(2 * self.cfg.layers.kv_size, dim=-1)):
             layer.self_attn.write_context(part, positions, rows, self.cache, self.rope)
 
@@ -248,7 +249,7 @@ class DFlashDrafter(Drafter):
         probability, or with a tree builder the top-k probabilities and tokens, [b, B-1, k]."""
         B = self.block_size
         self._write_context(inputs.feats[: b * B], inputs.ctx_positions[: b * B], inputs.ctx_rows[: b * B])
-        block = inputs.batch(b)
+        block = self.cache.paged(inputs.batch(b))
         x, residual = self.target.embed(block.input_ids), None
         for layer in self.model.layers:
             x, residual = layer(x, residual, block, self.cache, self.rope)

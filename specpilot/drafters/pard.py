@@ -17,6 +17,7 @@ from specpilot.models.checkpoint import load_checkpoint
 from specpilot.models.config import ModelConfig
 from specpilot.models.runner import ModelRunner
 from specpilot.state.cache import KVCache
+from specpilot.state.pages import PageTable
 from specpilot.state.draft import Draft
 from specpilot.state.request import Request
 
@@ -35,7 +36,7 @@ class PardDrafter(Drafter):
     name = "pard"
     capabilities = Capabilities(confidences=True)
 
-    def __init__(self, path: str | Path, target_config: ModelConfig, num_slots: int, context_length: int,
+    def __init__(self, path: str | Path, target_config: ModelConfig, pages: PageTable, context_length: int,
                  device: torch.device, dtype: torch.dtype, block_size: int = 9) -> None:
         super().__init__(block_size)
         path = Path(path)
@@ -49,7 +50,7 @@ class PardDrafter(Drafter):
         length = context_length + block_size
         self.model.setup_rope(length)
         cfg = ckpt.config
-        self.cache = KVCache(cfg.num_layers, num_slots, length, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+        self.cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, pages)  # the target's slots and pages
         self.runner = ModelRunner(self.model, self.cache, device)
         self.draft_len: dict[str, int] = {}
 

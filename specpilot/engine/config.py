@@ -16,8 +16,9 @@ class EngineConfig:
     # None: the device's default within the free memory (engine/memory.py); the engine's own config
     # holds the values in effect
     max_running_requests: int | None = None
-    context_length: int | None = None  # KV positions per request slot
-    max_total_tokens: int | None = None  # cap on all slots' positions together (SGLang's flag)
+    context_length: int | None = None  # KV positions a request may reach
+    max_total_tokens: int | None = None  # KV pool's positions, all requests together (SGLang's flag)
+    mem_fraction_static: float | None = None  # share of the device's memory for weights + KV pool (SGLang's)
     cuda_graphs: bool = True
     max_prefill_tokens: int = 16384  # tokens of prompts admitted in one prefill pass
     # Offline throughput: while requests run, admit waiting ones only once this many slots are free (or

@@ -26,6 +26,7 @@ from specpilot.engine.grammar import GrammarCompiler, RequestGrammar, constrain
 from specpilot.engine.logprobs import prompt_logprobs, token_logprobs, wants_prompt_logprobs
 from specpilot.engine.stops import StopChecker
 from specpilot.engine.verify import Verifier
+from specpilot.kernels.slot_attention import MAX_TREE_Q_LEN
 from specpilot.kernels.triton_support import HAS_TRITON
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import Checkpoint, load_checkpoint
@@ -35,6 +36,7 @@ from specpilot.models.runner import (
 from specpilot.models.transformer import Transformer
 from specpilot.progress import phase
 from specpilot.state.cache import KVCache
+from specpilot.state.pages import PageTable
 from specpilot.state.graphs import GraphBackend
 from specpilot.state.request import Request
 
@@ -75,15 +77,18 @@ class Engine:
         self.model = model if model is not None else _build_model(checkpoint, self.device, self.dtype)
         per_token = kv_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, self.dtype)
         if cache is None:
-            self.kv_plan = plan_kv(self.device, per_token, mcfg.max_position_embeddings, config.max_running_requests,
-                                   config.context_length, config.max_total_tokens)
-        else:  # a twin: the other engine's slots, and its context length (its config is resolved)
-            self.kv_plan = KVPlan(cache.num_slots, config.context_length, per_token, budget_bytes=0,
-                                  limited_by="a shared cache")
-        if config.max_running_requests and self.kv_plan.num_slots < config.max_running_requests:
-            log.warning("KV cache: %d request slots of %d positions (limited by %s), not the %d asked for",
-                        self.kv_plan.num_slots, self.kv_plan.context_length, self.kv_plan.limited_by,
-                        config.max_running_requests)
+            self.kv_plan = plan = plan_kv(self.device, per_token, mcfg.max_position_embeddings,
+                                          config.max_running_requests, config.context_length, config.max_total_tokens,
+                                          mem_fraction_static=config.mem_fraction_static)
+            # a slot's room for a verify pass's spill past the context: the largest block asked for, or a tree's
+            spill = max(MAX_TREE_Q_LEN, config.speculative_num_draft_tokens or 0)
+            pages = PageTable(plan.num_slots, plan.context_length + spill,
+                              None if plan.whole_slots else plan.total_tokens, self.device)
+        else:  # a twin: the other engine's slots and pool, and its context length (its config is resolved)
+            pages = cache.pages
+            self.kv_plan = KVPlan(pages.num_slots, config.context_length, per_token, budget_bytes=0,
+                                  limited_by="a shared cache", pool_tokens=cache.pool_tokens)
+        self.pages = pages
         # the settings in effect (/get_server_info reports them)
         self.config = config = replace(config, max_running_requests=self.kv_plan.num_slots,
                                        context_length=self.kv_plan.context_length,
@@ -100,21 +105,24 @@ class Engine:
         if drafter_factory is not None:
             with phase(f"loading the drafter ({config.speculative_algorithm or 'custom'})"):
                 self._drafter = drafter_factory(config, DrafterContext(
-                    self.model, checkpoint, self.device, self.dtype, self.kv_plan.num_slots, self.context_length))
+                    self.model, checkpoint, self.device, self.dtype, pages, self.context_length))
             # defaults resolved by the drafter
             self.config = replace(config, speculative_num_draft_tokens=self.drafter.block_size,
                                   speculative_draft_model_path=self.drafter.source)
         # A verify pass near the end of the context writes up to block_size - 1 positions past it.
-        slot_len = self.context_length + (self.drafter.block_size if self.drafter else 0)
+        self.spill = self.drafter.block_size if self.drafter else 0
+        slot_len = self.context_length + self.spill
+        if slot_len > pages.max_len:
+            raise ValueError(f"the drafter's block of {self.spill} tokens does not fit the KV slots' "
+                             f"{pages.max_len - self.context_length} positions past the context: pass "
+                             f"--speculative-num-draft-tokens")
         self.model.setup_rope(slot_len)
         if cache is None:
-            plan = self.kv_plan
-            cache = KVCache(mcfg.num_layers, plan.num_slots, slot_len, mcfg.num_kv_heads, mcfg.head_dim, self.dtype,
-                            self.device)
-            log.info("KV cache: %d slots x %d positions = %d tokens, %.0f MiB (limited by %s)", plan.num_slots,
-                     plan.context_length, plan.total_tokens, plan.reserved_bytes / 2**20, plan.limited_by)
-        elif cache.max_len < slot_len:
-            raise ValueError(f"the shared KV cache holds {cache.max_len} positions per slot; this engine needs {slot_len}")
+            cache = KVCache(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, self.dtype, pages)
+            log.info("KV pool: %d pages of %d positions = %d tokens, %.0f MiB, for %d request slots of up to %d "
+                     "(limited by %s)", pages.num_pages, pages.page_size, cache.pool_tokens,
+                     cache.kv.numel() * cache.kv.itemsize / 2**20, pages.num_slots, self.context_length,
+                     self.kv_plan.limited_by)
         self.cache = cache
         self.runner = ModelRunner(self.model, self.cache, self.device,
                                   tap_layers=self.drafter.tap_layers if self.drafter else ())
@@ -235,18 +243,23 @@ class Engine:
             return self._decode(self.running)
         return []
 
+    def positions_needed(self, req: Request) -> int:
+        """Cache positions a request can reach: its prompt, its new tokens and a verify pass's spill."""
+        return min(len(req.prompt_ids) + req.params.max_new_tokens + self.spill, self.cache.max_len)
+
     def _admit(self) -> list[Request]:
+        """Waiting requests in order while a slot and the pages for every position they can reach are free."""
         admitted: list[Request] = []
         free = min(self.cache.num_free, self.config.max_running_requests - len(self.running))
         if self.running and free < min(self.config.min_prefill_batch, len(self.waiting)):
             return admitted
         budget = self.config.max_prefill_tokens
-        while self.waiting and self.cache.num_free and len(self.running) + len(admitted) < self.config.max_running_requests:
+        while self.waiting and len(self.running) + len(admitted) < self.config.max_running_requests:
             req = self.waiting[0]
-            if admitted and len(req.prompt_ids) > budget:
+            if (admitted and len(req.prompt_ids) > budget) or not self.cache.can_hold(self.positions_needed(req)):
                 break
             self.waiting.popleft()
-            req.slot = self.cache.allocate()
+            req.slot = self.cache.allocate(self.positions_needed(req))
             budget -= len(req.prompt_ids)
             admitted.append(req)
         return admitted

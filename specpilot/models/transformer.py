@@ -77,7 +77,7 @@ class Attention(nn.Module):
             q, cache.k[self.layer], cache.v[self.layer], batch.slot_ids, batch.q_starts, batch.q_lens,
             batch.kv_lens, scale=self.scale, causal=batch.causal, max_q_len=batch.max_q_len,
             num_kv_splits=batch.num_kv_splits, tree_mask=batch.tree_mask,
-            positions=batch.positions if invariant else None, tail_rows=batch.tail_rows,
+            positions=batch.positions if invariant else None, tail_rows=batch.tail_rows, page_table=cache.page_table,
         )
         return self.o_proj(o.reshape(T, self.q_size))
 
@@ -153,6 +153,7 @@ class Transformer(nn.Module):
             raise ValueError(f"tap_layers must be strictly increasing, got {tap_layers}")
         if self.batch_invariant and batch.tree_mask is not None:  # inside a captured graph: remade every replay
             batch = dataclasses.replace(batch, tail_rows=tree_tail_rows(batch.positions, batch.tree_mask))
+        batch = cache.paged(batch)
         x, residual = self.embed(batch.input_ids), None
         taps: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):

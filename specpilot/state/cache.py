@@ -1,24 +1,27 @@
-"""One KV cache shared by all requests: a fixed slot of `max_len` positions per request.
+"""One KV cache shared by all requests: a pool of pages that request slots address through a page table.
 
-Why fixed slots rather than paged blocks: a request's K/V are contiguous, so attention needs only a
-slot id and a length (no block tables), rollback after a rejected draft is just a shorter length, and
-CUDA graphs see the same addressing for every batch. The price is memory reserved up to `max_len` per
-running request; `num_slots * max_len` is sized from the memory budget at start (engine/memory.py).
+A request's positions sit in its slot (slot rows: slot * max_len + position, as the engine computes them);
+the pages behind them come from one PageTable (state/pages.py) that every cache of an engine reads, so the
+target's cache and its drafter's hold the same positions in the same page numbers. Attention reads keys
+through the table; writes and tree compaction map slot rows to pool rows once per pass.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 import torch
 
 from specpilot.kernels.kv_compact import compact_accepted
+from specpilot.state.batch import ForwardBatch
+from specpilot.state.pages import PageTable
 
 
 class CacheState(Protocol):
-    """What the speculative step needs of a request's cached state, whatever holds it (this slot cache
-    today; a paged cache or a recurrent state later): slots to run requests in, and the commit of a
-    verify pass's accepted draft nodes (a chain's are in place already; a tree's move)."""
+    """What the speculative step needs of a request's cached state, whatever holds it (this paged cache
+    today; a recurrent state later): slots to run requests in, and the commit of a verify pass's accepted
+    draft nodes (a chain's are in place already; a tree's move)."""
 
     num_slots: int
     max_len: int
@@ -27,7 +30,9 @@ class CacheState(Protocol):
     @property
     def num_free(self) -> int: ...
 
-    def allocate(self) -> int: ...
+    def can_hold(self, length: int) -> bool: ...
+
+    def allocate(self, length: int | None = None) -> int: ...
 
     def free(self, slot: int) -> None: ...
 
@@ -37,45 +42,66 @@ class CacheState(Protocol):
 
 
 class KVCache:
-    def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
-        shape = (2, num_layers, num_slots + 1, max_len, num_kv_heads, head_dim)  # + a scratch slot for graph padding
-        # one tensor for all K and V, so moving rows (tree verification) is one launch over every plane
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, pages: PageTable) -> None:
+        self.pages = pages
+        device = pages.table.device
+        # + the scratch page; one tensor for all K and V, so moving rows (tree verification) is one launch
+        shape = (2, num_layers, pages.num_pages + 1, pages.page_size, num_kv_heads, head_dim)
         self.kv = torch.zeros(shape, dtype=dtype, device=device)
         self.k, self.v = list(self.kv[0].unbind(0)), list(self.kv[1].unbind(0))  # contiguous per-layer views
-        self.num_slots = num_slots
-        self.max_len = max_len
-        self.scratch_slot = num_slots
-        self._free = list(range(num_slots - 1, -1, -1))
+        self.num_slots, self.max_len, self.scratch_slot = pages.num_slots, pages.max_len, pages.scratch_slot
+
+    @classmethod
+    def whole_slots(cls, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int,
+                    dtype: torch.dtype, device: torch.device) -> KVCache:
+        """A cache of its own table, whose pool holds every slot's max_len positions."""
+        return cls(num_layers, num_kv_heads, head_dim, dtype, PageTable(num_slots, max_len, None, device))
+
+    @property
+    def page_table(self) -> torch.Tensor:
+        return self.pages.table
+
+    @property
+    def pool_tokens(self) -> int:
+        return self.pages.num_pages * self.pages.page_size
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self.pages.num_free
 
-    def allocate(self) -> int:
-        if not self._free:
-            raise RuntimeError("KV cache full: no free slot")
-        return self._free.pop()
+    def can_hold(self, length: int) -> bool:
+        return self.pages.can_hold(length)
+
+    def allocate(self, length: int | None = None) -> int:
+        return self.pages.allocate(length)
 
     def free(self, slot: int) -> None:
-        if not 0 <= slot < self.num_slots or slot in self._free:
-            raise ValueError(f"slot {slot} is not allocated")
-        self._free.append(slot)
+        self.pages.free(slot)
+
+    def paged(self, batch: ForwardBatch) -> ForwardBatch:
+        """`batch` with its K/V writes at pool rows (a pass's layers share the mapping)."""
+        return replace(batch, write_index=self.pages.physical(batch.write_index))
+
+    def _rows(self) -> torch.Tensor:
+        """Every plane's pool rows: [2 * layers, pages * page_size, kv heads * head dim]."""
+        return self.kv.view(self.kv.shape[0] * self.kv.shape[1], self.kv.shape[2] * self.kv.shape[3], -1)
+
+    def read(self, layer: int, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V [length, kv heads, head dim] of a slot's first `length` positions."""
+        rows = self.pages.physical(torch.arange(length, device=self.kv.device) + slot * self.max_len)
+        flat_k, flat_v = (t.view(-1, *t.shape[2:]) for t in (self.k[layer], self.v[layer]))
+        return flat_k[rows], flat_v[rows]
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         """Slot dst's first `length` positions become slot src's, in every layer (one launch): samples of one
         prompt share its prefill."""
-        self.kv[:, :, dst, :length] = self.kv[:, :, src, :length]
-
-    def write(self, layer: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v: [T, kv_heads, head_dim] stored at flat rows (slot * max_len + position)."""
-        self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, rows, k)
-        self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, rows, v)
+        span = torch.arange(length, device=self.kv.device)
+        rows = self._rows()
+        rows.index_copy_(1, self.pages.physical(span + dst * self.max_len),
+                         rows.index_select(1, self.pages.physical(span + src * self.max_len)))
 
     def commit_accepted(self, base: torch.Tensor, counts: torch.Tensor, nodes: torch.Tensor) -> None:
         """Tree verification: in every layer, request i's accepted draft nodes (`nodes[i, 1:counts[i]]`,
-        one per depth) move from flat row base[i] + node to base[i] + depth (flat rows: slot * max_len +
+        one per depth) move from slot row base[i] + node to base[i] + depth (slot rows: slot * max_len +
         position; base[i]: its newest committed token's row). Device-side, one launch on CUDA."""
-        planes = self.kv.shape[0] * self.kv.shape[1]
-        flat = self.kv.view(planes, self.kv.shape[2] * self.kv.shape[3], -1)
-        compact_accepted(flat, base, counts, nodes)
+        compact_accepted(self._rows(), base, counts, nodes, self.pages.flat, self.pages.page_size)
