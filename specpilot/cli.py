@@ -37,11 +37,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context-length", type=_positive_int, default=None,
                    help="KV positions a request may reach (default: 4096 on CUDA, 2048 on CPU, at most the model's)")
     g.add_argument("--max-running-requests", type=_positive_int, default=None,
-                   help="requests decoded together (default: 32 on CUDA, 8 on CPU; generate: 1; bench: "
+                   help="requests decoded together (default: 32 on CUDA, 64 on CPU; generate: 1; bench: "
                         "--batch-size); admitted while the KV pool has pages for their prompt and new tokens")
     g.add_argument("--max-total-tokens", type=_positive_int, default=None,
                    help="KV pool's positions, all requests together (default: every request's "
-                        "--context-length, within the memory)")
+                        "--context-length within the memory; on CPU 16384)")
     g.add_argument("--mem-fraction-static", type=_fraction, default=None,
                    help="share of the device's memory for the weights and the KV pool together (default: the KV "
                         "pool takes 60%% of the memory free after loading on CUDA, 25%% on CPU)")

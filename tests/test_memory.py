@@ -13,6 +13,7 @@ from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.engine.memory import (
     DEFAULT_CONTEXT_LENGTH,
+    DEFAULT_CPU_POOL_TOKENS,
     DEFAULT_MAX_RUNNING_REQUESTS,
     KV_MEMORY_FRACTION,
     kv_bytes_per_token,
@@ -30,6 +31,9 @@ PLENTY = 1 << 40
 def test_defaults_per_device_within_the_model():
     plan = plan_kv(CPU, PER_TOKEN, 8192, None, None, None, free_bytes=PLENTY)
     assert (plan.num_slots, plan.context_length) == (DEFAULT_MAX_RUNNING_REQUESTS["cpu"], DEFAULT_CONTEXT_LENGTH["cpu"])
+    assert plan.limited_by == "the CPU default pool (--max-total-tokens)" and not plan.whole_slots
+    assert plan.total_tokens == DEFAULT_CPU_POOL_TOKENS
+    plan = plan_kv(CPU, PER_TOKEN, 8192, 4, None, None, free_bytes=PLENTY)
     assert plan.limited_by == "--max-running-requests" and plan.total_tokens == plan.num_slots * plan.context_length
     assert plan_kv(CPU, PER_TOKEN, 512, 2, None, None, free_bytes=PLENTY).context_length == 512  # the model's limit
 

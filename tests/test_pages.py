@@ -91,3 +91,23 @@ def test_a_block_past_the_slots_spill_room_is_refused(tiny):
     with pytest.raises(ValueError, match="--speculative-num-draft-tokens"):
         Engine(ckpt, EngineConfig(device="cpu", context_length=256, max_running_requests=2),
                drafter_factory=lambda config, ctx: NgramDrafter(block_size=100))  # a tree's room is 64
+
+
+def test_samples_of_one_prompt_share_its_whole_pages(tiny):
+    from specpilot.server.protocol import sample_params
+
+    ckpt, paths = tiny
+    prompt = [3 + i % 200 for i in range(150)]  # two whole pages and a part
+    sampled = SamplingParams(max_new_tokens=20, ignore_eos=True, temperature=0.8, top_p=0.95, seed=5)
+    engine = _engine(ckpt, paths, max_running_requests=4, max_total_tokens=2560)
+    first = engine.add_request(prompt, sample_params(sampled, 0))
+    others = [engine.add_request(prompt, sample_params(sampled, j), prefill_from=first) for j in (1, 2, 3)]
+    engine.step()  # admission and the prefill
+    per_request = engine.pages.pages_for(len(prompt) + 20 + engine.spill)
+    assert engine.pages.num_pages - engine.pages.free_pages == per_request + 3 * (per_request - 2)
+    while engine.has_work:
+        engine.step()
+    assert engine.pages.free_pages == engine.pages.num_pages
+    for j, req in enumerate([first, *others]):
+        solo = _engine(ckpt, paths, max_running_requests=1).generate([prompt], sample_params(sampled, j))[0]
+        assert req.output_ids == solo.output_ids

@@ -256,10 +256,15 @@ class Engine:
         budget = self.config.max_prefill_tokens
         while self.waiting and len(self.running) + len(admitted) < self.config.max_running_requests:
             req = self.waiting[0]
-            if (admitted and len(req.prompt_ids) > budget) or not self.cache.can_hold(self.positions_needed(req)):
+            # a sample admitted with the request whose prefill it copies shares that prompt's pages
+            src = req.prefill_from
+            share = (src.slot, len(src.prompt_ids)) if src is not None and src.prefill_from is None \
+                and any(src is r for r in admitted) else None
+            need = self.positions_needed(req)
+            if (admitted and len(req.prompt_ids) > budget) or not self.cache.can_hold(need, share):
                 break
             self.waiting.popleft()
-            req.slot = self.cache.allocate(self.positions_needed(req))
+            req.slot = self.cache.allocate(need, share)
             budget -= len(req.prompt_ids)
             admitted.append(req)
         return admitted

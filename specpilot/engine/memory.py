@@ -16,8 +16,11 @@ from typing import Any
 import torch
 
 # Defaults when the user leaves a setting open, per device type.
-DEFAULT_MAX_RUNNING_REQUESTS = {"cpu": 8, "cuda": 32}
+DEFAULT_MAX_RUNNING_REQUESTS = {"cpu": 64, "cuda": 32}
 DEFAULT_CONTEXT_LENGTH = {"cpu": 2048, "cuda": 4096}
+# On CPU, where the pool lives in the host's memory, its positions without --max-total-tokens or
+# --mem-fraction-static (at least one request of the whole context): eight whole requests, or 64 short ones.
+DEFAULT_CPU_POOL_TOKENS = 8 * 2048
 # Share of the memory free after loading the weights that the KV cache may take without
 # --mem-fraction-static: the rest is left for activations, CUDA graphs, the drafter and (on CPU) the host's
 # other programs.
@@ -117,6 +120,8 @@ def plan_kv(device: torch.device, bytes_per_token: int, model_max_positions: int
     caps = {"--max-running-requests": slots * context, memory: budget // bytes_per_token}
     if max_total_tokens is not None:
         caps["--max-total-tokens"] = max_total_tokens
+    elif kind == "cpu" and mem_fraction_static is None:
+        caps["the CPU default pool (--max-total-tokens)"] = max(DEFAULT_CPU_POOL_TOKENS, context)
     limited_by = min(caps, key=lambda name: caps[name])
     pool = caps[limited_by]
     if pool < context:

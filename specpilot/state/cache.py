@@ -30,9 +30,9 @@ class CacheState(Protocol):
     @property
     def num_free(self) -> int: ...
 
-    def can_hold(self, length: int) -> bool: ...
+    def can_hold(self, length: int, share: tuple[int, int] | None = None) -> bool: ...
 
-    def allocate(self, length: int | None = None) -> int: ...
+    def allocate(self, length: int | None = None, share: tuple[int, int] | None = None) -> int: ...
 
     def free(self, slot: int) -> None: ...
 
@@ -47,7 +47,11 @@ class KVCache:
         device = pages.table.device
         # + the scratch page; one tensor for all K and V, so moving rows (tree verification) is one launch
         shape = (2, num_layers, pages.num_pages + 1, pages.page_size, num_kv_heads, head_dim)
-        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        # On the host, uninitialised: the system commits a page of the pool when a request first writes it, so
+        # the process holds what its requests use (nothing reads a position before it is written: attention
+        # reads a slot's first kv_len positions only, and graph padding runs on CUDA)
+        alloc = torch.zeros if device.type == "cuda" else torch.empty
+        self.kv = alloc(shape, dtype=dtype, device=device)
         self.k, self.v = list(self.kv[0].unbind(0)), list(self.kv[1].unbind(0))  # contiguous per-layer views
         self.num_slots, self.max_len, self.scratch_slot = pages.num_slots, pages.max_len, pages.scratch_slot
 
@@ -69,11 +73,11 @@ class KVCache:
     def num_free(self) -> int:
         return self.pages.num_free
 
-    def can_hold(self, length: int) -> bool:
-        return self.pages.can_hold(length)
+    def can_hold(self, length: int, share: tuple[int, int] | None = None) -> bool:
+        return self.pages.can_hold(length, share)
 
-    def allocate(self, length: int | None = None) -> int:
-        return self.pages.allocate(length)
+    def allocate(self, length: int | None = None, share: tuple[int, int] | None = None) -> int:
+        return self.pages.allocate(length, share)
 
     def free(self, slot: int) -> None:
         self.pages.free(slot)
@@ -94,11 +98,12 @@ class KVCache:
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         """Slot dst's first `length` positions become slot src's, in every layer (one launch): samples of one
-        prompt share its prefill."""
+        prompt share its prefill. Pages the slots share already hold them."""
         span = torch.arange(length, device=self.kv.device)
+        src_rows, dst_rows = (self.pages.physical(span + s * self.max_len) for s in (src, dst))
+        apart = src_rows != dst_rows
         rows = self._rows()
-        rows.index_copy_(1, self.pages.physical(span + dst * self.max_len),
-                         rows.index_select(1, self.pages.physical(span + src * self.max_len)))
+        rows.index_copy_(1, dst_rows[apart], rows.index_select(1, src_rows[apart]))
 
     def commit_accepted(self, base: torch.Tensor, counts: torch.Tensor, nodes: torch.Tensor) -> None:
         """Tree verification: in every layer, request i's accepted draft nodes (`nodes[i, 1:counts[i]]`,

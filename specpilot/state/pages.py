@@ -6,6 +6,8 @@ positions, and `table[slot, p // page_size]` names the page holding position p. 
 pages for every position it can reach (prompt + max new tokens + a verify pass's spill) when it is admitted,
 so a step never allocates, rollback stays a length change, and CUDA graphs read the table as a fixed input.
 Unused entries (and the scratch slot's whole row, where graph padding writes) name the scratch page.
+Samples of one prompt share its whole pages (counted, freed with their last holder): nothing writes a
+position below a request's prompt length after its prefill.
 
 Every cache of an engine (the target's, its drafter's) is sized by one PageTable and reads it: a page
 number means the same positions in each of them.
@@ -42,6 +44,7 @@ class PageTable:
         self._free_slots = list(range(num_slots - 1, -1, -1))
         self._free_pages = list(range(self.num_pages - 1, -1, -1))
         self._held: dict[int, list[int]] = {}
+        self._holders = [0] * self.num_pages  # slots holding each page
 
     @property
     def whole_slots(self) -> bool:
@@ -59,22 +62,34 @@ class PageTable:
     def pages_for(self, length: int) -> int:
         return -(-min(length, self.max_len) // self.page_size)
 
-    def can_hold(self, length: int) -> bool:
-        """A free slot and the pages for `length` positions (capped at max_len)."""
-        return bool(self._free_slots) and self.pages_for(length) <= len(self._free_pages)
+    def _shared(self, length: int, share: tuple[int, int] | None) -> list[int]:
+        """The whole pages of `share` = (slot, positions) within the first `length` positions."""
+        if share is None:
+            return []
+        slot, positions = share
+        return self._held[slot][: min(positions, length, self.max_len) // self.page_size]
 
-    def allocate(self, length: int | None = None) -> int:
-        """A slot whose first `length` positions (default and at most max_len) have pages."""
+    def can_hold(self, length: int, share: tuple[int, int] | None = None) -> bool:
+        """A free slot and the pages for `length` positions (capped at max_len), but those of `share`."""
+        return bool(self._free_slots) and self.pages_for(length) - len(self._shared(length, share)) <= len(self._free_pages)
+
+    def allocate(self, length: int | None = None, share: tuple[int, int] | None = None) -> int:
+        """A slot whose first `length` positions (default and at most max_len) have pages. `share` = (slot,
+        positions): that slot's whole pages within its first `positions` are this one's too (the prompt of
+        samples of one prompt, whose prefill this slot copies)."""
         length = self.max_len if length is None else length
         if not self._free_slots:
             raise RuntimeError("KV cache full: no free slot")
-        need = self.pages_for(length)
+        shared = self._shared(length, share)
+        need = self.pages_for(length) - len(shared)
         if need > len(self._free_pages):
             raise RuntimeError(f"KV cache full: {length} positions need {need} pages, {len(self._free_pages)} are free")
         slot = self._free_slots.pop()
-        pages = [self._free_pages.pop() for _ in range(need)]
+        pages = shared + [self._free_pages.pop() for _ in range(need)]
+        for page in pages:
+            self._holders[page] += 1
         self._held[slot] = pages
-        self.table[slot, :need] = torch.tensor(pages, dtype=torch.int32).to(self.table.device, non_blocking=True)
+        self.table[slot, : len(pages)] = torch.tensor(pages, dtype=torch.int32).to(self.table.device, non_blocking=True)
         return slot
 
     def free(self, slot: int) -> None:
@@ -82,7 +97,10 @@ class PageTable:
             raise ValueError(f"slot {slot} is not allocated")
         pages = self._held.pop(slot)
         self.table[slot, : len(pages)] = self.scratch_page
-        self._free_pages.extend(reversed(pages))
+        for page in reversed(pages):
+            self._holders[page] -= 1
+            if not self._holders[page]:
+                self._free_pages.append(page)
         self._free_slots.append(slot)
 
     def physical(self, rows: torch.Tensor) -> torch.Tensor:
