@@ -8,7 +8,7 @@ import torch
 from test_speculative import AcceptEverything, engine_for, mixed_prompts, tiny  # noqa: F401  (module fixture)
 
 from specpilot.config import SamplingParams
-from specpilot.engine.sampling import keyed_gumbel, keyed_sample
+from specpilot.engine.sampling import keyed_gumbel, keyed_sample, keyed_sample_rows
 from specpilot.forcing import run_forcing
 
 SAMPLED = SamplingParams(max_new_tokens=32, temperature=0.8, top_p=0.95, seed=11, ignore_eos=True)
@@ -21,6 +21,22 @@ def test_keyed_noise_depends_on_seed_and_position_only():
     assert not torch.equal(noise[0], noise[1])
     assert torch.equal(keyed_gumbel(3, positions[1:2], 50)[0], noise[1])  # batch-independent
     assert not torch.equal(keyed_gumbel(4, positions, 50), noise)
+
+
+def test_rows_sampled_together_equal_each_row_alone():
+    """keyed_sample_rows over rows of mixed settings, seeds and positions (and tied logits at the top-p cut)
+    is bitwise the per-row keyed_sample the engine used to loop over."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(12, 320, generator=g) * 3
+    logits[:, 7] = logits[:, 9] = logits[:, 11] = 4.0  # ties
+    settings = [SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=1.3, top_k=20),
+                SamplingParams(temperature=0.6, top_p=0.5, min_p=0.05), SamplingParams(temperature=1.0)]
+    params = [settings[i % 4] for i in range(12)]
+    seeds = [(2**64 - 1 - i * 977) if i % 3 == 0 else i * 31 for i in range(12)]  # seeds past int64 too
+    positions = torch.tensor([0, 5, 5, 9, 100, 3, 0, 7, 7, 2, 50, 1])
+    together = keyed_sample_rows(logits, params, seeds, positions)
+    alone = torch.cat([keyed_sample(logits[i : i + 1], params[i], seeds[i], positions[i : i + 1]) for i in range(12)])
+    assert torch.equal(together, alone)
 
 
 def test_keyed_sample_follows_the_distribution():
@@ -73,9 +89,10 @@ def test_planted_other_stream_sampler_fails_forcing(tiny, monkeypatch):  # noqa:
     import specpilot.engine.step as step
     import specpilot.engine.verify as verify
 
-    for module in (step, verify):
-        monkeypatch.setattr(module, "keyed_sample",
-                            lambda logits, params, seed, positions: keyed_sample(logits, params, seed + 1, positions))
+    monkeypatch.setattr(verify, "keyed_sample",
+                        lambda logits, params, seed, positions: keyed_sample(logits, params, seed + 1, positions))
+    monkeypatch.setattr(step, "keyed_sample_rows", lambda logits, params, seeds, positions: keyed_sample_rows(
+        logits, params, [s + 1 for s in seeds], positions))
     ckpt, _ = tiny
     verdict = run_forcing(engine_for(ckpt), engine_for(ckpt, "ngram", block=4),
                           mixed_prompts(ckpt.config.vocab_size, 4), SAMPLED, "hack")

@@ -28,7 +28,8 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
     if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        # stable: which of equal probabilities crosses top_p must not depend on how many rows sort together
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
         # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
         drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
@@ -65,9 +66,12 @@ def _mix64(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
-def keyed_gumbel(seed: int, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[N, V] float64 Gumbel noise for output positions `positions` [N] of the request keyed by `seed`."""
-    key = _mix64(torch.tensor(_as_int64(seed), dtype=torch.int64, device=positions.device) + _GOLDEN)
+def keyed_gumbel(seed: int | torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[N, V] float64 Gumbel noise for output positions `positions` [N] of the request keyed by `seed` (or
+    of row i's request, keyed by seed[i], for an int64 tensor [N] of seeds as `as_seed` makes them)."""
+    if not isinstance(seed, torch.Tensor):
+        seed = torch.tensor(_as_int64(seed), dtype=torch.int64, device=positions.device)
+    key = _mix64(seed + _GOLDEN)
     row = _mix64(key ^ (positions.long() * _GOLDEN))
     ids = torch.arange(vocab, dtype=torch.int64, device=positions.device)
     bits = _shr(_mix64(row[:, None] + ids * _MIX1), 11)  # 53 random bits per (position, token)
@@ -75,7 +79,12 @@ def keyed_gumbel(seed: int, positions: torch.Tensor, vocab: int) -> torch.Tensor
     return -torch.log(-torch.log(uniform))
 
 
-def keyed_scores(probs: torch.Tensor, seed: int, positions: torch.Tensor) -> torch.Tensor:
+def as_seeds(seeds: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Request seeds as keyed_gumbel's int64 tensor (a seed is any integer; its low 64 bits key it)."""
+    return torch.tensor([_as_int64(s) for s in seeds], dtype=torch.int64, device=device)
+
+
+def keyed_scores(probs: torch.Tensor, seed: int | torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """[N, V] log p + the Gumbel noise of row i's output position positions[i]; -inf where p is 0."""
     return torch.where(probs > 0, probs.double().log() + keyed_gumbel(seed, positions, probs.shape[-1]),
                        float("-inf"))
@@ -87,12 +96,34 @@ def keyed_sample(logits: torch.Tensor, params: SamplingParams, seed: int, positi
     return row_argmax(keyed_scores(target_probs(logits, params), seed, positions))
 
 
+def _distribution(params: SamplingParams) -> tuple[float, int, float, float]:
+    return params.temperature, params.top_k, params.top_p, params.min_p
+
+
+def keyed_sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequence[int],
+                      positions: torch.Tensor) -> torch.Tensor:
+    """[N] row i's keyed sample under params[i] and seeds[i] at output position positions[i]: bitwise
+    keyed_sample of that row alone, in a few launches for all rows. Rows of the same distribution settings
+    share one target_probs call (every op in it is row-wise), the noise is one hash over all rows."""
+    probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    groups: dict[tuple[float, int, float, float], list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault(_distribution(p), []).append(i)
+    for rows in groups.values():
+        index = torch.tensor(rows, device=logits.device)
+        probs[index] = target_probs(logits[index], params[rows[0]])
+    return row_argmax(keyed_scores(probs, as_seeds(seeds, logits.device), positions))
+
+
 def choose_tokens(logits: torch.Tensor, reqs: Sequence[Request]) -> list[int]:
     """One token per row (row i: request i's next output position); greedy rows in one argmax,
-    sampled rows by their keyed sample."""
+    sampled rows by their keyed samples, together."""
     out = row_argmax(logits)
-    for i, req in enumerate(reqs):
-        if not req.params.greedy:
-            position = torch.tensor([len(req.output_ids)], device=logits.device)
-            out[i] = keyed_sample(logits[i : i + 1], req.params, req.sampling_seed, position)[0]
+    sampled = [i for i, req in enumerate(reqs) if not req.params.greedy]
+    if sampled:
+        chosen = [reqs[i] for i in sampled]
+        index = torch.tensor(sampled, device=logits.device)
+        positions = torch.tensor([len(r.output_ids) for r in chosen], device=logits.device)
+        out[index] = keyed_sample_rows(logits[index], [r.params for r in chosen], [r.sampling_seed for r in chosen],
+                                       positions)
     return out.tolist()

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specpilot.engine.grammar import constrain
-from specpilot.engine.sampling import keyed_sample, suppress
+from specpilot.engine.sampling import keyed_sample_rows, suppress
 from specpilot.engine.spec_stats import StepClock
 from specpilot.kernels.softmax_topk import row_argmax
 from specpilot.kernels.step_layout import lay_out_next_verify
@@ -257,11 +257,15 @@ class SpeculativeStep:
                               batch.tree_mask.view(b, q))
         starts = positions[:, 0].clone()  # the layout below moves them on
         decided = row_argmax(logits).view(b, q)
-        for i, req in enumerate(reqs):
-            if not req.params.greedy:  # the row at depth d decides output position len(output) + d
-                depths = positions[i] - positions[i, :1]
-                decided[i] = keyed_sample(logits.view(b, q, -1)[i], req.params, req.sampling_seed,
-                                          len(req.output_ids) + depths)
+        sampled = [i for i, req in enumerate(reqs) if not req.params.greedy]
+        if sampled:  # the row at depth d decides output position len(output) + d
+            index = torch.tensor(sampled, device=logits.device)
+            depths = positions[index] - positions[index, :1]
+            outputs = torch.tensor([len(reqs[i].output_ids) for i in sampled], device=logits.device)
+            decided[index] = keyed_sample_rows(
+                logits.view(b, q, -1)[index].flatten(0, 1), [reqs[i].params for i in sampled for _ in range(q)],
+                [reqs[i].sampling_seed for i in sampled for _ in range(q)], (outputs[:, None] + depths).flatten(),
+            ).view(len(sampled), q)
         accepted = self.engine.verifier.greedy(decided, ids[:, 1:], starts, tree)
         taps = verify_taps
         if tree is not None:

@@ -1,0 +1,70 @@
+"""What keyed sampling costs a step: B rows of the embedded model's vocabulary at T=0.8 / top-p 0.95, each its
+own seed and position, sampled row by row (keyed_sample per row, the engine's loop before batching) and
+together (keyed_sample_rows), interleaved; checks both give the same tokens. Median and range of the
+repeats, ms per call.
+
+    python benchmarks/sampling_cost.py --device cpu|cuda [--batch 1 8 32] [--repeats 5] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from specpilot.bench import provenance
+from specpilot.config import SamplingParams
+from specpilot.engine.sampling import keyed_sample, keyed_sample_rows
+
+VOCAB = 49152  # SmolLM2's
+PARAMS = SamplingParams(temperature=0.8, top_p=0.95)
+
+
+def timed(fn, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    g = torch.Generator().manual_seed(0)
+    report = {"provenance": provenance.collect(device, "float32"), "vocab": VOCAB, "params": "T=0.8, top-p 0.95",
+              "ms": {}}
+    for b in args.batch:
+        logits = (torch.randn(b, VOCAB, generator=g) * 4).to(device)
+        seeds, positions = list(range(7, 7 + b)), torch.arange(b, device=device) * 3
+        rows = lambda: torch.cat([keyed_sample(logits[i : i + 1], PARAMS, seeds[i], positions[i : i + 1])  # noqa: E731
+                                  for i in range(b)])
+        together = lambda: keyed_sample_rows(logits, [PARAMS] * b, seeds, positions)  # noqa: E731
+        if not torch.equal(rows(), together()):
+            raise SystemExit(f"B={b}: the batched samples differ from the per-row ones")
+        times: dict[str, list[float]] = {"per_row": [], "together": []}
+        for _ in range(args.repeats):
+            times["per_row"].append(timed(rows, device))
+            times["together"].append(timed(together, device))
+        report["ms"][str(b)] = {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in times.items()}
+        m = report["ms"][str(b)]
+        print(f"B={b:3d}: per row {m['per_row']['median']:.2f} ms ({m['per_row']['min']:.2f}-{m['per_row']['max']:.2f}), "
+              f"together {m['together']['median']:.2f} ms ({m['together']['min']:.2f}-{m['together']['max']:.2f})")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"sampling_cost_{device.type}.json").write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
