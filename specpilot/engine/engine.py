@@ -323,7 +323,7 @@ class Engine:
         logits = suppress(logits, [self.stops.banned(r, 1)[0] for r in reqs])
         for i, r in enumerate(reqs):
             if r.grammar is not None:
-                constrain(logits[i : i + 1], r.grammar.bitmask([[]]))
+                constrain(logits[i : i + 1], r.grammar.bitmask([]))
         tokens = choose_tokens(logits, reqs)
         finished = []
         for i, (r, t) in enumerate(zip(reqs, tokens)):

@@ -69,27 +69,32 @@ class RequestGrammar:
 
     def can_start(self) -> bool:
         """Whether some token of the vocabulary is allowed first."""
-        words = self.bitmask([[]])[0]
+        words = self.bitmask([])[0]
         ids = torch.arange(self.vocab_size)
         return bool(((words[ids // 32] >> (ids % 32)) & 1).any())
 
-    def bitmask(self, paths: list[list[int]]) -> torch.Tensor:
-        """xgrammar's token bitmask [len(paths), ceil(V / 32)] int32 (CPU) of the ids allowed after each path
-        of tokens from the committed state. A path the grammar refuses part of cannot be reached (its parent's
-        row excludes it), and one ending in the grammar's stop token ends the request: their rows decide
-        nothing, and allow everything."""
-        mask = xgrammar.allocate_token_bitmask(len(paths), self.vocab_size)
+    def bitmask(self, drafts: list[int], parents: list[int] | None = None) -> torch.Tensor:
+        """xgrammar's token bitmask [1 + len(drafts), ceil(V / 32)] int32 (CPU) of a verify's rows: row 0 the
+        ids allowed at the committed state, row j + 1 those after the path down to draft j (its parent's row:
+        a chain's j, a tree's parents[j], 0 being the committed token's). Walked depth first, one accept and one rollback per draft. A draft the grammar
+        refuses cannot be reached (its parent's row excludes it), nor can a path past the grammar's end:
+        their rows decide nothing, and allow everything."""
+        mask = xgrammar.allocate_token_bitmask(1 + len(drafts), self.vocab_size)
         mask.fill_(-1)
-        for row, path in enumerate(paths):
-            taken = 0
-            for token in path:
-                if not self.matcher.accept_token(token):
-                    break
-                taken += 1
-            if taken == len(path) and not self.matcher.is_terminated():
-                self.matcher.fill_next_token_bitmask(mask, row)
-            if taken:
-                self.matcher.rollback(taken)
+        children: list[list[int]] = [[] for _ in range(1 + len(drafts))]
+        for j in range(len(drafts)):
+            children[j if parents is None else parents[j]].append(j + 1)
+
+        def visit(row: int) -> None:
+            if self.matcher.is_terminated():
+                return
+            self.matcher.fill_next_token_bitmask(mask, row)
+            for child in children[row]:
+                if self.matcher.accept_token(drafts[child - 1]):
+                    visit(child)
+                    self.matcher.rollback(1)
+
+        visit(0)
         return mask
 
     def masks_along(self, tokens: list[int]) -> torch.Tensor:

@@ -53,6 +53,9 @@ class VerifyPlan:
     widths: list[int]  # verify rows per request: its newest token and its drafts
     batch: ForwardBatch  # what the verify pass runs (a graph's static batch, padding rows included)
     graph: Graph | None = None  # None: an eager pass
+    # constrained requests: the drafts' tokens and tree parents on the host, read before the verify is
+    # launched so their grammar masks are made while it runs
+    host_drafts: tuple[list[list[int]], list[list[int]] | None] | None = None
 
     @cached_property
     def offsets(self) -> list[int]:
@@ -125,6 +128,13 @@ class SpeculativeStep:
         return self.engine.drafter.propose(reqs)
 
     def plan(self, reqs: list[Request], draft: Draft) -> VerifyPlan:
+        plan = self._plan(reqs, draft)
+        if any(r.grammar is not None for r in reqs):
+            plan.host_drafts = (draft.tokens.tolist(),
+                                draft.tree.parents.tolist() if draft.tree is not None else None)
+        return plan
+
+    def _plan(self, reqs: list[Request], draft: Draft) -> VerifyPlan:
         widths = draft.widths()
         q, n = max(widths), len(reqs)
         slots, starts = [r.slot for r in reqs], [r.cached_len for r in reqs]
@@ -303,16 +313,17 @@ class SpeculativeStep:
 
     def _constrain(self, plan: VerifyPlan, logits: torch.Tensor) -> None:
         """Each constrained request's verify rows masked by its grammar at the state its draft path leads
-        to (row 0: its committed tokens; a draft node's row: those and the path of drafts down to it)."""
-        tokens = plan.draft.tokens.tolist()
-        parents = plan.draft.tree.parents.tolist() if plan.draft.tree is not None else None
+        to (row 0: its committed tokens; a draft node's row: those and the path of drafts down to it): the
+        masks are made on the host while the verify runs, then applied in one launch."""
+        tokens, parents = plan.host_drafts
+        masks = None
         for i, (req, w, lo) in enumerate(zip(plan.reqs, plan.widths, plan.offsets)):
-            if req.grammar is None:
-                continue
-            paths: list[list[int]] = [[]]
-            for j in range(w - 1):  # draft j's row is j + 1, below its parent's row (a chain's: j)
-                paths.append(paths[parents[i][j] if parents is not None else j] + [tokens[i][j]])
-            constrain(logits[lo : lo + w], req.grammar.bitmask(paths))
+            if req.grammar is not None:
+                mask = req.grammar.bitmask(tokens[i][: w - 1], parents[i][: w - 1] if parents else None)
+                if masks is None:  # every row of the pass (graph padding included), unmasked until set
+                    masks = mask.new_full((logits.shape[0], mask.shape[1]), -1)
+                masks[lo : lo + w] = mask
+        constrain(logits, masks)
 
     def _banned_rows(self, plan: VerifyPlan) -> list[list[int]]:
         """Ids banned per verify row: row j decides the token at depth (its node's depth) + 1."""
