@@ -205,6 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
     _train_drafter_args(train)
     train.set_defaults(func=_cmd_train_drafter)
 
+    convert = sub.add_parser("convert", help="rewrite a checkpoint's weights in another format (B12: lossless)",
+                             description="A Hugging Face model directory's projection and LM-head matrices as B12 "
+                                         "(12 bits a bf16 weight, bit-exact); loading decodes them exactly.")
+    convert.add_argument("--format", required=True, choices=["b12"], help="the weight format to write")
+    convert.add_argument("--model-path", required=True, help="a Hugging Face model directory (safetensors)")
+    convert.add_argument("--out", required=True, help="the directory to write the converted checkpoint to")
+    convert.set_defaults(func=_cmd_convert)
+
     registry = sub.add_parser("registry", help="the settings that change speed but never output",
                               description="Every tunable (its flag, domain, default and the stages it changes) "
                                           "and every mechanism of the speculative step.")
@@ -642,6 +650,15 @@ def _cmd_memory(args: argparse.Namespace) -> int:
             table.add_row(str(row["id"]), str(row["number"]), row["status"], deployment, str(row["candidates"]),
                           str(row["accepted"]))
         Console().print(table)
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from specpilot.models.convert import convert_to_b12
+
+    report = convert_to_b12(args.model_path, args.out)
+    print(f"{len(report['tensors'])} matrices as B12: {report['bits_per_weight']:.3f} bits a weight, escape rate "
+          f"{report['escape_rate']:.2e}; kept bf16: {len(report['kept_bf16'])}; written to {args.out}")
     return 0
 
 

@@ -11,13 +11,14 @@ import safetensors.torch
 import torch
 import transformers
 
+from specpilot.formats.checkpoint import decode_state, format_note
 from specpilot.models.checkpoint import Checkpoint, check_state_dict, collect_eos_ids
 from specpilot.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
 
 _LOADABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 _WEIGHTS_FILE = "model.safetensors"
-_WEIGHTS_INDEX = "model.safetensors.index.json"
+WEIGHTS_INDEX = "model.safetensors.index.json"
 
 
 def load_hf_dir(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Checkpoint:
@@ -27,7 +28,7 @@ def load_hf_dir(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> 
     _check_supported(raw, source)
     tokenizer = _load_tokenizer(path)
     config = _build_config(raw, _generation_eos(path), tokenizer)
-    state_dict = _load_weights(path, dtype)
+    state_dict = _load_weights(path, dtype, format_note(raw))
     # HF serialises rotary caches in some old checkpoints and may write lm_head even when tied.
     state_dict = {k: v for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq")}
     if config.tie_word_embeddings:
@@ -115,29 +116,32 @@ def _build_config(
     )
 
 
-def _weight_files(path: pathlib.Path) -> list[pathlib.Path]:
-    index = path / _WEIGHTS_INDEX
+def weight_files(path: pathlib.Path) -> list[pathlib.Path]:
+    index = path / WEIGHTS_INDEX
     if not index.is_file():
         single = path / _WEIGHTS_FILE
         if not single.is_file():
             raise FileNotFoundError(
-                f"{str(path)!r} has neither {_WEIGHTS_FILE} nor {_WEIGHTS_INDEX} (only safetensors are supported)"
+                f"{str(path)!r} has neither {_WEIGHTS_FILE} nor {WEIGHTS_INDEX} (only safetensors are supported)"
             )
         return [single]
     files = [path / shard for shard in sorted(set(_read_json(index)["weight_map"].values()))]
     missing = [file.name for file in files if not file.is_file()]
     if missing:
         raise FileNotFoundError(
-            f"{str(path)!r}: weight shards {', '.join(missing)} listed in {_WEIGHTS_INDEX} are missing"
+            f"{str(path)!r}: weight shards {', '.join(missing)} listed in {WEIGHTS_INDEX} are missing"
         )
     return files
 
 
-def _load_weights(path: pathlib.Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    state_dict: dict[str, torch.Tensor] = {}
-    for file in _weight_files(path):
-        for name, tensor in safetensors.torch.load_file(file).items():
-            if tensor.dtype not in _LOADABLE_DTYPES:
-                raise ValueError(f"{str(file)!r}: tensor {name} has unsupported dtype {tensor.dtype}")
-            state_dict[name] = tensor.to(dtype)
-    return state_dict
+def _load_weights(path: pathlib.Path, dtype: torch.dtype, note: dict[str, Any] | None) -> dict[str, torch.Tensor]:
+    """`note`: config.json's weight format note, whose B12 tensors are decoded to bf16 first."""
+    raw: dict[str, torch.Tensor] = {}
+    for file in weight_files(path):
+        raw.update(safetensors.torch.load_file(file))
+    if note is not None:
+        raw = decode_state(raw, note)
+    for name, tensor in raw.items():
+        if tensor.dtype not in _LOADABLE_DTYPES:
+            raise ValueError(f"{str(path)!r}: tensor {name} has unsupported dtype {tensor.dtype}")
+    return {name: tensor.to(dtype) for name, tensor in raw.items()}
