@@ -210,9 +210,9 @@ class ForcingObserver:
 @torch.inference_mode()
 def teacher_forced_logits(engine: Engine, prompt: list[int], output: list[int]) -> torch.Tensor:
     """Target logits at every output position from one pass over prompt + output: [len(output), V]."""
-    slot = engine.cache.allocate()
+    ids = prompt + output[:-1] if output else prompt
+    slot = engine.cache.allocate(len(ids))
     try:
-        ids = prompt + output[:-1] if output else prompt
         out = engine.runner.forward([slot], [0], [ids])
         return out.logits[len(prompt) - 1 :]
     finally:

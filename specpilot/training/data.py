@@ -156,7 +156,7 @@ def tap_features(engine: Engine, seqs: list[list[int]], tap_layers: tuple[int, .
     """Tap features of every position from one teacher-forced target pass, [len, taps * H] per
     sequence: the same outputs the engine hands the drafter at inference (prefill and verify rows).
     `with_final`: the target's final (normed) hidden state follows, [len, taps * H + H]."""
-    slots = [engine.cache.allocate() for _ in seqs]
+    slots = [engine.cache.allocate(len(s)) for s in seqs]
     try:
         with torch.inference_mode():
             batch = ForwardBatch.build(slots, [0] * len(seqs), seqs, engine.cache.max_len, engine.device)

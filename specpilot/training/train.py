@@ -599,6 +599,8 @@ def _target_engine(cfg: TrainConfig) -> Engine:
     engine = Engine(checkpoint, EngineConfig(
         model_path=cfg.target, device=cfg.device, dtype=cfg.dtype, context_length=cfg.max_seq_len,
         max_running_requests=max(cfg.gen_batch_size, cfg.batch_size),
+        # whole sequences of a training batch at once (the CPU default pool would hold fewer)
+        max_total_tokens=max(cfg.gen_batch_size, cfg.batch_size) * cfg.max_seq_len,
         min_prefill_batch=max(1, cfg.gen_batch_size // GEN_PREFILL_WAVE)))
     engine.model.requires_grad_(False)  # frozen: embedding and LM head are shared, never trained
     return engine
