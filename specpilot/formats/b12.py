@@ -26,10 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-BLOCK = 256  # weights of one row per code block
-GROUP = 16  # rows per escape segment
+from specpilot.kernels.b12_gemm import BLOCK, ESCAPE, GROUP, as_int16, b12_decode_reference, halves
+
 WINDOW = 14  # exponents a row's codes 1..14 cover
-ESCAPE = 15
 MAX_ESCAPES_PER_SEGMENT = 256  # what an sm byte can index
 
 
@@ -88,11 +87,6 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
 
 
-def _int16(bits: torch.Tensor) -> torch.Tensor:
-    """Values in [0, 65536) as the int16 of the same 16 bits."""
-    return torch.where(bits >= 1 << 15, bits - (1 << 16), bits).to(torch.int16)
-
-
 def as_bf16(name: str, t: torch.Tensor) -> torch.Tensor:
     """`t` as bf16 where that is exact (a bf16 tensor, or one whose every value bf16 holds; NaN stays NaN),
     else a B12Error naming the tensor."""
@@ -146,22 +140,17 @@ def encode(t: torch.Tensor, name: str = "tensor") -> B12Tensor:
     exc_off = torch.nn.functional.pad(counts.cumsum(0), (1, 0)).to(torch.int32)
     slots = torch.arange(rows.numel(), device=t.device) - exc_off[segment].long()
     sm[rows, cols] = slots.to(torch.int32)
-    exc_val = _int16(bits[rows, cols])
+    exc_val = as_int16(bits[rows, cols])
     out = B12Tensor((n, k), sm.to(torch.uint8), _pack(code).to(torch.uint8), base, exc_off, exc_val)
     if not torch.equal(_bits(decode(out)), _bits(t)):
         raise AssertionError(f"{name}: B12 round trip is not exact")  # a codec bug, never the data
     return out
 
 
-def _halves(k: int) -> tuple[int, int]:
-    """(full 256-blocks, the last block's half length: 0 without a short block)."""
-    return k // BLOCK, -(-(k % BLOCK) // 2)
-
-
 def _pack(code: torch.Tensor) -> torch.Tensor:
     """Codes [N, K] (int32, 0..15) as nibble pairs [N, ceil(K / 2)], each block's halves in one byte."""
     n, k = code.shape
-    full, half = _halves(k)
+    full, half = halves(k)
     c = code[:, : full * BLOCK].reshape(n, full, 2, BLOCK // 2)
     parts = [(c[:, :, 0] | (c[:, :, 1] << 4)).reshape(n, full * BLOCK // 2)]
     if half:
@@ -170,28 +159,6 @@ def _pack(code: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=1)
 
 
-def _unpack(packed: torch.Tensor, k: int) -> torch.Tensor:
-    n = packed.shape[0]
-    full, half = _halves(k)
-    p = packed.to(torch.int32)
-    c = p[:, : full * BLOCK // 2].reshape(n, full, 1, BLOCK // 2)
-    parts = [torch.cat([c & 0xF, c >> 4], dim=2).reshape(n, full * BLOCK)]
-    if half:
-        t = p[:, full * BLOCK // 2 :]
-        parts.append(torch.cat([t & 0xF, t >> 4], dim=1)[:, : k % BLOCK])
-    return torch.cat(parts, dim=1)
-
-
 def decode(b: B12Tensor) -> torch.Tensor:
-    """The bf16 [N, K] matrix, bit for bit (the plain-torch reference the B12 kernels are tested against)."""
-    n, k = b.shape
-    blocks = -(-k // BLOCK)
-    code = _unpack(b.code, k)
-    sm = b.sm.to(torch.int32)
-    exponent = torch.where(code == 0, 0, b.base[:, None].to(torch.int32) + code)
-    bits = ((sm & 0x80) << 8) | ((exponent & 0xFF) << 7) | (sm & 0x7F)
-    rows, cols = (code == ESCAPE).nonzero(as_tuple=True)
-    if rows.numel():
-        segment = (rows // GROUP) * blocks + cols // BLOCK
-        bits[rows, cols] = b.exc_val[b.exc_off[segment].long() + sm[rows, cols]].to(torch.int32) & 0xFFFF
-    return _int16(bits[:, :k]).view(torch.bfloat16).contiguous()
+    """The bf16 [N, K] matrix, bit for bit (kernels/b12_gemm.py's plain-torch reference)."""
+    return b12_decode_reference(b.sm, b.code, b.base, b.exc_off, b.exc_val, b.shape[1])

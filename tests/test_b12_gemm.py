@@ -1,0 +1,60 @@
+"""The B12 GEMM (kernels/b12_gemm.py): its reference is the bf16 GEMM of the decoded matrix, and under the
+Triton interpreter the kernel gives bitwise skinny_gemm's output on the decoded weights with the same tiles
+(K across a short last block, escapes in several segments, bias or none, M = 1, 4, 16)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from triton_interpret import interpreter_fixture, patch_dot
+
+from specpilot.formats.b12 import decode, encode
+from specpilot.kernels.b12_gemm import b12_gemm_reference
+from specpilot.kernels.skinny_gemm import SkinnyConfig, skinny_gemm_reference
+
+CASES = [(1, 40, 600, False), (4, 40, 600, True), (16, 70, 512, False), (3, 17, 130, True)]  # M, N, K, bias
+CONFIG = SkinnyConfig(block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=2)
+
+
+def make_case(m: int, n: int, k: int, bias: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * torch.exp(torch.randn(n, 1, generator=g)) * 0.02).to(torch.bfloat16)
+    w.view(-1)[torch.randint(0, n * k, (25,), generator=g)] = torch.tensor(3e-30, dtype=torch.bfloat16)  # escapes
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    b = torch.randn(n, generator=g).to(torch.bfloat16) if bias else None
+    return x, encode(w), b
+
+
+def test_reference_is_the_bf16_gemm_of_the_decoded_matrix():
+    x, planes, b = make_case(4, 40, 600, True)
+    assert planes.num_escapes >= 25
+    got = b12_gemm_reference(x, planes.sm, planes.code, planes.base, planes.exc_off, planes.exc_val, b)
+    assert torch.equal(got, skinny_gemm_reference(x, decode(planes), b))
+
+
+def _triton_results() -> dict[str, bool]:
+    from specpilot.kernels.b12_gemm import b12_gemm
+    from specpilot.kernels.skinny_gemm import skinny_gemm
+
+    patch_dot()
+    out = {}
+    for case in CASES:
+        x, p, b = make_case(*case)
+        got = b12_gemm(x, p.sm, p.code, p.base, p.exc_off, p.exc_val, b, config=CONFIG)
+        expected = skinny_gemm(x, decode(p), b, config=CONFIG)
+        out[str(case)] = torch.equal(got.view(torch.int16), expected.view(torch.int16))
+    return out
+
+
+triton_results = interpreter_fixture(__file__)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_triton_equals_the_bf16_kernel_on_the_decoded_weights(triton_results: dict[str, bool], case) -> None:
+    assert triton_results[str(case)]
+
+
+if __name__ == "__main__":
+    print(json.dumps(_triton_results()))
