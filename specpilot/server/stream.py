@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import Request as HTTPRequest
 
 from specpilot.server.context import ServerContext
+from specpilot.server.detokenize import IncrementalText
 from specpilot.server.logprobs import chat_logprobs, completion_logprobs, sglang_meta
 from specpilot.server.scheduler import Item, Submission, Update
 from specpilot.state.request import Request, TokenLogprob
@@ -44,6 +45,7 @@ class Output:
         # a partial text may not show a tail that could still grow into a stop string (trimmed later)
         self._holdback = max((len(s) for s in item.params.stop), default=1) - 1
         self._sent = ""
+        self._text = IncrementalText(ctx.tokenizer)
 
     @property
     def finished(self) -> bool:
@@ -64,8 +66,7 @@ class Output:
             return self.ctx.engine.output_text(self.req)
         if self.ctx.tokenizer is None:
             return ""
-        # a trailing U+FFFD is an incomplete multi-byte character that the next token completes
-        text = self.ctx.tokenizer.decode(self.ids, skip_special_tokens=True).rstrip("\ufffd")
+        text = self._text.update(self.ids)
         return text[: max(len(text) - self._holdback, 0)]
 
     def new_tokens(self) -> dict[str, list[str]]:
