@@ -1,0 +1,121 @@
+"""The Gated DeltaNet layer of hybrid targets (Qwen3-Next, Qwen3.5), over one request's tokens and its
+recurrent state, with the published checkpoints' parameter names.
+
+Per token: one projection gives, per key head, its query and key (Dk each) and its value heads' values and
+output gates z (Dv each); another gives each value head's write strength b and decay input a. Queries, keys
+and values pass a depthwise causal convolution (width 4, over the last 3 inputs kept as the conv state) and
+SiLU; queries and keys are L2-normalised, queries scaled by Dk^-1/2; beta = sigmoid(b), g = -exp(A_log) *
+softplus(a + dt_bias). The gated delta rule (kernels/gated_delta.py) turns them into one output per value head,
+RMS-normalised per head and gated by SiLU(z), then projected back. A pass of several tokens takes the chunked
+form, a single token the recurrent one: both carry (conv state, recurrent state) from one call to the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specpilot.kernels.gated_delta import gated_delta_chunked, gated_delta_recurrent
+
+
+@dataclass(frozen=True)
+class GatedDeltaNetConfig:
+    hidden_size: int
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int = 4
+    rms_norm_eps: float = 1e-6
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+
+@dataclass
+class RecurrentState:
+    """One request's state in one GDN layer: the convolution's last inputs and the delta rule's matrices."""
+
+    conv: torch.Tensor  # [conv_kernel - 1, conv_dim]
+    ssm: torch.Tensor  # [value heads, Dk, Dv], float32
+
+    @classmethod
+    def zeros(cls, cfg: GatedDeltaNetConfig, device: torch.device, dtype: torch.dtype) -> RecurrentState:
+        return cls(torch.zeros(cfg.conv_kernel - 1, cfg.conv_dim, device=device, dtype=dtype),
+                   torch.zeros(cfg.num_value_heads, cfg.key_head_dim, cfg.value_head_dim, device=device))
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+class GatedRMSNorm(nn.Module):
+    """RMS norm over each value head's output (weights as published, not 1 + w), then the SiLU(z) gate."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, o: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps)
+        return ((self.weight * o.to(dtype)) * F.silu(z.float())).to(dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: GatedDeltaNetConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        per_key = cfg.num_value_heads // cfg.num_key_heads
+        self.in_proj_qkvz = nn.Linear(cfg.hidden_size, 2 * cfg.key_dim + 2 * cfg.value_dim, bias=False)
+        self.in_proj_ba = nn.Linear(cfg.hidden_size, 2 * cfg.num_value_heads, bias=False)
+        self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.conv_kernel, groups=cfg.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(cfg.num_value_heads))
+        self.A_log = nn.Parameter(torch.zeros(cfg.num_value_heads))
+        self.norm = GatedRMSNorm(cfg.value_head_dim, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(cfg.value_dim, cfg.hidden_size, bias=False)
+        self._split = [cfg.key_head_dim, cfg.key_head_dim, per_key * cfg.value_head_dim, per_key * cfg.value_head_dim]
+
+    def _projections(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Per token: the conv's input [T, conv_dim] (queries, keys, values), z [T, Hv, Dv], b and a [T, Hv]."""
+        cfg, t = self.cfg, x.shape[0]
+        q, k, v, z = self.in_proj_qkvz(x).view(t, cfg.num_key_heads, -1).split(self._split, dim=-1)
+        b, a = self.in_proj_ba(x).view(t, cfg.num_key_heads, -1).chunk(2, dim=-1)
+        mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
+        return mixed, z.reshape(t, cfg.num_value_heads, -1), b.reshape(t, -1), a.reshape(t, -1)
+
+    def _convolve(self, mixed: torch.Tensor, state: RecurrentState) -> tuple[torch.Tensor, torch.Tensor]:
+        """Depthwise causal convolution + SiLU over [conv state; inputs]: (outputs [T, conv_dim], the new state)."""
+        window = torch.cat([state.conv.to(mixed.dtype), mixed])  # [K - 1 + T, C]
+        weight = self.conv1d.weight[:, 0]  # [C, K]
+        taps = window.unfold(0, self.cfg.conv_kernel, 1)  # [T, C, K]: inputs t .. t + K - 1 of the window
+        out = F.silu((taps * weight).sum(-1))
+        return out, window[-(self.cfg.conv_kernel - 1):]
+
+    def forward(self, x: torch.Tensor, state: RecurrentState) -> tuple[torch.Tensor, RecurrentState]:
+        """x [T, hidden] of one request, after `state`: (outputs [T, hidden], the state after the last token)."""
+        cfg, t = self.cfg, x.shape[0]
+        mixed, z, b, a = self._projections(x)
+        conv_out, conv_state = self._convolve(mixed, state)
+        q, k, v = conv_out.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
+        q = _l2norm(q.reshape(t, cfg.num_key_heads, -1).float()) * cfg.key_head_dim**-0.5
+        k = _l2norm(k.reshape(t, cfg.num_key_heads, -1).float())
+        v = v.reshape(t, cfg.num_value_heads, -1).float()
+        beta = torch.sigmoid(b).float()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        rule = gated_delta_recurrent if t == 1 else gated_delta_chunked
+        o, ssm = rule(q, k, v, g, beta, state.ssm)
+        o = self.norm(o, z, x.dtype)
+        return self.out_proj(o.reshape(t, -1)), RecurrentState(conv_state, ssm)
