@@ -52,3 +52,27 @@ def test_a_prompt_in_chunks_carries_its_state():
     torch.testing.assert_close(torch.cat([first, second]), whole, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(state.ssm, final.ssm, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(state.conv, final.conv)
+
+
+def _path(parents: list[int], node: int) -> list[int]:
+    path = [node]
+    while parents[path[-1]] >= 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+def test_a_tree_verify_gives_every_node_its_path_s_output_and_commits_the_accepted_path():
+    _, ours = pair(2)
+    g = torch.Generator().manual_seed(4)
+    parents = [-1, 0, 0, 1, 1, 2, 3, 3, 6, 0, 9, 10, 5, 12, 13, 8]  # 16 nodes, paths deeper than the conv
+    with torch.no_grad():
+        prompt, tree_x = torch.randn(12, 64, generator=g) * 0.5, torch.randn(16, 64, generator=g) * 0.5
+        _, state = ours(prompt, RecurrentState.zeros(ours.cfg, CPU, torch.float32))
+        out, tree = ours.verify_tree(tree_x, state, parents)
+        for node in range(16):
+            path = _path(parents, node)
+            along, after = ours(tree_x[path], state)
+            torch.testing.assert_close(out[node], along[-1], rtol=1e-4, atol=1e-5)
+            committed = ours.commit(state, tree, path)
+            torch.testing.assert_close(committed.ssm, after.ssm, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(committed.conv, after.conv)

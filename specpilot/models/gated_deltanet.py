@@ -8,6 +8,10 @@ SiLU; queries and keys are L2-normalised, queries scaled by Dk^-1/2; beta = sigm
 softplus(a + dt_bias). The gated delta rule (kernels/gated_delta.py) turns them into one output per value head,
 RMS-normalised per head and gated by SiLU(z), then projected back. A pass of several tokens takes the chunked
 form, a single token the recurrent one: both carry (conv state, recurrent state) from one call to the next.
+
+A draft tree (`verify_tree`) is one pass too: each node's convolution reads its own ancestors' inputs (then
+the committed conv state), the delta rule's tree form gives every node's output from the committed state, and
+nothing is written per node; `commit` then makes the one state of the accepted path.
 """
 
 from __future__ import annotations
@@ -18,7 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specpilot.kernels.gated_delta import gated_delta_chunked, gated_delta_recurrent
+from specpilot.kernels.gated_delta import (
+    gated_delta_chunked,
+    gated_delta_commit,
+    gated_delta_recurrent,
+    gated_delta_tree,
+)
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,16 @@ class RecurrentState:
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+@dataclass
+class TreePass:
+    """What a tree's verify leaves for the commit: each node's conv input, keys, and the delta rule's u, G."""
+
+    mixed: torch.Tensor  # [T, conv_dim]
+    k: torch.Tensor  # [T, Hk, Dk]
+    u: torch.Tensor  # [Hv, T, Dv]
+    G: torch.Tensor  # [Hv, T]
 
 
 class GatedRMSNorm(nn.Module):
@@ -104,18 +123,51 @@ class GatedDeltaNet(nn.Module):
         out = F.silu((taps * weight).sum(-1))
         return out, window[-(self.cfg.conv_kernel - 1):]
 
-    def forward(self, x: torch.Tensor, state: RecurrentState) -> tuple[torch.Tensor, RecurrentState]:
-        """x [T, hidden] of one request, after `state`: (outputs [T, hidden], the state after the last token)."""
-        cfg, t = self.cfg, x.shape[0]
-        mixed, z, b, a = self._projections(x)
-        conv_out, conv_state = self._convolve(mixed, state)
+    def _rule_inputs(self, conv_out: torch.Tensor, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k, v, g, beta of the delta rule from the convolved inputs and b, a."""
+        cfg, t = self.cfg, conv_out.shape[0]
         q, k, v = conv_out.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
         q = _l2norm(q.reshape(t, cfg.num_key_heads, -1).float()) * cfg.key_head_dim**-0.5
         k = _l2norm(k.reshape(t, cfg.num_key_heads, -1).float())
         v = v.reshape(t, cfg.num_value_heads, -1).float()
-        beta = torch.sigmoid(b).float()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        rule = gated_delta_recurrent if t == 1 else gated_delta_chunked
+        return q, k, v, g, torch.sigmoid(b).float()
+
+    def forward(self, x: torch.Tensor, state: RecurrentState) -> tuple[torch.Tensor, RecurrentState]:
+        """x [T, hidden] of one request, after `state`: (outputs [T, hidden], the state after the last token)."""
+        mixed, z, b, a = self._projections(x)
+        conv_out, conv_state = self._convolve(mixed, state)
+        q, k, v, g, beta = self._rule_inputs(conv_out, b, a)
+        rule = gated_delta_recurrent if x.shape[0] == 1 else gated_delta_chunked
         o, ssm = rule(q, k, v, g, beta, state.ssm)
-        o = self.norm(o, z, x.dtype)
-        return self.out_proj(o.reshape(t, -1)), RecurrentState(conv_state, ssm)
+        return self.out_proj(self.norm(o, z, x.dtype).reshape(x.shape[0], -1)), RecurrentState(conv_state, ssm)
+
+    def _tree_windows(self, mixed: torch.Tensor, state: RecurrentState, parents: list[int]) -> torch.Tensor:
+        """[T, K, conv_dim]: each node's convolution inputs, its last K - 1 ancestors' (then the committed conv
+        state's, for a path shorter than that) and its own."""
+        width = self.cfg.conv_kernel
+        rows = []
+        for node in range(len(parents)):
+            chain = [node]
+            while len(chain) < width and parents[chain[-1]] >= 0:
+                chain.append(parents[chain[-1]])
+            older = state.conv.to(mixed.dtype)[len(state.conv) - (width - len(chain)):]
+            rows.append(torch.cat([older, mixed[chain[::-1]]]))
+        return torch.stack(rows)
+
+    def verify_tree(self, x: torch.Tensor, state: RecurrentState, parents: list[int]) -> tuple[torch.Tensor, TreePass]:
+        """Every node of a draft tree after the committed `state` (x [T, hidden] in topological order, node i
+        continuing parents[i], -1: the committed state): (outputs [T, hidden], what `commit` takes)."""
+        mixed, z, b, a = self._projections(x)
+        windows = self._tree_windows(mixed, state, parents)
+        conv_out = F.silu((windows.transpose(1, 2) * self.conv1d.weight[:, 0]).sum(-1))
+        q, k, v, g, beta = self._rule_inputs(conv_out, b, a)
+        o, u, G = gated_delta_tree(q, k, v, g, beta, state.ssm, parents)
+        out = self.out_proj(self.norm(o, z, x.dtype).reshape(x.shape[0], -1))
+        return out, TreePass(mixed, k, u, G)
+
+    def commit(self, state: RecurrentState, tree: TreePass, path: list[int]) -> RecurrentState:
+        """The state after the accepted `path` of a verified tree's nodes (root first)."""
+        window = torch.cat([state.conv.to(tree.mixed.dtype), tree.mixed[path]])
+        ssm = gated_delta_commit(state.ssm, tree.k, tree.u, tree.G, path)
+        return RecurrentState(window[-(self.cfg.conv_kernel - 1):], ssm.to(state.ssm.dtype))
