@@ -1,0 +1,255 @@
+"""Qwen3-Next, a hybrid target: Gated DeltaNet layers (models/gated_deltanet.py) between gated attention
+layers, mixture-of-experts MLPs, over a ForwardBatch like the dense Transformer — attention layers on the paged
+KV cache, DeltaNet layers on each request's recurrent state (state/recurrent.py).
+
+What differs from the dense models: norms scale by 1 + w (zero-centred weights); an attention layer's query
+projection also gives a per-channel output gate (sigmoid), its q/k norms are per head, and RoPE turns only the
+first `partial_rotary_factor` of each head; an MoE MLP routes each token to its top-k experts (softmax over
+all, renormalised where `norm_topk_prob`) and adds a shared expert scaled by sigmoid(its gate). Parameters carry
+the names Hugging Face's Qwen3-Next module holds (experts fused per layer as gate_up_proj [E, 2I, H] and
+down_proj [E, H, I]). The plain-torch path: DeltaNet layers run request by request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specpilot.kernels.slot_attention import slot_attention
+from specpilot.models.gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, RecurrentState
+from specpilot.models.rope import RotaryTable
+from specpilot.state.batch import ForwardBatch
+from specpilot.state.cache import KVCache
+from specpilot.state.recurrent import RecurrentCache
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    layer_types: tuple[str, ...]  # "linear_attention" | "full_attention" per layer
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    partial_rotary_factor: float
+    rms_norm_eps: float
+    deltanet: GatedDeltaNetConfig
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+    norm_topk_prob: bool
+    decoder_sparse_step: int
+    mlp_only_layers: tuple[int, ...]
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any]) -> HybridConfig:
+        """From a Qwen3-Next config.json."""
+        rope = raw.get("rope_parameters") or {}
+        return cls(
+            vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
+            layer_types=tuple(raw["layer_types"]), num_heads=raw["num_attention_heads"],
+            num_kv_heads=raw["num_key_value_heads"], head_dim=raw.get("head_dim") or
+            raw["hidden_size"] // raw["num_attention_heads"],
+            rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
+            partial_rotary_factor=float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))),
+            rms_norm_eps=raw["rms_norm_eps"],
+            deltanet=GatedDeltaNetConfig(raw["hidden_size"], raw["linear_num_key_heads"],
+                                         raw["linear_num_value_heads"], raw["linear_key_head_dim"],
+                                         raw["linear_value_head_dim"], raw["linear_conv_kernel_dim"],
+                                         raw["rms_norm_eps"]),
+            num_experts=raw.get("num_experts", 0), num_experts_per_tok=raw.get("num_experts_per_tok", 1),
+            moe_intermediate_size=raw.get("moe_intermediate_size", 0),
+            shared_expert_intermediate_size=raw.get("shared_expert_intermediate_size", 0),
+            norm_topk_prob=raw.get("norm_topk_prob", True), decoder_sparse_step=raw.get("decoder_sparse_step", 1),
+            mlp_only_layers=tuple(raw.get("mlp_only_layers") or ()),
+            tie_word_embeddings=raw.get("tie_word_embeddings", False))
+
+    @property
+    def attention_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == "full_attention"]
+
+    @property
+    def deltanet_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == "linear_attention"]
+
+    def sparse(self, layer: int) -> bool:
+        return layer not in self.mlp_only_layers and self.num_experts > 0 and (layer + 1) % self.decoder_sparse_step == 0
+
+
+class CenteredRMSNorm(nn.Module):
+    """RMS norm scaled by 1 + w (the weights are stored centred on zero), in float32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight.float())).type_as(x)
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, cfg: HybridConfig, slot: int) -> None:
+        super().__init__()
+        self.cfg, self.slot = cfg, slot  # slot: this layer's index among the attention layers (its KV cache layer)
+        h, d = cfg.num_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, 2 * h * d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        self.q_norm = CenteredRMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = CenteredRMSNorm(d, cfg.rms_norm_eps)
+        self.rotary_dim = int(d * cfg.partial_rotary_factor)
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryTable) -> torch.Tensor:
+        r = self.rotary_dim
+        return torch.cat([rope.apply(x[..., :r], positions), x[..., r:]], dim=-1)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, rope: RotaryTable) -> torch.Tensor:
+        t, h, d, hk = x.shape[0], self.cfg.num_heads, self.cfg.head_dim, self.cfg.num_kv_heads
+        q, gate = self.q_proj(x).view(t, h, 2 * d).chunk(2, dim=-1)
+        q = self._rope(self.q_norm(q), batch.positions, rope)
+        k = self._rope(self.k_norm(self.k_proj(x).view(t, hk, d)), batch.positions, rope)
+        v = self.v_proj(x).view(t, hk, d)
+        cache.k[self.slot].view(-1, hk, d).index_copy_(0, batch.write_index, k.to(cache.kv.dtype))
+        cache.v[self.slot].view(-1, hk, d).index_copy_(0, batch.write_index, v.to(cache.kv.dtype))
+        o = slot_attention(q.contiguous(), cache.k[self.slot], cache.v[self.slot], batch.slot_ids, batch.q_starts,
+                           batch.q_lens, batch.kv_lens, scale=d**-0.5, causal=batch.causal,
+                           max_q_len=batch.max_q_len, page_table=cache.page_table, backend="torch")
+        return self.o_proj(o.reshape(t, h * d) * torch.sigmoid(gate.reshape(t, h * d)))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.weight = nn.Parameter(torch.zeros(cfg.num_experts, cfg.hidden_size))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per token its top-k experts and their weights."""
+        probs = torch.softmax(F.linear(x, self.weight), dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probs, self.cfg.num_experts_per_tok, dim=-1)
+        if self.cfg.norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights.to(x.dtype), experts
+
+
+class Experts(nn.Module):
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        e, i, h = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        self.gate_up_proj = nn.Parameter(torch.zeros(e, 2 * i, h))
+        self.down_proj = nn.Parameter(torch.zeros(e, h, i))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for e in experts.unique().tolist():
+            tokens, rank = (experts == e).nonzero(as_tuple=True)
+            gate, up = F.linear(x[tokens], self.gate_up_proj[e]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.down_proj[e]) * weights[tokens, rank, None]
+            out.index_add_(0, tokens, y.to(out.dtype))
+        return out
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        self.gate = Router(cfg)
+        self.experts = Experts(cfg)
+        self.shared_expert = MLP(cfg.hidden_size, cfg.shared_expert_intermediate_size)
+        self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, experts = self.gate(x)
+        return self.experts(x, weights, experts) + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+
+
+class HybridLayer(nn.Module):
+    def __init__(self, cfg: HybridConfig, layer: int) -> None:
+        super().__init__()
+        self.deltanet = cfg.layer_types[layer] == "linear_attention"
+        if self.deltanet:
+            self.linear_attn = GatedDeltaNet(cfg.deltanet)
+            self.state_slot = cfg.deltanet_layers.index(layer)
+        else:
+            self.self_attn = GatedAttention(cfg, cfg.attention_layers.index(layer))
+        self.mlp = SparseMoE(cfg) if cfg.sparse(layer) else MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = CenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = CenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def _mix(self, h: torch.Tensor, batch: ForwardBatch, cache: KVCache, states: RecurrentCache,
+             rope: RotaryTable) -> torch.Tensor:
+        if not self.deltanet:
+            return self.self_attn(h, batch, cache, rope)
+        out = torch.empty_like(h)
+        for slot, start, n in zip(*(t.tolist() for t in (batch.slot_ids, batch.q_starts, batch.q_lens))):
+            conv, ssm = states.get(slot, self.state_slot)
+            y, after = self.linear_attn(h[start : start + n], RecurrentState(conv, ssm))
+            states.put(slot, self.state_slot, after.conv, after.ssm)
+            out[start : start + n] = y
+        return out
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, states: RecurrentCache,
+                rope: RotaryTable) -> torch.Tensor:
+        x = x + self._mix(self.input_layernorm(x), batch, cache, states, rope)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class HybridBody(nn.Module):
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(HybridLayer(cfg, i) for i in range(len(cfg.layer_types)))
+        self.norm = CenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class HybridTransformer(nn.Module):
+    """`model` and `lm_head`, as Hugging Face names them."""
+
+    def __init__(self, cfg: HybridConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = HybridBody(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        rotary = int(cfg.head_dim * cfg.partial_rotary_factor)
+        self.rope = RotaryTable(rotary, cfg.rope_theta, None, max_positions, torch.device("cpu"))
+
+    def caches(self, num_slots: int, max_len: int, dtype: torch.dtype,
+               device: torch.device) -> tuple[KVCache, RecurrentCache]:
+        """A KV cache for the attention layers and the recurrent state of the DeltaNet ones, `num_slots` each."""
+        cfg, d = self.config, self.config.deltanet
+        kv = KVCache.whole_slots(len(cfg.attention_layers), num_slots, max_len, cfg.num_kv_heads, cfg.head_dim, dtype,
+                                 device)
+        states = RecurrentCache(len(cfg.deltanet_layers), num_slots, (d.conv_kernel - 1, d.conv_dim),
+                                (d.num_value_heads, d.key_head_dim, d.value_head_dim), dtype, device)
+        return kv, states
+
+    def forward(self, batch: ForwardBatch, cache: KVCache, states: RecurrentCache) -> torch.Tensor:
+        """Logits [T, V] (float32) of every token of the pass; the caches hold the pass's tokens after it."""
+        batch = cache.paged(batch)
+        x = self.model.embed_tokens(batch.input_ids)
+        for layer in self.model.layers:
+            x = layer(x, batch, cache, states, self.rope)
+        return self.lm_head(self.model.norm(x)).float()

@@ -1,0 +1,27 @@
+"""Hybrid targets' recurrent state, beside the KV cache: per request slot and Gated DeltaNet layer, the
+convolution's last inputs and the delta rule's state matrices (float32). A request's state is its slot's,
+zeroed when the slot is taken; a pass reads it and writes it back (after a verify, only the accepted
+path's, so rollback needs no snapshots)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class RecurrentCache:
+    def __init__(self, num_layers: int, num_slots: int, conv_shape: tuple[int, int], ssm_shape: tuple[int, int, int],
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self.conv = torch.zeros(num_slots + 1, num_layers, *conv_shape, dtype=dtype, device=device)
+        self.ssm = torch.zeros(num_slots + 1, num_layers, *ssm_shape, dtype=torch.float32, device=device)
+
+    def reset(self, slot: int) -> None:
+        """A new request in `slot`: nothing before its first token."""
+        self.conv[slot].zero_()
+        self.ssm[slot].zero_()
+
+    def get(self, slot: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.conv[slot, layer], self.ssm[slot, layer]
+
+    def put(self, slot: int, layer: int, conv: torch.Tensor, ssm: torch.Tensor) -> None:
+        self.conv[slot, layer].copy_(conv)
+        self.ssm[slot, layer].copy_(ssm)
