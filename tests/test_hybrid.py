@@ -75,3 +75,28 @@ def test_mixed_lengths_batched_equal_one_at_a_time(pair):
     batch = prompts(6, seed=2)
     _, together = _greedy(ours, batch, 16)
     assert together == [_greedy(ours, [p], 16)[1][0] for p in batch]
+
+
+def test_qwen3_5_text_equals_hugging_face():
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    torch.manual_seed(3)
+    cfg = Qwen3_5TextConfig(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+                            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                            linear_value_head_dim=16, max_position_embeddings=512)
+    hf = Qwen3_5ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(torch.randn_like(p) * 0.1)
+    ours = HybridTransformer(HybridConfig.from_hf(cfg.to_dict()), max_positions=512).eval()
+    missing, unexpected = ours.load_state_dict(hf.state_dict(), strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    for prompt in prompts(8, seed=4):
+        (prefill,), (output,) = _greedy(ours, [prompt], 64)
+        with torch.no_grad():
+            expected = hf(torch.tensor([prompt])).logits[0]
+            generated = hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False, min_new_tokens=64)
+        torch.testing.assert_close(prefill, expected, rtol=1e-4, atol=1e-4)
+        assert output == generated[0, len(prompt):].tolist()

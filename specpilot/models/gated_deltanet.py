@@ -1,8 +1,9 @@
 """The Gated DeltaNet layer of hybrid targets (Qwen3-Next, Qwen3.5), over one request's tokens and its
 recurrent state, with the published checkpoints' parameter names.
 
-Per token: one projection gives, per key head, its query and key (Dk each) and its value heads' values and
-output gates z (Dv each); another gives each value head's write strength b and decay input a. Queries, keys
+Per token, projections give each key head's query and key (Dk each), each value head's value and output gate
+z (Dv each), its write strength b and decay input a: Qwen3-Next fuses them in two projections grouped by key
+head (in_proj_qkvz, in_proj_ba), Qwen3.5 keeps four (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a). Queries, keys
 and values pass a depthwise causal convolution (width 4, over the last 3 inputs kept as the conv state) and
 SiLU; queries and keys are L2-normalised, queries scaled by Dk^-1/2; beta = sigmoid(b), g = -exp(A_log) *
 softplus(a + dt_bias). The gated delta rule (kernels/gated_delta.py) turns them into one output per value head,
@@ -39,6 +40,7 @@ class GatedDeltaNetConfig:
     value_head_dim: int
     conv_kernel: int = 4
     rms_norm_eps: float = 1e-6
+    fused_projections: bool = True  # Qwen3-Next's two grouped projections; False: Qwen3.5's four
 
     @property
     def key_dim(self) -> int:
@@ -98,8 +100,14 @@ class GatedDeltaNet(nn.Module):
         super().__init__()
         self.cfg = cfg
         per_key = cfg.num_value_heads // cfg.num_key_heads
-        self.in_proj_qkvz = nn.Linear(cfg.hidden_size, 2 * cfg.key_dim + 2 * cfg.value_dim, bias=False)
-        self.in_proj_ba = nn.Linear(cfg.hidden_size, 2 * cfg.num_value_heads, bias=False)
+        if cfg.fused_projections:
+            self.in_proj_qkvz = nn.Linear(cfg.hidden_size, 2 * cfg.key_dim + 2 * cfg.value_dim, bias=False)
+            self.in_proj_ba = nn.Linear(cfg.hidden_size, 2 * cfg.num_value_heads, bias=False)
+        else:
+            self.in_proj_qkv = nn.Linear(cfg.hidden_size, cfg.conv_dim, bias=False)
+            self.in_proj_z = nn.Linear(cfg.hidden_size, cfg.value_dim, bias=False)
+            self.in_proj_b = nn.Linear(cfg.hidden_size, cfg.num_value_heads, bias=False)
+            self.in_proj_a = nn.Linear(cfg.hidden_size, cfg.num_value_heads, bias=False)
         self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.conv_kernel, groups=cfg.conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(cfg.num_value_heads))
         self.A_log = nn.Parameter(torch.zeros(cfg.num_value_heads))
@@ -110,6 +118,9 @@ class GatedDeltaNet(nn.Module):
     def _projections(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Per token: the conv's input [T, conv_dim] (queries, keys, values), z [T, Hv, Dv], b and a [T, Hv]."""
         cfg, t = self.cfg, x.shape[0]
+        if not cfg.fused_projections:
+            return (self.in_proj_qkv(x), self.in_proj_z(x).view(t, cfg.num_value_heads, -1), self.in_proj_b(x),
+                    self.in_proj_a(x))
         q, k, v, z = self.in_proj_qkvz(x).view(t, cfg.num_key_heads, -1).split(self._split, dim=-1)
         b, a = self.in_proj_ba(x).view(t, cfg.num_key_heads, -1).chunk(2, dim=-1)
         mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)

@@ -1,4 +1,4 @@
-"""Qwen3-Next, a hybrid target: Gated DeltaNet layers (models/gated_deltanet.py) between gated attention
+"""Qwen3-Next and Qwen3.5 (text), hybrid targets: Gated DeltaNet layers (models/gated_deltanet.py) between gated attention
 layers, mixture-of-experts MLPs, over a ForwardBatch like the dense Transformer — attention layers on the paged
 KV cache, DeltaNet layers on each request's recurrent state (state/recurrent.py).
 
@@ -51,7 +51,7 @@ class HybridConfig:
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> HybridConfig:
-        """From a Qwen3-Next config.json."""
+        """From a Qwen3-Next (qwen3_next) or Qwen3.5 text (qwen3_5_text) config.json."""
         rope = raw.get("rope_parameters") or {}
         return cls(
             vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
@@ -64,7 +64,7 @@ class HybridConfig:
             deltanet=GatedDeltaNetConfig(raw["hidden_size"], raw["linear_num_key_heads"],
                                          raw["linear_num_value_heads"], raw["linear_key_head_dim"],
                                          raw["linear_value_head_dim"], raw["linear_conv_kernel_dim"],
-                                         raw["rms_norm_eps"]),
+                                         raw["rms_norm_eps"], fused_projections=raw["model_type"] == "qwen3_next"),
             num_experts=raw.get("num_experts", 0), num_experts_per_tok=raw.get("num_experts_per_tok", 1),
             moe_intermediate_size=raw.get("moe_intermediate_size", 0),
             shared_expert_intermediate_size=raw.get("shared_expert_intermediate_size", 0),
