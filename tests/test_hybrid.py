@@ -100,3 +100,56 @@ def test_qwen3_5_text_equals_hugging_face():
             generated = hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False, min_new_tokens=64)
         torch.testing.assert_close(prefill, expected, rtol=1e-4, atol=1e-4)
         assert output == generated[0, len(prompt):].tolist()
+
+
+def _tree_batch(slot: int, start: int, tokens: list[int], parents: list[int], max_len: int) -> ForwardBatch:
+    """A verify of one request's draft tree: node i at its own row start + i, position start + depth."""
+    batch = ForwardBatch.build([slot], [start], [tokens], max_len, CPU)
+    bits, depth = [], []
+    for i, p in enumerate(parents):
+        bits.append((bits[p] if p >= 0 else 0) | (1 << i))
+        depth.append(depth[p] + 1 if p >= 0 else 0)
+    batch.positions = torch.tensor([start + d for d in depth])
+    batch.tree_mask = torch.tensor(bits, dtype=torch.int64)
+    batch.tree_parents = torch.tensor([max(p, 0) for p in parents])
+    return batch
+
+
+def test_a_tree_verify_equals_decoding_each_path_and_commits_the_accepted_one(pair):
+    _, ours = pair
+    prompt = prompts(1, seed=5)[0]
+    parents = [-1, 0, 0, 1, 1, 2, 3, 3, 6, 0, 9, 10]
+    tokens = torch.randint(3, 320, (len(parents),), generator=torch.Generator().manual_seed(6)).tolist()
+
+    def sequential(ids: list[int]) -> torch.Tensor:
+        """The logits of ids' last token, decoded one by one after the prompt's prefill."""
+        kv, states = ours.caches(1, 128, torch.float32, CPU)
+        slot = kv.allocate()
+        with torch.no_grad():
+            ours(ForwardBatch.build([slot], [0], [prompt], kv.max_len, CPU), kv, states)
+            for j, t in enumerate(ids):
+                row = ours(ForwardBatch.build([slot], [len(prompt) + j], [[t]], kv.max_len, CPU), kv, states)
+        return row[-1]
+
+    def path(node: int) -> list[int]:
+        out = [node]
+        while parents[out[-1]] >= 0:
+            out.append(parents[out[-1]])
+        return out[::-1]
+
+    kv, states = ours.caches(1, 128, torch.float32, CPU)
+    slot = kv.allocate()
+    with torch.no_grad():
+        ours(ForwardBatch.build([slot], [0], [prompt], kv.max_len, CPU), kv, states)
+        logits = ours(_tree_batch(slot, len(prompt), tokens, parents, kv.max_len), kv, states, verify=True)
+    for node in range(len(parents)):
+        torch.testing.assert_close(logits[node], sequential([tokens[j] for j in path(node)]), rtol=1e-4, atol=1e-4)
+
+    accepted = path(8)  # 0 -> 1 -> 3 -> 6 -> 8
+    nodes = torch.tensor([accepted + [0] * (len(parents) - len(accepted))])
+    with torch.no_grad():
+        ours.commit_accepted(kv, states, [slot], torch.tensor([slot * kv.max_len + len(prompt)]),
+                             torch.tensor([len(accepted)]), nodes)
+        after = ours(ForwardBatch.build([slot], [len(prompt) + len(accepted)], [[7]], kv.max_len, CPU), kv, states)
+    torch.testing.assert_close(after[0], sequential([tokens[j] for j in accepted] + [7]), rtol=1e-4, atol=1e-4)
+    assert not states.pending

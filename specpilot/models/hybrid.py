@@ -124,7 +124,8 @@ class GatedAttention(nn.Module):
         cache.v[self.slot].view(-1, hk, d).index_copy_(0, batch.write_index, v.to(cache.kv.dtype))
         o = slot_attention(q.contiguous(), cache.k[self.slot], cache.v[self.slot], batch.slot_ids, batch.q_starts,
                            batch.q_lens, batch.kv_lens, scale=d**-0.5, causal=batch.causal,
-                           max_q_len=batch.max_q_len, page_table=cache.page_table, backend="torch")
+                           max_q_len=batch.max_q_len, tree_mask=batch.tree_mask, page_table=cache.page_table,
+                           backend="torch")
         return self.o_proj(o.reshape(t, h * d) * torch.sigmoid(gate.reshape(t, h * d)))
 
 
@@ -198,20 +199,25 @@ class HybridLayer(nn.Module):
         self.post_attention_layernorm = CenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def _mix(self, h: torch.Tensor, batch: ForwardBatch, cache: KVCache, states: RecurrentCache,
-             rope: RotaryTable) -> torch.Tensor:
+             rope: RotaryTable, verify: bool) -> torch.Tensor:
         if not self.deltanet:
             return self.self_attn(h, batch, cache, rope)
         out = torch.empty_like(h)
+        parents = batch.tree_parents.tolist() if verify and batch.tree_parents is not None else None
         for slot, start, n in zip(*(t.tolist() for t in (batch.slot_ids, batch.q_starts, batch.q_lens))):
-            conv, ssm = states.get(slot, self.state_slot)
-            y, after = self.linear_attn(h[start : start + n], RecurrentState(conv, ssm))
-            states.put(slot, self.state_slot, after.conv, after.ssm)
-            out[start : start + n] = y
+            state = RecurrentState(*states.get(slot, self.state_slot))
+            if verify:  # node 0 continues the committed state; a chain's node j hangs under j - 1
+                tree = [-1, *(parents[start + 1 : start + n] if parents is not None else range(n - 1))]
+                out[start : start + n], states.pending[slot, self.state_slot] = self.linear_attn.verify_tree(
+                    h[start : start + n], state, tree)
+            else:
+                out[start : start + n], after = self.linear_attn(h[start : start + n], state)
+                states.put(slot, self.state_slot, after.conv, after.ssm)
         return out
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, states: RecurrentCache,
-                rope: RotaryTable) -> torch.Tensor:
-        x = x + self._mix(self.input_layernorm(x), batch, cache, states, rope)
+                rope: RotaryTable, verify: bool) -> torch.Tensor:
+        x = x + self._mix(self.input_layernorm(x), batch, cache, states, rope, verify)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -246,10 +252,26 @@ class HybridTransformer(nn.Module):
                                 (d.num_value_heads, d.key_head_dim, d.value_head_dim), dtype, device)
         return kv, states
 
-    def forward(self, batch: ForwardBatch, cache: KVCache, states: RecurrentCache) -> torch.Tensor:
-        """Logits [T, V] (float32) of every token of the pass; the caches hold the pass's tokens after it."""
+    def forward(self, batch: ForwardBatch, cache: KVCache, states: RecurrentCache, verify: bool = False) -> torch.Tensor:
+        """Logits [T, V] (float32) of every token of the pass. A prefill or decode leaves its tokens in the caches;
+        a `verify` (a chain, or a tree: batch.tree_mask and tree_parents) writes its nodes' K/V at their own rows
+        and no recurrent state: `commit_accepted` then keeps the accepted path's."""
         batch = cache.paged(batch)
         x = self.model.embed_tokens(batch.input_ids)
         for layer in self.model.layers:
-            x = layer(x, batch, cache, states, self.rope)
+            x = layer(x, batch, cache, states, self.rope, verify)
         return self.lm_head(self.model.norm(x)).float()
+
+    def commit_accepted(self, cache: KVCache, states: RecurrentCache, slots: list[int], base: torch.Tensor,
+                        counts: torch.Tensor, nodes: torch.Tensor) -> None:
+        """After a verify: request i (slot slots[i]) keeps its nodes nodes[i, :counts[i]] (0 first, one per
+        depth): their K/V move to the positions they now hold (KVCache.commit_accepted), and each DeltaNet
+        layer's state becomes the state after that path."""
+        cache.commit_accepted(base, counts, nodes)
+        for i, slot in enumerate(slots):
+            path = nodes[i, : int(counts[i])].tolist()
+            for layer in self.model.layers:
+                if layer.deltanet:
+                    tree = states.pending.pop((slot, layer.state_slot))
+                    after = layer.linear_attn.commit(RecurrentState(*states.get(slot, layer.state_slot)), tree, path)
+                    states.put(slot, layer.state_slot, after.conv, after.ssm)

@@ -1,9 +1,11 @@
 """Hybrid targets' recurrent state, beside the KV cache: per request slot and Gated DeltaNet layer, the
 convolution's last inputs and the delta rule's state matrices (float32). A request's state is its slot's,
 zeroed when the slot is taken; a pass reads it and writes it back (after a verify, only the accepted
-path's, so rollback needs no snapshots)."""
+path's, so rollback needs no snapshots: a verify leaves what its commit needs in `pending`)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -13,6 +15,7 @@ class RecurrentCache:
                  dtype: torch.dtype, device: torch.device) -> None:
         self.conv = torch.zeros(num_slots + 1, num_layers, *conv_shape, dtype=dtype, device=device)
         self.ssm = torch.zeros(num_slots + 1, num_layers, *ssm_shape, dtype=torch.float32, device=device)
+        self.pending: dict[tuple[int, int], Any] = {}  # (slot, layer) -> a verify's tree pass, until its commit
 
     def reset(self, slot: int) -> None:
         """A new request in `slot`: nothing before its first token."""
