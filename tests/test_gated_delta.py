@@ -1,15 +1,18 @@
 """The gated delta rule's references (kernels/gated_delta.py): token by token equals Hugging Face's own
 Qwen3-Next recurrence; the chunked form equals it; over a draft tree every node's output is the recurrence
-along its path and the committed state is the recurrence's after the accepted path."""
+along its path and the committed state is the recurrence's after the accepted path; a decode step of many
+requests is each one's recurrence, and its Triton kernel (interpreter, in a subprocess) matches it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from triton_interpret import interpreter_fixture
 
 from specpilot.kernels.gated_delta import (
     gated_delta_chunked,
     gated_delta_commit,
+    gated_delta_decode,
     gated_delta_recurrent,
     gated_delta_tree,
 )
@@ -84,3 +87,52 @@ def test_bad_shapes_and_orders_are_named():
         gated_delta_recurrent(q, k, v, g, beta, state[:, :, :3])
     with pytest.raises(ValueError, match="not an earlier node"):
         gated_delta_tree(q, k, v, g, beta, state, [-1, 2, 0, 1])
+
+
+DECODE_CASES = [(3, 2, 4, 16, 8), (2, 1, 1, 32, 32), (5, 4, 8, 16, 16)]  # B, Hk, Hv, Dk, Dv
+
+
+def decode_inputs(bsz: int, hk: int, hv: int, dk: int, dv: int, seed: int = 0):
+    steps = [inputs(1, hk, hv, dk, dv, seed=seed * 10 + b, dtype=torch.float32) for b in range(bsz)]
+    q, k, v, g, beta, state = (torch.cat([s[i] for s in steps]) if i < 5 else torch.stack([s[i] for s in steps])
+                               for i in range(6))
+    return q, k, v, g, beta, state
+
+
+def test_a_decode_step_of_many_requests_is_each_one_s_recurrence():
+    q, k, v, g, beta, state = decode_inputs(3, 2, 4, 16, 8)
+    before = state.clone()
+    out = gated_delta_decode(q, k, v, g, beta, state, backend="torch")
+    for b in range(3):
+        o, after = gated_delta_recurrent(q[b : b + 1], k[b : b + 1], v[b : b + 1], g[b : b + 1], beta[b : b + 1],
+                                         before[b])
+        torch.testing.assert_close(out[b], o[0])
+        torch.testing.assert_close(state[b], after)
+
+
+def _triton_results() -> dict[str, list[float]]:
+    from specpilot.kernels.gated_delta import gated_delta_decode_triton
+
+    errors = {}
+    for case in DECODE_CASES:
+        q, k, v, g, beta, state = decode_inputs(*case, seed=1)
+        ref_state = state.clone()
+        ref = gated_delta_decode(q, k, v, g, beta, ref_state, backend="torch")
+        got = gated_delta_decode_triton(q, k, v, g, beta, state)
+        errors[str(case)] = [float((got - ref).abs().max()), float((state - ref_state).abs().max())]
+    return errors
+
+
+triton_results = interpreter_fixture(__file__)
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=str)
+def test_triton_decode_step_matches_the_reference(triton_results, case):
+    out_err, state_err = triton_results[str(case)]
+    assert out_err < 1e-5 and state_err < 1e-5
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(_triton_results()))

@@ -20,13 +20,19 @@ chain is the tree whose node i hangs under i - 1.
 
 Shapes: q, k [T, Hk, Dk]; v [T, Hv, Dv]; g, beta [T, Hv]; state [Hv, Dk, Dv]. Computed in float32 (or the
 inputs' float64).
+
+A decode step of many requests at once (`gated_delta_decode`: one token each, states updated in place) has a
+Triton kernel beside its reference: one program per (request, value head) holds its state tile in registers.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["gated_delta_chunked", "gated_delta_commit", "gated_delta_recurrent", "gated_delta_tree"]
+from specpilot.kernels.triton_support import pick_backend, require_triton, tl, triton
+
+__all__ = ["gated_delta_chunked", "gated_delta_commit", "gated_delta_decode", "gated_delta_decode_reference",
+           "gated_delta_decode_triton", "gated_delta_recurrent", "gated_delta_tree"]
 
 
 def _heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -124,3 +130,64 @@ def gated_delta_commit(state: torch.Tensor, k: torch.Tensor, u: torch.Tensor, G:
     weights = (G[:, m, None] - G[:, path]).exp()  # [Hv, P]
     return G[:, m, None, None].exp() * state.to(u.dtype) + torch.einsum("hpk,hpv->hkv", keys * weights[:, :, None],
                                                                          u[:, path])
+
+
+def gated_delta_decode_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                                 beta: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """One token of each of B requests: q, k [B, Hk, Dk], v [B, Hv, Dv], g, beta [B, Hv]; `state` [B, Hv, Dk, Dv]
+    float32, updated in place. Returns the outputs [B, Hv, Dv] (float32)."""
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    for b in range(v.shape[0]):
+        o, state[b] = gated_delta_recurrent(q[b : b + 1], k[b : b + 1], v[b : b + 1], g[b : b + 1],
+                                            beta[b : b + 1], state[b])
+        out[b] = o[0]
+    return out
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gated_delta_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, HV: tl.constexpr,
+                                   REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        hk = h // REP  # the key head this value head reads
+        dk = tl.arange(0, DK)
+        dv = tl.arange(0, DV)
+        q = tl.load(q_ptr + (b * (HV // REP) + hk) * DK + dk).to(tl.float32)
+        k = tl.load(k_ptr + (b * (HV // REP) + hk) * DK + dk).to(tl.float32)
+        v = tl.load(v_ptr + (b * HV + h) * DV + dv).to(tl.float32)
+        alpha = tl.exp(tl.load(g_ptr + b * HV + h).to(tl.float32))
+        beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
+        s_ptrs = state_ptr + ((b * HV + h) * DK + dk[:, None]).to(tl.int64) * DV + dv[None, :]
+        s = tl.load(s_ptrs) * alpha
+        u = beta * (v - tl.sum(s * k[:, None], axis=0))
+        s = s + k[:, None] * u[None, :]
+        tl.store(s_ptrs, s)
+        tl.store(out_ptr + (b * HV + h) * DV + dv, tl.sum(s * q[:, None], axis=0))
+
+
+def gated_delta_decode_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                              beta: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    require_triton("gated_delta_decode_triton")
+    bsz, hv, dv = v.shape
+    hk, dk = k.shape[1:]
+    if state.shape != (bsz, hv, dk, dv) or state.dtype != torch.float32 or not state.is_contiguous():
+        raise ValueError(f"state must be contiguous float32 [B, Hv, Dk, Dv] = {(bsz, hv, dk, dv)}, got "
+                         f"{state.dtype} {tuple(state.shape)}")
+    if dk & (dk - 1) or dv & (dv - 1):
+        raise ValueError(f"gated_delta_decode_triton needs power-of-two head dims, got Dk {dk}, Dv {dv}")
+    out = torch.empty((bsz, hv, dv), dtype=torch.float32, device=v.device)
+    if bsz:
+        _gated_delta_decode_kernel[(bsz, hv)](q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(),
+                                              beta.contiguous(), state, out, HV=hv, REP=hv // hk, DK=dk, DV=dv,
+                                              num_warps=4)
+    return out
+
+
+def gated_delta_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                       state: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """Triton for CUDA tensors, the reference otherwise."""
+    if pick_backend(backend, v) == "triton":
+        return gated_delta_decode_triton(q, k, v, g, beta, state)
+    return gated_delta_decode_reference(q, k, v, g, beta, state)
