@@ -76,3 +76,18 @@ def test_a_tree_verify_gives_every_node_its_path_s_output_and_commits_the_accept
             committed = ours.commit(state, tree, path)
             torch.testing.assert_close(committed.ssm, after.ssm, rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(committed.conv, after.conv)
+
+
+def test_the_snapshot_baseline_verifies_and_commits_the_same():
+    _, ours = pair(5)
+    g = torch.Generator().manual_seed(7)
+    parents = [-1, 0, 0, 1, 2, 2, 4, 6]
+    with torch.no_grad():
+        _, state = ours(torch.randn(9, 64, generator=g) * 0.5, RecurrentState.zeros(ours.cfg, CPU, torch.float32))
+        x = torch.randn(8, 64, generator=g) * 0.5
+        tree_out, tree = ours.verify_tree(x, state, parents)
+        snap_out, snapshots = ours.verify_snapshots(x, state, parents)
+    torch.testing.assert_close(snap_out, tree_out, rtol=1e-4, atol=1e-5)
+    committed = ours.commit(state, tree, _path(parents, 7))
+    torch.testing.assert_close(snapshots[7].ssm, committed.ssm, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(snapshots[7].conv, committed.conv)

@@ -12,7 +12,9 @@ form, a single token the recurrent one: both carry (conv state, recurrent state)
 
 A draft tree (`verify_tree`) is one pass too: each node's convolution reads its own ancestors' inputs (then
 the committed conv state), the delta rule's tree form gives every node's output from the committed state, and
-nothing is written per node; `commit` then makes the one state of the accepted path.
+nothing is written per node; `commit` then makes the one state of the accepted path. `verify_snapshots` is
+the way SGLang and vLLM verify, kept for comparison: node by node from its parent's state, each node's state
+kept until the commit picks the accepted leaf's.
 """
 
 from __future__ import annotations
@@ -176,6 +178,16 @@ class GatedDeltaNet(nn.Module):
         o, u, G = gated_delta_tree(q, k, v, g, beta, state.ssm, parents)
         out = self.out_proj(self.norm(o, z, x.dtype).reshape(x.shape[0], -1))
         return out, TreePass(mixed, k, u, G)
+
+    def verify_snapshots(self, x: torch.Tensor, state: RecurrentState,
+                         parents: list[int]) -> tuple[torch.Tensor, list[RecurrentState]]:
+        """The per-node-snapshot baseline of `verify_tree`: (outputs [T, hidden], every node's state after it)."""
+        outs, snapshots = [], []
+        for node, parent in enumerate(parents):
+            out, after = self(x[node : node + 1], snapshots[parent] if parent >= 0 else state)
+            outs.append(out)
+            snapshots.append(after)
+        return torch.cat(outs), snapshots
 
     def commit(self, state: RecurrentState, tree: TreePass, path: list[int]) -> RecurrentState:
         """The state after the accepted `path` of a verified tree's nodes (root first)."""
