@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from specpilot.kernels.stream_read import stream_read_triton
 from specpilot.models.config import ModelConfig
 from specpilot.models.linear import iter_linears
 from specpilot.models.transformer import Transformer
@@ -55,6 +56,14 @@ def copy_bandwidth(device: torch.device, gib: float = 2.0) -> float:
     dst = torch.empty_like(src)
     ms = time_cuda(lambda: dst.copy_(src), iters=20)
     return 2 * n * 2 / (ms * 1e-3)
+
+
+def read_bandwidth(device: torch.device, gib: float = 2.0) -> float:
+    """Read-only bandwidth in bytes/s: kernels/stream_read.py's streaming probe over `gib` GiB (the floor a
+    weight read can reach, beside copy_bandwidth's copy)."""
+    src = torch.randn(int(gib * 2**30) // 4, device=device)
+    ms = time_cuda(lambda: stream_read_triton(src), iters=20)
+    return src.numel() * 4 / (ms * 1e-3)
 
 
 def time_cuda(fn: Callable[[], object], iters: int = 50, warmup: int = 5) -> float:

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     LLAMA31_8B,
     copy_bandwidth,
+    read_bandwidth,
     out_dir,
     synthetic_model,
     time_cuda,
@@ -116,7 +117,7 @@ def main() -> None:
 
     attn_err = check_attention(device)
     fused_errs = check_fused(device)
-    bw = copy_bandwidth(device)
+    bw, read_bw = copy_bandwidth(device), read_bandwidth(device)
     cfg = LLAMA31_8B
     model = synthetic_model(cfg, device, torch.bfloat16)
     max_len = max(args.context + 64, PREFILL[1])
@@ -165,15 +166,18 @@ def main() -> None:
     model.set_batch_invariant(True)
     result = {
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "context": args.context,
-        "copy_bandwidth_TBps": bw / 1e12, "weight_GB": weight_bytes_per_step(model) / 1e9, "floor_ms": floor_ms,
+        "copy_bandwidth_TBps": bw / 1e12, "read_bandwidth_TBps": read_bw / 1e12,
+        "weight_GB": weight_bytes_per_step(model) / 1e9, "floor_ms": floor_ms,
+        "read_floor_ms": weight_bytes_per_step(model) / read_bw * 1e3,
         "attention_rel_err_triton_vs_torch": attn_err, "fused_rel_err_triton_vs_torch": fused_errs, "rows": rows,
         "prefill": {"prompts": n, "tokens": length, **{f"{k}_ms": t for k, t in prefill_times.items()},
                     "invariant_over_fastest": (prefill_times["invariant"]["median"]
                                                / prefill_times["fastest"]["median"])},
     }
     write_json(out / "gpu_engine.json", result)
-    print(f"\nGPU {result['gpu']}  copy {bw / 1e12:.2f} TB/s  weights {result['weight_GB']:.2f} GB  "
-          f"floor {floor_ms:.3f} ms  attention rel err {attn_err:.2e}")
+    print(f"\nGPU {result['gpu']}  copy {bw / 1e12:.2f} TB/s  read {read_bw / 1e12:.2f} TB/s  weights "
+          f"{result['weight_GB']:.2f} GB  floor {floor_ms:.3f} ms (at the read limit {result['read_floor_ms']:.3f})  "
+          f"attention rel err {attn_err:.2e}")
     print("fused kernels rel err vs torch: " + ", ".join(f"{k} {v:.1e}" for k, v in fused_errs.items()))
     print(f"{'B':>3} {'q':>3} {'fastest ms':>10} {'invariant ms':>12} {'ratio':>6} {'x floor':>8} {'agree':>6}")
     for r in rows:

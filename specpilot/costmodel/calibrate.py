@@ -12,13 +12,16 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from specpilot.kernels.stream_read import stream_read_triton
+from specpilot.kernels.triton_support import HAS_TRITON
+
 
 @dataclass(frozen=True)
 class Ceilings:
     device: str
     dtype: str
     copy_bytes_per_s: float  # bytes read + written per second by a device-to-device copy
-    read_bytes_per_s: float  # bytes read per second by a sum over a large tensor
+    read_bytes_per_s: float  # bytes read per second: kernels/stream_read.py's probe on CUDA, a sum elsewhere
     matmul_flops: float  # a square GEMM's rate in `dtype`
     decode_matmul_bytes_per_s: float  # weight bytes per second of a one-row GEMM (decode's shape)
     launch_s: float  # one small kernel, eagerly
@@ -71,7 +74,8 @@ def calibrate(device: torch.device, dtype: torch.dtype, size_mib: int | None = N
     src = torch.empty(size // 4, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
     copy = _median_seconds(lambda: dst.copy_(src), device)
-    read = _median_seconds(lambda: src.sum(), device)
+    probe = stream_read_triton if device.type == "cuda" and HAS_TRITON else torch.sum
+    read = _median_seconds(lambda: probe(src), device)
     n, gemm = _square_gemm(4096 if device.type == "cuda" else 1024, dtype, device)
     k = 4096 if device.type == "cuda" else 2048
     w = torch.randn(4 * k, k, device=device).to(dtype)
