@@ -34,6 +34,10 @@ def pair():
     return hf, ours
 
 
+def run(model: HybridTransformer, batch: ForwardBatch, kv, states, verify: bool = False) -> torch.Tensor:
+    return model.logits(model.hidden(batch, kv, states, verify))
+
+
 def prompts(n: int = 8, seed: int = 1) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, 320, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist()
@@ -44,16 +48,15 @@ def _greedy(ours: HybridTransformer, batch_prompts: list[list[int]], new_tokens:
     """Prefill logits per prompt and greedy continuations, all prompts in each pass."""
     kv, states = ours.caches(len(batch_prompts), 128, torch.float32, CPU)
     slots = [kv.allocate() for _ in batch_prompts]
-    for s in slots:
-        states.reset(s)
     with torch.no_grad():
-        logits = ours(ForwardBatch.build(slots, [0] * len(slots), batch_prompts, kv.max_len, CPU), kv, states)
+        logits = run(ours, ForwardBatch.build(slots, [0] * len(slots), batch_prompts, kv.max_len, CPU), kv, states)
         ends = torch.tensor([len(p) for p in batch_prompts]).cumsum(0) - 1
         prefill = [logits[: ends[0] + 1]] + [logits[ends[i - 1] + 1 : ends[i] + 1] for i in range(1, len(ends))]
         outputs = [[int(logits[e].argmax())] for e in ends]
         for _ in range(new_tokens - 1):
             starts = [len(p) + len(o) - 1 for p, o in zip(batch_prompts, outputs)]
-            step = ours(ForwardBatch.build(slots, starts, [[o[-1]] for o in outputs], kv.max_len, CPU), kv, states)
+            step = run(ours, ForwardBatch.build(slots, starts, [[o[-1]] for o in outputs], kv.max_len, CPU), kv,
+                       states)
             for o, row in zip(outputs, step):
                 o.append(int(row.argmax()))
     return prefill, outputs
@@ -126,9 +129,9 @@ def test_a_tree_verify_equals_decoding_each_path_and_commits_the_accepted_one(pa
         kv, states = ours.caches(1, 128, torch.float32, CPU)
         slot = kv.allocate()
         with torch.no_grad():
-            ours(ForwardBatch.build([slot], [0], [prompt], kv.max_len, CPU), kv, states)
+            run(ours, ForwardBatch.build([slot], [0], [prompt], kv.max_len, CPU), kv, states)
             for j, t in enumerate(ids):
-                row = ours(ForwardBatch.build([slot], [len(prompt) + j], [[t]], kv.max_len, CPU), kv, states)
+                row = run(ours, ForwardBatch.build([slot], [len(prompt) + j], [[t]], kv.max_len, CPU), kv, states)
         return row[-1]
 
     def path(node: int) -> list[int]:
@@ -140,8 +143,8 @@ def test_a_tree_verify_equals_decoding_each_path_and_commits_the_accepted_one(pa
     kv, states = ours.caches(1, 128, torch.float32, CPU)
     slot = kv.allocate()
     with torch.no_grad():
-        ours(ForwardBatch.build([slot], [0], [prompt], kv.max_len, CPU), kv, states)
-        logits = ours(_tree_batch(slot, len(prompt), tokens, parents, kv.max_len), kv, states, verify=True)
+        run(ours, ForwardBatch.build([slot], [0], [prompt], kv.max_len, CPU), kv, states)
+        logits = run(ours, _tree_batch(slot, len(prompt), tokens, parents, kv.max_len), kv, states, verify=True)
     for node in range(len(parents)):
         torch.testing.assert_close(logits[node], sequential([tokens[j] for j in path(node)]), rtol=1e-4, atol=1e-4)
 
@@ -150,6 +153,25 @@ def test_a_tree_verify_equals_decoding_each_path_and_commits_the_accepted_one(pa
     with torch.no_grad():
         ours.commit_accepted(kv, states, [slot], torch.tensor([slot * kv.max_len + len(prompt)]),
                              torch.tensor([len(accepted)]), nodes)
-        after = ours(ForwardBatch.build([slot], [len(prompt) + len(accepted)], [[7]], kv.max_len, CPU), kv, states)
+        after = run(ours, ForwardBatch.build([slot], [len(prompt) + len(accepted)], [[7]], kv.max_len, CPU), kv,
+                    states)
     torch.testing.assert_close(after[0], sequential([tokens[j] for j in accepted] + [7]), rtol=1e-4, atol=1e-4)
     assert not states.pending
+
+
+def test_the_engine_loads_a_saved_hybrid_checkpoint_and_decodes_as_hugging_face(pair, tmp_path):
+    from specpilot.config import SamplingParams
+    from specpilot.engine.engine import Engine, EngineConfig
+
+    hf, _ = pair
+    hf.save_pretrained(tmp_path)  # published layout: one tensor per expert
+    engine = Engine.from_config(EngineConfig(model_path=str(tmp_path), device="cpu", max_running_requests=4,
+                                             context_length=128))
+    batch = prompts(6, seed=8)
+    reqs = engine.generate(batch, SamplingParams(max_new_tokens=24, ignore_eos=True))
+    for prompt, req in zip(batch, reqs):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24)
+        assert req.output_ids == expected[0, len(prompt):].tolist()
+    with pytest.raises(ValueError, match="speculative decoding on qwen3_next targets is not supported yet"):
+        Engine.from_config(EngineConfig(model_path=str(tmp_path), device="cpu", speculative_algorithm="ngram"))

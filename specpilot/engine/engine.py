@@ -75,7 +75,13 @@ class Engine:
         self._grammars: GrammarCompiler | None = None  # made on the first constrained request
         mcfg = checkpoint.config
         self.model = model if model is not None else _build_model(checkpoint, self.device, self.dtype)
-        per_token = kv_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, self.dtype)
+        # a hybrid target (models/hybrid.py) keeps K/V for its attention layers only, and runs in plain torch
+        self.hybrid = mcfg.hybrid is not None
+        kv_layers = len(mcfg.hybrid.attention_layers) if self.hybrid else mcfg.num_layers
+        if self.hybrid and (drafter_factory is not None or config.speculative_algorithm):
+            raise ValueError(f"speculative decoding on {mcfg.architecture} targets is not supported yet: run it with "
+                             f"--speculative-algorithm none")
+        per_token = kv_bytes_per_token(kv_layers, mcfg.num_kv_heads, mcfg.head_dim, self.dtype)
         if cache is None:
             self.kv_plan = plan = plan_kv(self.device, per_token, mcfg.max_position_embeddings,
                                           config.max_running_requests, config.context_length, config.max_total_tokens,
@@ -96,7 +102,7 @@ class Engine:
         self.context_length = self.kv_plan.context_length
         # Exact: the invariant kernels run, so logits are bitwise independent of pass and batch (forcing
         # then requires identity, tie band 0).
-        self.exact = config.batch_invariant and self.device.type == "cuda" and HAS_TRITON
+        self.exact = config.batch_invariant and self.device.type == "cuda" and HAS_TRITON and not self.hybrid
         self.model.set_batch_invariant(self.exact)
         check_tunables(Deployment(self.device.type, config))
         self._drafter: Drafter | None = None
@@ -118,7 +124,8 @@ class Engine:
                              f"--speculative-num-draft-tokens")
         self.model.setup_rope(slot_len)
         if cache is None:
-            cache = KVCache(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, self.dtype, pages)
+            cache = (self.model.kv_cache(self.dtype, pages) if self.hybrid
+                     else KVCache(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, self.dtype, pages))
             log.info("KV pool: %d pages of %d positions = %d tokens, %.0f MiB, for %d request slots of up to %d "
                      "(limited by %s)", pages.num_pages, pages.page_size, cache.pool_tokens,
                      cache.kv.numel() * cache.kv.itemsize / 2**20, pages.num_slots, self.context_length,
@@ -133,7 +140,7 @@ class Engine:
         # Token forcing (specpilot.forcing) installs itself here: it sees every decided token first.
         self.forcing: TokenObserver | None = None
         self.reset_spec_stats()
-        graphs = config.cuda_graphs and GraphBackend.available(self.device)
+        graphs = config.cuda_graphs and GraphBackend.available(self.device) and not self.hybrid
         self._set_up_speculation(graphs)
         if graphs:
             with phase("capturing CUDA graphs"):

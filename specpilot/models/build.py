@@ -7,6 +7,7 @@ import torch
 from specpilot.models.checkpoint import Checkpoint
 from specpilot.models.config import ModelConfig
 from specpilot.models.linear import use_cpu_layout
+from specpilot.models.hybrid import HybridTransformer, build_hybrid
 from specpilot.models.transformer import Transformer
 
 
@@ -63,7 +64,9 @@ def _fused_state_dict(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
     return out | fuse_layer_weights(sd, cfg, "model.")
 
 
-def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Transformer:
+def build_model(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> Transformer | HybridTransformer:
+    if ckpt.config.hybrid is not None:
+        return build_hybrid(ckpt, device, dtype)
     with torch.device("meta"):
         model = Transformer(ckpt.config)
     try:

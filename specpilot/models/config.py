@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_next", "qwen3_5_text")
+HYBRID_ARCHITECTURES = ("qwen3_next", "qwen3_5_text")  # Gated DeltaNet layers beside attention (models/hybrid.py)
 
 
 @dataclass
@@ -30,6 +31,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    hybrid: Any = None  # a hybrid architecture's models.hybrid.HybridConfig (the fields above: its attention layers')
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:

@@ -13,7 +13,8 @@ import transformers
 
 from specpilot.formats.checkpoint import decode_state, format_note
 from specpilot.models.checkpoint import Checkpoint, check_state_dict, collect_eos_ids
-from specpilot.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from specpilot.models.config import HYBRID_ARCHITECTURES, SUPPORTED_ARCHITECTURES, ModelConfig
+from specpilot.models.hybrid import HybridConfig
 
 _LOADABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -96,6 +97,7 @@ def _build_config(
     hidden, num_heads = raw["hidden_size"], raw["num_attention_heads"]
     rope_theta, rope_scaling = _rope(raw)
     return ModelConfig(
+        hybrid=HybridConfig.from_hf(raw) if arch in HYBRID_ARCHITECTURES else None,
         architecture=arch,
         vocab_size=raw["vocab_size"],
         hidden_size=hidden,

@@ -7,7 +7,9 @@ projection also gives a per-channel output gate (sigmoid), its q/k norms are per
 first `partial_rotary_factor` of each head; an MoE MLP routes each token to its top-k experts (softmax over
 all, renormalised where `norm_topk_prob`) and adds a shared expert scaled by sigmoid(its gate). Parameters carry
 the names Hugging Face's Qwen3-Next module holds (experts fused per layer as gate_up_proj [E, 2I, H] and
-down_proj [E, H, I]). The plain-torch path: DeltaNet layers run request by request.
+down_proj [E, H, I]; published checkpoints' per-expert tensors are fused on load). The plain-torch path:
+DeltaNet layers run request by request. In the engine the model runs AR (prefill and decode) over a
+HybridCache: the paged KV cache of its attention layers with the DeltaNet layers' states beside it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from specpilot.kernels.slot_attention import slot_attention
 from specpilot.models.gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, RecurrentState
 from specpilot.models.rope import RotaryTable
 from specpilot.state.batch import ForwardBatch
+from specpilot.models.checkpoint import Checkpoint
 from specpilot.state.cache import KVCache
+from specpilot.state.pages import PageTable
 from specpilot.state.recurrent import RecurrentCache
 
 
@@ -229,8 +233,32 @@ class HybridBody(nn.Module):
         self.norm = CenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
+class HybridCache(KVCache):
+    """The engine's cache of a hybrid target: attention layers' K/V on the pages, DeltaNet layers' states per
+    slot (`recurrent`), zeroed when a request takes the slot and copied with a shared prefill."""
+
+    def __init__(self, cfg: HybridConfig, dtype: torch.dtype, pages: PageTable) -> None:
+        super().__init__(len(cfg.attention_layers), cfg.num_kv_heads, cfg.head_dim, dtype, pages)
+        d = cfg.deltanet
+        self.recurrent = RecurrentCache(len(cfg.deltanet_layers), pages.num_slots, (d.conv_kernel - 1, d.conv_dim),
+                                        (d.num_value_heads, d.key_head_dim, d.value_head_dim), dtype,
+                                        pages.table.device)
+
+    def allocate(self, length: int | None = None, share: tuple[int, int] | None = None) -> int:
+        slot = super().allocate(length, share)
+        self.recurrent.reset(slot)
+        return slot
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        super().copy_prefix(src, dst, length)
+        self.recurrent.conv[dst].copy_(self.recurrent.conv[src])
+        self.recurrent.ssm[dst].copy_(self.recurrent.ssm[src])
+
+
 class HybridTransformer(nn.Module):
     """`model` and `lm_head`, as Hugging Face names them."""
+
+    batch_invariant = False  # plain torch: no invariant kernels yet
 
     def __init__(self, cfg: HybridConfig, max_positions: int) -> None:
         super().__init__()
@@ -239,28 +267,49 @@ class HybridTransformer(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        rotary = int(cfg.head_dim * cfg.partial_rotary_factor)
-        self.rope = RotaryTable(rotary, cfg.rope_theta, None, max_positions, torch.device("cpu"))
+        self.rope: RotaryTable | None = None
+        self.setup_rope(max_positions)
+
+    def setup_rope(self, max_positions: int) -> None:
+        """Tables for positions [0, max_positions); never shrinks them."""
+        if self.rope is not None and self.rope.cos.shape[0] >= max_positions:
+            return
+        cfg = self.config
+        self.rope = RotaryTable(int(cfg.head_dim * cfg.partial_rotary_factor), cfg.rope_theta, None, max_positions,
+                                self.lm_head.weight.device)
+
+    def set_batch_invariant(self, on: bool) -> None:
+        if on:
+            raise ValueError("hybrid targets have no batch-invariant kernels yet: pass --no-batch-invariant")
+
+    def kv_cache(self, dtype: torch.dtype, pages: PageTable) -> HybridCache:
+        return HybridCache(self.config, dtype, pages)
 
     def caches(self, num_slots: int, max_len: int, dtype: torch.dtype,
                device: torch.device) -> tuple[KVCache, RecurrentCache]:
-        """A KV cache for the attention layers and the recurrent state of the DeltaNet ones, `num_slots` each."""
-        cfg, d = self.config, self.config.deltanet
-        kv = KVCache.whole_slots(len(cfg.attention_layers), num_slots, max_len, cfg.num_kv_heads, cfg.head_dim, dtype,
-                                 device)
-        states = RecurrentCache(len(cfg.deltanet_layers), num_slots, (d.conv_kernel - 1, d.conv_dim),
-                                (d.num_value_heads, d.key_head_dim, d.value_head_dim), dtype, device)
-        return kv, states
+        """A cache of `num_slots` whole slots: its K/V and its recurrent states."""
+        cache = HybridCache(self.config, dtype, PageTable(num_slots, max_len, None, device))
+        return cache, cache.recurrent
 
-    def forward(self, batch: ForwardBatch, cache: KVCache, states: RecurrentCache, verify: bool = False) -> torch.Tensor:
-        """Logits [T, V] (float32) of every token of the pass. A prefill or decode leaves its tokens in the caches;
-        a `verify` (a chain, or a tree: batch.tree_mask and tree_parents) writes its nodes' K/V at their own rows
-        and no recurrent state: `commit_accepted` then keeps the accepted path's."""
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def hidden(self, batch: ForwardBatch, cache: KVCache, states: RecurrentCache, verify: bool = False) -> torch.Tensor:
+        """Final hidden states [T, H] of every token of the pass. A prefill or decode leaves its tokens in the
+        caches; a `verify` (a chain, or a tree: batch.tree_mask and tree_parents) writes its nodes' K/V at their
+        own rows and no recurrent state: `commit_accepted` then keeps the accepted path's."""
         batch = cache.paged(batch)
         x = self.model.embed_tokens(batch.input_ids)
         for layer in self.model.layers:
             x = layer(x, batch, cache, states, self.rope, verify)
-        return self.lm_head(self.model.norm(x)).float()
+        return self.model.norm(x)
+
+    def forward(self, batch: ForwardBatch, cache: HybridCache,
+                tap_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The engine's pass (prefill or decode) over its HybridCache: (final hidden states [T, H], no taps)."""
+        if tap_layers:
+            raise ValueError("drafters that read the target's layers do not run on hybrid targets yet")
+        return self.hidden(batch, cache, cache.recurrent), None
 
     def commit_accepted(self, cache: KVCache, states: RecurrentCache, slots: list[int], base: torch.Tensor,
                         counts: torch.Tensor, nodes: torch.Tensor) -> None:
@@ -275,3 +324,33 @@ class HybridTransformer(nn.Module):
                     tree = states.pending.pop((slot, layer.state_slot))
                     after = layer.linear_attn.commit(RecurrentState(*states.get(slot, layer.state_slot)), tree, path)
                     states.put(slot, layer.state_slot, after.conv, after.ssm)
+
+
+def _fused_experts(sd: dict[str, torch.Tensor], cfg: HybridConfig) -> dict[str, torch.Tensor]:
+    """Published checkpoints' per-expert tensors (mlp.experts.{e}.{gate,up,down}_proj.weight) as the fused
+    gate_up_proj [E, 2I, H] and down_proj [E, H, I] of each sparse layer; fused ones pass as they are."""
+    out = {k: v for k, v in sd.items() if ".mlp.experts." not in k or k.endswith(("gate_up_proj", "experts.down_proj"))}
+    for layer in range(len(cfg.layer_types)):
+        head = f"model.layers.{layer}.mlp.experts."
+        if f"{head}0.gate_proj.weight" not in sd:
+            continue
+        experts = range(cfg.num_experts)
+        out[f"{head}gate_up_proj"] = torch.stack([torch.cat([sd[f"{head}{e}.gate_proj.weight"],
+                                                             sd[f"{head}{e}.up_proj.weight"]]) for e in experts])
+        out[f"{head}down_proj"] = torch.stack([sd[f"{head}{e}.down_proj.weight"] for e in experts])
+    return out
+
+
+def build_hybrid(ckpt: Checkpoint, device: torch.device, dtype: torch.dtype) -> HybridTransformer:
+    """The hybrid target of a loaded checkpoint (Hugging Face names), its tensors checked by a strict load."""
+    cfg = ckpt.config.hybrid
+    model = HybridTransformer(cfg, ckpt.config.max_position_embeddings)
+    state = _fused_experts(ckpt.state_dict, cfg)
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {ckpt.source} does not match its {ckpt.config.architecture} config: missing "
+                         f"tensors {sorted(missing)[:5]}, unexpected tensors {sorted(unexpected)[:5]}")
+    return model.to(device=device, dtype=dtype).eval()
