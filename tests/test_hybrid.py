@@ -151,8 +151,8 @@ def test_a_tree_verify_equals_decoding_each_path_and_commits_the_accepted_one(pa
     accepted = path(8)  # 0 -> 1 -> 3 -> 6 -> 8
     nodes = torch.tensor([accepted + [0] * (len(parents) - len(accepted))])
     with torch.no_grad():
-        ours.commit_accepted(kv, states, [slot], torch.tensor([slot * kv.max_len + len(prompt)]),
-                             torch.tensor([len(accepted)]), nodes)
+        kv.commit_accepted(torch.tensor([slot * kv.max_len + len(prompt)]), torch.tensor([len(accepted)]), nodes)
+        kv.commit_paths([slot], [accepted])
         after = run(ours, ForwardBatch.build([slot], [len(prompt) + len(accepted)], [[7]], kv.max_len, CPU), kv,
                     states)
     torch.testing.assert_close(after[0], sequential([tokens[j] for j in accepted] + [7]), rtol=1e-4, atol=1e-4)
@@ -173,5 +173,52 @@ def test_the_engine_loads_a_saved_hybrid_checkpoint_and_decodes_as_hugging_face(
         with torch.no_grad():
             expected = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24)
         assert req.output_ids == expected[0, len(prompt):].tolist()
-    with pytest.raises(ValueError, match="speculative decoding on qwen3_next targets is not supported yet"):
-        Engine.from_config(EngineConfig(model_path=str(tmp_path), device="cpu", speculative_algorithm="ngram"))
+
+
+def test_speculation_on_a_hybrid_target_passes_token_forcing(pair, tmp_path):
+    """n-gram chains, batched, greedy and seeded T > 0: the verify writes no recurrent state, the commit keeps
+    the accepted path's."""
+    from specpilot.config import SamplingParams
+    from specpilot.engine.engine import Engine, EngineConfig
+    from specpilot.forcing import run_forcing
+
+    hf, _ = pair
+    hf.save_pretrained(tmp_path)
+
+    def engine(**kw) -> Engine:
+        return Engine.from_config(EngineConfig(model_path=str(tmp_path), device="cpu", max_running_requests=4,
+                                               context_length=160, **kw))
+
+    stock, cand = engine(), engine(speculative_algorithm="ngram", speculative_num_draft_tokens=4)
+    batch = [p * 3 for p in prompts(4, seed=9)]  # repeats inside, so n-gram lookup drafts
+    for params in (SamplingParams(max_new_tokens=32, ignore_eos=True),
+                   SamplingParams(max_new_tokens=32, ignore_eos=True, temperature=0.8, top_p=0.95, seed=3)):
+        verdict = run_forcing(stock, cand, batch, params, "ngram")
+        assert verdict.passed and verdict.positions_checked == 4 * 32 and verdict.non_tie_mismatches == 0
+    assert cand.spec_stats.tau > 1.0  # drafts were accepted, so states were committed past the first row
+    from spec_fixtures import write_random_dflash
+
+    drafter = write_random_dflash(tmp_path / "dflash", hidden=64, num_target_layers=4, mask_token_id=319)
+    with pytest.raises(ValueError, match="dflash drafts from the target's layers"):
+        engine(speculative_algorithm="dflash", speculative_draft_model_path=str(drafter))
+
+
+def test_a_planted_wrong_state_commit_fails_forcing(pair, tmp_path, monkeypatch):
+    """The recurrent state committed after the newest token only, not the accepted drafts: forcing must see it."""
+    from specpilot.config import SamplingParams
+    from specpilot.engine.engine import Engine, EngineConfig
+    from specpilot.forcing import run_forcing
+    from specpilot.models.hybrid import HybridCache
+
+    hf, _ = pair
+    hf.save_pretrained(tmp_path)
+    commit = HybridCache.commit_paths
+    monkeypatch.setattr(HybridCache, "commit_paths", lambda self, slots, paths: commit(self, slots, [p[:1] for p in paths]))
+
+    def engine(**kw) -> Engine:
+        return Engine.from_config(EngineConfig(model_path=str(tmp_path), device="cpu", max_running_requests=4,
+                                               context_length=160, **kw))
+
+    verdict = run_forcing(engine(), engine(speculative_algorithm="ngram", speculative_num_draft_tokens=4),
+                          [p * 3 for p in prompts(4, seed=9)], SamplingParams(max_new_tokens=32, ignore_eos=True), "hack")
+    assert not verdict.passed and verdict.non_tie_mismatches > 0

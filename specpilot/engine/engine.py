@@ -78,9 +78,6 @@ class Engine:
         # a hybrid target (models/hybrid.py) keeps K/V for its attention layers only, and runs in plain torch
         self.hybrid = mcfg.hybrid is not None
         kv_layers = len(mcfg.hybrid.attention_layers) if self.hybrid else mcfg.num_layers
-        if self.hybrid and (drafter_factory is not None or config.speculative_algorithm):
-            raise ValueError(f"speculative decoding on {mcfg.architecture} targets is not supported yet: run it with "
-                             f"--speculative-algorithm none")
         per_token = kv_bytes_per_token(kv_layers, mcfg.num_kv_heads, mcfg.head_dim, self.dtype)
         if cache is None:
             self.kv_plan = plan = plan_kv(self.device, per_token, mcfg.max_position_embeddings,
@@ -112,6 +109,9 @@ class Engine:
             with phase(f"loading the drafter ({config.speculative_algorithm or 'custom'})"):
                 self._drafter = drafter_factory(config, DrafterContext(
                     self.model, checkpoint, self.device, self.dtype, pages, self.context_length))
+            if self.hybrid and self.drafter.tap_layers:
+                raise ValueError(f"{config.speculative_algorithm} drafts from the target's layers, which {mcfg.architecture} "
+                                 f"targets do not hand out yet: use --speculative-algorithm ngram or pard")
             # defaults resolved by the drafter
             self.config = replace(config, speculative_num_draft_tokens=self.drafter.block_size,
                                   speculative_draft_model_path=self.drafter.source)

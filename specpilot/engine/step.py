@@ -144,6 +144,7 @@ class SpeculativeStep:
         if graph is None:
             lists = [[t, *d[: w - 1]] for t, d, w in zip(firsts, draft.tokens.tolist(), widths)]
             batch = ForwardBatch.build(slots, starts, lists, self.cache.max_len, self.device)
+            batch.verify = True
             if draft.tree is not None:
                 batch.tree_mask, batch.tree_parents = torch.empty_like(batch.positions), torch.zeros_like(batch.positions)
                 batch.place_tree(TreeLayout(*(t.to(self.device) for t in vars(draft.tree).values())))
@@ -199,6 +200,7 @@ class SpeculativeStep:
 
     def commit(self, plan: VerifyPlan, out: RunOutput, acceptance: Acceptance) -> Commits:
         engine, offsets = self.engine, plan.offsets
+        self.cache.commit_paths([r.slot for r in plan.reqs], [d.rows for d in acceptance.decisions])
         committed, finished, redraft = [], [], False
         for i, (req, decision) in enumerate(zip(plan.reqs, acceptance.decisions)):
             rows = out.logits[offsets[i] : offsets[i + 1]]

@@ -191,6 +191,12 @@ class GatedDeltaNet(nn.Module):
 
     def commit(self, state: RecurrentState, tree: TreePass, path: list[int]) -> RecurrentState:
         """The state after the accepted `path` of a verified tree's nodes (root first)."""
-        window = torch.cat([state.conv.to(tree.mixed.dtype), tree.mixed[path]])
-        ssm = gated_delta_commit(state.ssm, tree.k, tree.u, tree.G, path)
-        return RecurrentState(window[-(self.cfg.conv_kernel - 1):], ssm.to(state.ssm.dtype))
+        return commit_state(state, tree, path)
+
+
+def commit_state(state: RecurrentState, tree: TreePass, path: list[int]) -> RecurrentState:
+    """The state after the accepted `path` (root first) of a verify's nodes, from its TreePass: the conv
+    window moves on by the path's inputs, the delta rule's state is rebuilt along it."""
+    window = torch.cat([state.conv.to(tree.mixed.dtype), tree.mixed[path]])
+    ssm = gated_delta_commit(state.ssm, tree.k, tree.u, tree.G, path)
+    return RecurrentState(window[-len(state.conv):], ssm.to(state.ssm.dtype))

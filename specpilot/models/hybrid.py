@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specpilot.kernels.slot_attention import slot_attention
-from specpilot.models.gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, RecurrentState
+from specpilot.models.gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, RecurrentState, commit_state
 from specpilot.models.rope import RotaryTable
 from specpilot.state.batch import ForwardBatch
 from specpilot.models.checkpoint import Checkpoint
@@ -75,6 +75,10 @@ class HybridConfig:
             norm_topk_prob=raw.get("norm_topk_prob", True), decoder_sparse_step=raw.get("decoder_sparse_step", 1),
             mlp_only_layers=tuple(raw.get("mlp_only_layers") or ()),
             tie_word_embeddings=raw.get("tie_word_embeddings", False))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_types)
 
     @property
     def attention_layers(self) -> list[int]:
@@ -254,6 +258,15 @@ class HybridCache(KVCache):
         self.recurrent.conv[dst].copy_(self.recurrent.conv[src])
         self.recurrent.ssm[dst].copy_(self.recurrent.ssm[src])
 
+    def commit_paths(self, slots: list[int], paths: list[list[int]]) -> None:
+        """Each DeltaNet layer's state of slots[i] becomes the one after its verify's accepted paths[i]."""
+        states = self.recurrent
+        for slot, path in zip(slots, paths):
+            for layer in range(states.conv.shape[1]):
+                tree = states.pending.pop((slot, layer))
+                after = commit_state(RecurrentState(*states.get(slot, layer)), tree, path)
+                states.put(slot, layer, after.conv, after.ssm)
+
 
 class HybridTransformer(nn.Module):
     """`model` and `lm_head`, as Hugging Face names them."""
@@ -309,21 +322,9 @@ class HybridTransformer(nn.Module):
         """The engine's pass (prefill or decode) over its HybridCache: (final hidden states [T, H], no taps)."""
         if tap_layers:
             raise ValueError("drafters that read the target's layers do not run on hybrid targets yet")
-        return self.hidden(batch, cache, cache.recurrent), None
+        return self.hidden(batch, cache, cache.recurrent, verify=batch.verify), None
 
-    def commit_accepted(self, cache: KVCache, states: RecurrentCache, slots: list[int], base: torch.Tensor,
-                        counts: torch.Tensor, nodes: torch.Tensor) -> None:
-        """After a verify: request i (slot slots[i]) keeps its nodes nodes[i, :counts[i]] (0 first, one per
-        depth): their K/V move to the positions they now hold (KVCache.commit_accepted), and each DeltaNet
-        layer's state becomes the state after that path."""
-        cache.commit_accepted(base, counts, nodes)
-        for i, slot in enumerate(slots):
-            path = nodes[i, : int(counts[i])].tolist()
-            for layer in self.model.layers:
-                if layer.deltanet:
-                    tree = states.pending.pop((slot, layer.state_slot))
-                    after = layer.linear_attn.commit(RecurrentState(*states.get(slot, layer.state_slot)), tree, path)
-                    states.put(slot, layer.state_slot, after.conv, after.ssm)
+
 
 
 def _fused_experts(sd: dict[str, torch.Tensor], cfg: HybridConfig) -> dict[str, torch.Tensor]:

@@ -36,6 +36,7 @@ class ForwardBatch:
     # [T, TREE_TABLE_KEYS] int32: the batch-invariant kernel's tree table (slot_attention.tree_tail_rows), derived
     # from positions and tree_mask by the model once per pass for all its layers
     tail_rows: torch.Tensor | None = None
+    verify: bool = False  # a speculative verify: a hybrid target writes no recurrent state before the commit
 
     @property
     def num_tokens(self) -> int:

@@ -40,6 +40,8 @@ class CacheState(Protocol):
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None: ...
 
+    def commit_paths(self, slots: list[int], paths: list[list[int]]) -> None: ...
+
 
 class KVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, pages: PageTable) -> None:
@@ -104,6 +106,11 @@ class KVCache:
         apart = src_rows != dst_rows
         rows = self._rows()
         rows.index_copy_(1, dst_rows[apart], rows.index_select(1, src_rows[apart]))
+
+    def commit_paths(self, slots: list[int], paths: list[list[int]]) -> None:
+        """After a verify, request slots[i] keeps the verify rows paths[i] (0, then its accepted draft nodes).
+        K/V need nothing more (a chain's rows are in place, a tree's were moved by commit_accepted); a hybrid
+        target's cache commits its recurrent state here."""
 
     def commit_accepted(self, base: torch.Tensor, counts: torch.Tensor, nodes: torch.Tensor) -> None:
         """Tree verification: in every layer, request i's accepted draft nodes (`nodes[i, 1:counts[i]]`,
