@@ -35,7 +35,7 @@ def pair():
 
 
 def run(model: HybridTransformer, batch: ForwardBatch, kv, states, verify: bool = False) -> torch.Tensor:
-    return model.logits(model.hidden(batch, kv, states, verify))
+    return model.logits(model.hidden(batch, kv, states, verify)[0])
 
 
 def prompts(n: int = 8, seed: int = 1) -> list[list[int]]:
@@ -196,11 +196,36 @@ def test_speculation_on_a_hybrid_target_passes_token_forcing(pair, tmp_path):
         verdict = run_forcing(stock, cand, batch, params, "ngram")
         assert verdict.passed and verdict.positions_checked == 4 * 32 and verdict.non_tie_mismatches == 0
     assert cand.spec_stats.tau > 1.0  # drafts were accepted, so states were committed past the first row
+
+
+@pytest.mark.parametrize("topk,block,assist", [(1, None, 0), (4, 6, 1), (3, 16, 0)])
+def test_dflash_chains_and_trees_on_a_hybrid_target_pass_token_forcing(pair, tmp_path, topk, block, assist):
+    """A random DFlash drafter reading the hybrid target's layers: chains, and trees whose nodes the DeltaNet
+    layers verify in one pass and commit along the accepted path, batched, greedy and seeded T > 0."""
     from spec_fixtures import write_random_dflash
 
+    from specpilot.config import SamplingParams
+    from specpilot.engine.engine import Engine, EngineConfig
+    from specpilot.forcing import run_forcing
+
+    hf, _ = pair
+    hf.save_pretrained(tmp_path / "target")
     drafter = write_random_dflash(tmp_path / "dflash", hidden=64, num_target_layers=4, mask_token_id=319)
-    with pytest.raises(ValueError, match="dflash drafts from the target's layers"):
-        engine(speculative_algorithm="dflash", speculative_draft_model_path=str(drafter))
+
+    def engine(**kw) -> Engine:
+        return Engine.from_config(EngineConfig(model_path=str(tmp_path / "target"), device="cpu",
+                                               max_running_requests=4, context_length=160, **kw))
+
+    stock = engine()
+    cand = engine(speculative_algorithm="dflash", speculative_draft_model_path=str(drafter),
+                  speculative_num_draft_tokens=block, speculative_eagle_topk=topk, speculative_ngram_assist=assist)
+    batch = [p * 3 for p in prompts(4, seed=11)]
+    for params in (SamplingParams(max_new_tokens=24, ignore_eos=True),
+                   SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=0.8, top_p=0.95, seed=5)):
+        verdict = run_forcing(stock, cand, batch, params, "dflash")
+        assert verdict.passed and verdict.non_tie_mismatches == 0 and verdict.positions_checked == 4 * 24
+    if assist:  # prompt lookup's drafts got accepted: tree paths past their root were committed
+        assert cand.spec_stats.tau > 1.0
 
 
 def test_a_planted_wrong_state_commit_fails_forcing(pair, tmp_path, monkeypatch):
@@ -222,3 +247,32 @@ def test_a_planted_wrong_state_commit_fails_forcing(pair, tmp_path, monkeypatch)
     verdict = run_forcing(engine(), engine(speculative_algorithm="ngram", speculative_num_draft_tokens=4),
                           [p * 3 for p in prompts(4, seed=9)], SamplingParams(max_new_tokens=32, ignore_eos=True), "hack")
     assert not verdict.passed and verdict.non_tie_mismatches > 0
+
+
+@pytest.mark.parametrize("first_error", [0, 2, 5])
+def test_an_oracle_drafter_s_accept_lengths_are_exact_on_a_hybrid_target(pair, tmp_path, first_error):
+    """Drafts right up to `first_error`: every full step commits exactly that many plus the bonus, and the
+    output is AR's — the committed states follow exactly the accepted drafts."""
+    from spec_fixtures import OracleDrafter
+
+    from specpilot.config import SamplingParams
+    from specpilot.engine.engine import Engine, EngineConfig
+
+    hf, _ = pair
+    hf.save_pretrained(tmp_path)
+
+    def engine() -> Engine:
+        return Engine.from_config(EngineConfig(model_path=str(tmp_path), device="cpu", max_running_requests=4,
+                                               context_length=160))
+
+    batch, params, block = prompts(4, seed=12), SamplingParams(max_new_tokens=30, ignore_eos=True), 6
+    ar = [r.output_ids for r in engine().generate(batch, params)]
+    cand = engine()
+    reqs = [cand.add_request(p, params) for p in batch]
+    cand.drafter = OracleDrafter(block, {r.rid: a for r, a in zip(reqs, ar)}, first_error, 320)
+    while cand.has_work:
+        cand.step()
+    assert [r.output_ids for r in reqs] == ar
+    for r in reqs:
+        full = r.accept_lengths[:-1]
+        assert full and all(n == min(first_error, block - 1) + 1 for n in full)

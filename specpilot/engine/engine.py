@@ -109,9 +109,6 @@ class Engine:
             with phase(f"loading the drafter ({config.speculative_algorithm or 'custom'})"):
                 self._drafter = drafter_factory(config, DrafterContext(
                     self.model, checkpoint, self.device, self.dtype, pages, self.context_length))
-            if self.hybrid and self.drafter.tap_layers:
-                raise ValueError(f"{config.speculative_algorithm} drafts from the target's layers, which {mcfg.architecture} "
-                                 f"targets do not hand out yet: use --speculative-algorithm ngram or pard")
             # defaults resolved by the drafter
             self.config = replace(config, speculative_num_draft_tokens=self.drafter.block_size,
                                   speculative_draft_model_path=self.drafter.source)

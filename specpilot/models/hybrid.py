@@ -307,22 +307,32 @@ class HybridTransformer(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
-    def hidden(self, batch: ForwardBatch, cache: KVCache, states: RecurrentCache, verify: bool = False) -> torch.Tensor:
-        """Final hidden states [T, H] of every token of the pass. A prefill or decode leaves its tokens in the
-        caches; a `verify` (a chain, or a tree: batch.tree_mask and tree_parents) writes its nodes' K/V at their
-        own rows and no recurrent state: `commit_accepted` then keeps the accepted path's."""
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def hidden(self, batch: ForwardBatch, cache: KVCache, states: RecurrentCache, verify: bool = False,
+               tap_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(final hidden states [T, H] of every token of the pass, the outputs of `tap_layers` side by side
+        [T, taps * H] or None). A prefill or decode leaves its tokens in the caches; a `verify` (a chain, or a
+        tree: batch.tree_mask and tree_parents) writes its nodes' K/V at their own rows and no recurrent state:
+        the cache's commit_paths then keeps the accepted path's."""
         batch = cache.paged(batch)
         x = self.model.embed_tokens(batch.input_ids)
-        for layer in self.model.layers:
+        taps = []
+        for i, layer in enumerate(self.model.layers):
             x = layer(x, batch, cache, states, self.rope, verify)
-        return self.model.norm(x)
+            if i in tap_layers:
+                taps.append(x)
+        return self.model.norm(x), (torch.cat(taps, dim=-1) if taps else None)
 
     def forward(self, batch: ForwardBatch, cache: HybridCache,
                 tap_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The engine's pass (prefill or decode) over its HybridCache: (final hidden states [T, H], no taps)."""
-        if tap_layers:
-            raise ValueError("drafters that read the target's layers do not run on hybrid targets yet")
-        return self.hidden(batch, cache, cache.recurrent, verify=batch.verify), None
+        """The engine's pass over its HybridCache: (final hidden states [T, H], the taps a drafter reads)."""
+        return self.hidden(batch, cache, cache.recurrent, batch.verify, tap_layers)
 
 
 
