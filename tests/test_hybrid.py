@@ -276,3 +276,24 @@ def test_an_oracle_drafter_s_accept_lengths_are_exact_on_a_hybrid_target(pair, t
     for r in reqs:
         full = r.accept_lengths[:-1]
         assert full and all(n == min(first_error, block - 1) + 1 for n in full)
+
+
+def test_train_drafter_takes_a_hybrid_target(pair, tiny_dir, tmp_path, capsys):
+    import json
+    import shutil
+
+    from specpilot.cli import main
+
+    hf, _ = pair
+    target = tmp_path / "target"
+    hf.save_pretrained(target)
+    for f in tiny_dir.iterdir():  # the tiny word-level tokenizer (the same 320 ids)
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(f, target / f.name)
+    out = tmp_path / "drafter"
+    assert main(["train-drafter", "--target", str(target), "--out", str(out), "--datasets", "math",
+                 "--num-prompts", "4", "--validation-prompts", "2", "--max-new-tokens", "6", "--num-layers", "1",
+                 "--intermediate-size", "48", "--block-size", "3", "--target-layer-ids", "0", "2", "--epochs", "1",
+                 "--batch-size", "2", "--device", "cpu"]) == 0
+    assert "validation tau" in capsys.readouterr().out
+    assert json.loads((out / "training.json").read_text())["data"]["num_sequences"] == 4
