@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -64,6 +65,17 @@ def read_bandwidth(device: torch.device, gib: float = 2.0) -> float:
     src = torch.randn(int(gib * 2**30) // 4, device=device)
     ms = time_cuda(lambda: stream_read_triton(src), iters=20)
     return src.numel() * 4 / (ms * 1e-3)
+
+
+def timed_ms(fn: Callable[[], object], device: torch.device) -> float:
+    """One call's wall time in ms, the device's queue drained before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) * 1e3
 
 
 def time_cuda(fn: Callable[[], object], iters: int = 50, warmup: int = 5) -> float:

@@ -13,27 +13,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
+import sys
 from pathlib import Path
 
 import torch
 
-from specpilot.bench.provenance import collect
-from specpilot.models.gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, RecurrentState
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import timed_ms  # noqa: E402
+
+from specpilot.bench.provenance import collect  # noqa: E402
+from specpilot.models.gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, RecurrentState  # noqa: E402
 
 SCALES = {"small": GatedDeltaNetConfig(256, 2, 4, 64, 64), "full": GatedDeltaNetConfig(4096, 16, 32, 128, 128)}
 TREE = [-1, 0, 0, 0, 1, 1, 2, 2, 3, 4, 4, 5, 6, 7, 9, 10]  # 16 nodes, depth up to 5
 CHAIN = list(range(-1, 15))
-
-
-def timed(fn, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3
 
 
 def state_bytes(s: RecurrentState) -> int:
@@ -65,8 +58,8 @@ def main() -> None:
                 raise SystemExit(f"{name}: the tree form and the snapshots disagree")
             ms: dict[str, list[float]] = {"tree": [], "snapshots": []}
             for _ in range(args.repeats):
-                ms["tree"].append(timed(lambda: layer.verify_tree(x, state, parents), device))
-                ms["snapshots"].append(timed(lambda: layer.verify_snapshots(x, state, parents), device))
+                ms["tree"].append(timed_ms(lambda: layer.verify_tree(x, state, parents), device))
+                ms["snapshots"].append(timed_ms(lambda: layer.verify_snapshots(x, state, parents), device))
         extra = {"tree": sum(t.numel() * t.element_size() for t in vars(tree).values()),
                  "snapshots": sum(state_bytes(s) for s in snaps)}
         run = report["runs"][name] = {

@@ -11,27 +11,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
+import sys
 from pathlib import Path
 
 import torch
 
-from specpilot.bench import provenance
-from specpilot.config import SamplingParams
-from specpilot.engine.sampling import keyed_sample, keyed_sample_rows
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import timed_ms  # noqa: E402
+
+from specpilot.bench import provenance  # noqa: E402
+from specpilot.config import SamplingParams  # noqa: E402
+from specpilot.engine.sampling import keyed_sample, keyed_sample_rows  # noqa: E402
 
 VOCAB = 49152  # SmolLM2's
 PARAMS = SamplingParams(temperature=0.8, top_p=0.95)
-
-
-def timed(fn, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3
 
 
 def main() -> None:
@@ -55,8 +48,8 @@ def main() -> None:
             raise SystemExit(f"B={b}: the batched samples differ from the per-row ones")
         times: dict[str, list[float]] = {"per_row": [], "together": []}
         for _ in range(args.repeats):
-            times["per_row"].append(timed(rows, device))
-            times["together"].append(timed(together, device))
+            times["per_row"].append(timed_ms(rows, device))
+            times["together"].append(timed_ms(together, device))
         report["ms"][str(b)] = {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in times.items()}
         m = report["ms"][str(b)]
         print(f"B={b:3d}: per row {m['per_row']['median']:.2f} ms ({m['per_row']['min']:.2f}-{m['per_row']['max']:.2f}), "

@@ -24,11 +24,16 @@ def pair():
                           linear_value_head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                           shared_expert_intermediate_size=48, mlp_only_layers=[2], max_position_embeddings=512,
                           rope_parameters={"rope_theta": 10000.0, "partial_rotary_factor": 0.25, "rope_type": "default"})
-    hf = Qwen3NextForCausalLM(cfg).eval()
+    return twins(Qwen3NextForCausalLM(cfg))
+
+
+def twins(hf):
+    """HF's model with random weights, and ours holding the same tensors."""
+    hf.eval()
     with torch.no_grad():
         for p in hf.parameters():
             p.copy_(torch.randn_like(p) * 0.1)
-    ours = HybridTransformer(HybridConfig.from_hf(cfg.to_dict()), max_positions=512).eval()
+    ours = HybridTransformer(HybridConfig.from_hf(hf.config.to_dict()), max_positions=512).eval()
     missing, unexpected = ours.load_state_dict(hf.state_dict(), strict=False)
     assert not missing and not unexpected, (missing, unexpected)
     return hf, ours
@@ -63,14 +68,7 @@ def _greedy(ours: HybridTransformer, batch_prompts: list[list[int]], new_tokens:
 
 
 def test_prefill_and_greedy_decode_equal_hugging_face(pair):
-    hf, ours = pair
-    for prompt in prompts():
-        (prefill,), (output,) = _greedy(ours, [prompt], 64)
-        with torch.no_grad():
-            expected = hf(torch.tensor([prompt])).logits[0]
-            generated = hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False, min_new_tokens=64)
-        torch.testing.assert_close(prefill, expected, rtol=1e-4, atol=1e-4)
-        assert output == generated[0, len(prompt):].tolist()
+    _equal_to_hugging_face(*pair, prompts())
 
 
 def test_mixed_lengths_batched_equal_one_at_a_time(pair):
@@ -89,14 +87,13 @@ def test_qwen3_5_text_equals_hugging_face():
                             layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
                             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                             linear_value_head_dim=16, max_position_embeddings=512)
-    hf = Qwen3_5ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.copy_(torch.randn_like(p) * 0.1)
-    ours = HybridTransformer(HybridConfig.from_hf(cfg.to_dict()), max_positions=512).eval()
-    missing, unexpected = ours.load_state_dict(hf.state_dict(), strict=False)
-    assert not missing and not unexpected, (missing, unexpected)
-    for prompt in prompts(8, seed=4):
+    hf, ours = twins(Qwen3_5ForCausalLM(cfg))
+    _equal_to_hugging_face(hf, ours, prompts(8, seed=4))
+
+
+def _equal_to_hugging_face(hf, ours: HybridTransformer, batch: list[list[int]]) -> None:
+    """Each prompt alone: prefill logits, and 64 greedy tokens equal to HF's generate."""
+    for prompt in batch:
         (prefill,), (output,) = _greedy(ours, [prompt], 64)
         with torch.no_grad():
             expected = hf(torch.tensor([prompt])).logits[0]
