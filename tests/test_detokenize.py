@@ -42,3 +42,8 @@ def test_a_character_split_across_tokens_waits_for_its_end(tokenizers):
     tokenizer = tokenizers["embedded (byte-level BPE)"]
     ids = tokenizer.encode("café 海 ok", add_special_tokens=False)
     _check(tokenizer, ids, list(range(len(ids))))  # one id at a time
+
+
+def test_special_tokens_between_words_keep_their_space(tokenizers):
+    """Found by hypothesis: a context of only skipped special tokens decoded the next word as a text's start."""
+    _check(tokenizers["word-level"], [0, 0, 1, 0, 1], [3, 4])

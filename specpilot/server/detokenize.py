@@ -4,7 +4,7 @@ Decoding the whole output on each step costs O(n) per step and O(n^2) per reques
 shares the interpreter with the scheduler thread: at 32 streams it was most of a step. Here only the ids since
 the last stable point are decoded again, beside the few before them as context (a decoder may render a
 token differently at the start of a text, e.g. SentencePiece's leading space): the new text is what the
-window decodes to past what its context decoded to. A window ending in U+FFFD (a multi-byte character cut
+window decodes to past what its context decoded to; a context always holds some rendered text. A window ending in U+FFFD (a multi-byte character cut
 between tokens) waits for the next ids. Where a decoder's text of the window does not extend its context's,
 the whole output is decoded again, so the text is always the output's own decode.
 """
@@ -34,8 +34,13 @@ class IncrementalText:
         if window.endswith("\ufffd"):
             return self.text
         if window.startswith(before):
-            self.text += window[len(before) :]
+            new = window[len(before) :]
+            self.text += new
         else:  # this decoder revises text across the window's start: take the whole output's
-            self.text = self._decode(ids)
-        self._context, self._read = self._read, len(ids)
+            new = self.text = self._decode(ids)
+        # the next context starts at the ids just read, unless they render nothing (special tokens): a context
+        # must hold text, or the next word would decode as the start of a text (no separating space)
+        if new:
+            self._context = self._read
+        self._read = len(ids)
         return self.text
