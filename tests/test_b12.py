@@ -55,8 +55,8 @@ def weights(draw) -> torch.Tensor:
 def test_weights_round_trip_in_about_twelve_bits(t):
     b = encode(t)
     assert torch.equal(_bits(decode(b)), _bits(t))
-    if t.numel() >= 64 * 1024:
-        assert b.stats()["bits_per_weight"] < 12.3
+    if t.numel() >= 4096:  # a row byte and a segment word a few thousand weights: well under half a bit
+        assert b.stats()["bits_per_weight"] < 12.5
 
 
 def test_planes_survive_a_safetensors_round_trip(tmp_path):
