@@ -294,3 +294,32 @@ def test_train_drafter_takes_a_hybrid_target(pair, tiny_dir, tmp_path, capsys):
                  "--batch-size", "2", "--device", "cpu"]) == 0
     assert "validation tau" in capsys.readouterr().out
     assert json.loads((out / "training.json").read_text())["data"]["num_sequences"] == 4
+
+
+def test_a_qwen3_5_vision_language_checkpoint_loads_its_language_model(tmp_path):
+    """Qwen3.5 as published (model_type qwen3_5: text_config nested, tensors under model.language_model., a
+    vision tower beside): the engine loads the language model alone and decodes text as HF's model does."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    from specpilot.config import SamplingParams
+    from specpilot.engine.engine import Engine, EngineConfig
+
+    torch.manual_seed(6)
+    text = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=32, max_position_embeddings=512, linear_num_key_heads=2,
+                layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+                linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                  temporal_patch_size=2, spatial_merge_size=2)
+    hf = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision)).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(torch.randn_like(p) * 0.1)
+    hf.save_pretrained(tmp_path)
+    engine = Engine.from_config(EngineConfig(model_path=str(tmp_path), device="cpu", max_running_requests=2,
+                                             context_length=128))
+    for prompt, req in zip(batch := prompts(3, seed=13), engine.generate(batch, SamplingParams(max_new_tokens=20,
+                                                                                                ignore_eos=True))):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, min_new_tokens=20)
+        assert req.output_ids == expected[0, len(prompt):].tolist()

@@ -16,6 +16,8 @@ from specpilot.models.checkpoint import Checkpoint, check_state_dict, collect_eo
 from specpilot.models.config import HYBRID_ARCHITECTURES, SUPPORTED_ARCHITECTURES, ModelConfig
 from specpilot.models.hybrid import HybridConfig
 
+# vision-language model types whose language model loads alone: the prefix of its tensors' names
+MULTIMODAL_TEXT = {"qwen3_5": "model.language_model."}
 _LOADABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 _WEIGHTS_FILE = "model.safetensors"
@@ -26,10 +28,17 @@ def load_hf_dir(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> 
     path = pathlib.Path(path)
     source = str(path)
     raw = _read_json(path / "config.json")
+    note = format_note(raw)
+    text_prefix = MULTIMODAL_TEXT.get(raw.get("model_type"))
+    if text_prefix is not None:  # a vision-language checkpoint: its language model, as a text-only one
+        raw = {"tie_word_embeddings": raw.get("tie_word_embeddings", False), **raw["text_config"]}
     _check_supported(raw, source)
     tokenizer = _load_tokenizer(path)
     config = _build_config(raw, _generation_eos(path), tokenizer)
-    state_dict = _load_weights(path, dtype, format_note(raw))
+    state_dict = _load_weights(path, dtype, note)
+    if text_prefix is not None:
+        state_dict = {"model." + k.removeprefix(text_prefix) if k.startswith(text_prefix) else k: v
+                      for k, v in state_dict.items() if not k.startswith("model.visual.")}
     # HF serialises rotary caches in some old checkpoints and may write lm_head even when tied.
     state_dict = {k: v for k, v in state_dict.items() if not k.endswith("rotary_emb.inv_freq")}
     if config.tie_word_embeddings:
