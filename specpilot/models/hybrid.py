@@ -193,6 +193,24 @@ class SparseMoE(nn.Module):
         return self.experts(x, weights, experts) + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
 
 
+# A request's part of a pass, as every DeltaNet layer walks it: (slot, first row, rows, the verify's tree as
+# parents, node 0 on the committed state, or None for a prefill or decode)
+Segment = tuple[int, int, int, list[int] | None]
+
+
+def segments_of(batch: ForwardBatch, verify: bool) -> list[Segment]:
+    """The pass's requests, read from the device once for all its layers. A verify's tree comes from
+    batch.tree_parents; a chain's node j hangs under j - 1."""
+    parents = batch.tree_parents.tolist() if verify and batch.tree_parents is not None else None
+    out: list[Segment] = []
+    for slot, start, n in zip(*(t.tolist() for t in (batch.slot_ids, batch.q_starts, batch.q_lens))):
+        tree = None
+        if verify:
+            tree = [-1, *(parents[start + 1 : start + n] if parents is not None else range(n - 1))]
+        out.append((slot, start, n, tree))
+    return out
+
+
 class HybridLayer(nn.Module):
     def __init__(self, cfg: HybridConfig, layer: int) -> None:
         super().__init__()
@@ -207,15 +225,13 @@ class HybridLayer(nn.Module):
         self.post_attention_layernorm = CenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def _mix(self, h: torch.Tensor, batch: ForwardBatch, cache: KVCache, states: RecurrentCache,
-             rope: RotaryTable, verify: bool) -> torch.Tensor:
+             rope: RotaryTable, segments: list[Segment]) -> torch.Tensor:
         if not self.deltanet:
             return self.self_attn(h, batch, cache, rope)
         out = torch.empty_like(h)
-        parents = batch.tree_parents.tolist() if verify and batch.tree_parents is not None else None
-        for slot, start, n in zip(*(t.tolist() for t in (batch.slot_ids, batch.q_starts, batch.q_lens))):
+        for slot, start, n, tree in segments:
             state = RecurrentState(*states.get(slot, self.state_slot))
-            if verify:  # node 0 continues the committed state; a chain's node j hangs under j - 1
-                tree = [-1, *(parents[start + 1 : start + n] if parents is not None else range(n - 1))]
+            if tree is not None:
                 out[start : start + n], states.pending[slot, self.state_slot] = self.linear_attn.verify_tree(
                     h[start : start + n], state, tree)
             else:
@@ -224,8 +240,8 @@ class HybridLayer(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, states: RecurrentCache,
-                rope: RotaryTable, verify: bool) -> torch.Tensor:
-        x = x + self._mix(self.input_layernorm(x), batch, cache, states, rope, verify)
+                rope: RotaryTable, segments: list[Segment]) -> torch.Tensor:
+        x = x + self._mix(self.input_layernorm(x), batch, cache, states, rope, segments)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -321,10 +337,11 @@ class HybridTransformer(nn.Module):
         tree: batch.tree_mask and tree_parents) writes its nodes' K/V at their own rows and no recurrent state:
         the cache's commit_paths then keeps the accepted path's."""
         batch = cache.paged(batch)
+        segments = segments_of(batch, verify)
         x = self.model.embed_tokens(batch.input_ids)
         taps = []
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, batch, cache, states, self.rope, verify)
+            x = layer(x, batch, cache, states, self.rope, segments)
             if i in tap_layers:
                 taps.append(x)
         return self.model.norm(x), (torch.cat(taps, dim=-1) if taps else None)
