@@ -75,10 +75,9 @@ class Engine:
         self._grammars: GrammarCompiler | None = None  # made on the first constrained request
         mcfg = checkpoint.config
         self.model = model if model is not None else _build_model(checkpoint, self.device, self.dtype)
-        # a hybrid target (models/hybrid.py) keeps K/V for its attention layers only, and runs in plain torch
+        # a hybrid target (models/hybrid.py) runs in plain torch: no invariant kernels, no graphs
         self.hybrid = mcfg.hybrid is not None
-        kv_layers = len(mcfg.hybrid.attention_layers) if self.hybrid else mcfg.num_layers
-        per_token = kv_bytes_per_token(kv_layers, mcfg.num_kv_heads, mcfg.head_dim, self.dtype)
+        per_token = kv_bytes_per_token(self.model.kv_layers, mcfg.num_kv_heads, mcfg.head_dim, self.dtype)
         if cache is None:
             self.kv_plan = plan = plan_kv(self.device, per_token, mcfg.max_position_embeddings,
                                           config.max_running_requests, config.context_length, config.max_total_tokens,
@@ -121,8 +120,7 @@ class Engine:
                              f"--speculative-num-draft-tokens")
         self.model.setup_rope(slot_len)
         if cache is None:
-            cache = (self.model.kv_cache(self.dtype, pages) if self.hybrid
-                     else KVCache(mcfg.num_layers, mcfg.num_kv_heads, mcfg.head_dim, self.dtype, pages))
+            cache = self.model.kv_cache(self.dtype, pages)
             log.info("KV pool: %d pages of %d positions = %d tokens, %.0f MiB, for %d request slots of up to %d "
                      "(limited by %s)", pages.num_pages, pages.page_size, cache.pool_tokens,
                      cache.kv.numel() * cache.kv.itemsize / 2**20, pages.num_slots, self.context_length,

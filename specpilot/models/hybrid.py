@@ -311,6 +311,11 @@ class HybridTransformer(nn.Module):
         if on:
             raise ValueError("hybrid targets have no batch-invariant kernels yet: pass --no-batch-invariant")
 
+    @property
+    def kv_layers(self) -> int:
+        """Layers that keep K/V: the attention ones."""
+        return len(self.config.attention_layers)
+
     def kv_cache(self, dtype: torch.dtype, pages: PageTable) -> HybridCache:
         return HybridCache(self.config, dtype, pages)
 

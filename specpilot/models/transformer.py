@@ -19,6 +19,7 @@ from specpilot.models.linear import Linear, set_batch_invariant
 from specpilot.models.rope import RotaryTable
 from specpilot.state.batch import ForwardBatch
 from specpilot.state.cache import KVCache
+from specpilot.state.pages import PageTable
 
 
 class RMSNorm(nn.Module):
@@ -162,6 +163,16 @@ class Transformer(nn.Module):
                 taps.append(x + residual)
         hidden, _ = self.norm.fused(x, residual)
         return hidden, (torch.cat(taps, dim=-1) if taps else None)
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers that keep K/V."""
+        return self.config.num_layers
+
+    def kv_cache(self, dtype: torch.dtype, pages: PageTable) -> KVCache:
+        """The engine's cache for this model, over `pages`."""
+        cfg = self.config
+        return KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, pages)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
