@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # H200: token forcing of every drafter on the embedded model (chain, tree, n-gram assist on each, PARD,
-# n-gram), one dtype, HumanEval prompts; one JSON verdict per drafter, packed as $OUT/force-DTYPE.tgz. PARD has no
+# n-gram; in bf16 also a tree with the target's weights as B12), one dtype, HumanEval prompts; one JSON verdict per drafter, packed as $OUT/force-DTYPE.tgz. PARD has no
 # shipped checkpoint: a random one of the target's family and vocabulary stands in (forcing checks the
 # output, whatever the drafter proposes).
 #   bash benchmarks/gpu_force_all.sh [DTYPE] [PROMPTS] [TOKENS]     (inside gpu_ferry.sh run)
@@ -31,4 +31,9 @@ run tree-assist --speculative-algorithm dflash --speculative-num-draft-tokens 16
 run pard --speculative-algorithm pard --speculative-draft-model-path $pard --speculative-num-draft-tokens 8
 run pard-assist --speculative-algorithm pard --speculative-draft-model-path $pard --speculative-num-draft-tokens 8 --speculative-ngram-assist 2
 run ngram --speculative-algorithm ngram --speculative-num-draft-tokens 8
+# the target's weights as B12 (against a bf16 reference of its own), with every mechanism a tree takes
+if [ "$dtype" = bfloat16 ]; then
+    run tree-assist-b12 --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 4 \
+        --speculative-ngram-assist 2 --mechanisms b12,device-acceptance,early-launch,layout-ahead,device-lookup
+fi
 tar czf "${OUT:-/tmp/out}/force-$dtype.tgz" -C "$out" .

@@ -379,6 +379,8 @@ def _dataset_args(p: argparse.ArgumentParser, default_prompts: int | None, defau
 
 
 def _cmd_force(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from specpilot.bench.datasets import apply_chat_template, load_prompts
     from specpilot.engine.engine import Engine
     from specpilot.engine.registry import ar_changes
@@ -387,8 +389,10 @@ def _cmd_force(args: argparse.Namespace) -> int:
 
     config = engine_config_from_args(args)
     candidate = Engine.from_config(config)
-    # the same weights and KV cache, taking turns
-    stock = candidate.twin(**ar_changes(candidate.config))
+    if "b12" in candidate.mechanisms:  # the reference multiplies by the bf16 weights, not the candidate's B12
+        stock = Engine.from_config(replace(config, **ar_changes(config)))
+    else:  # the same weights and KV cache, taking turns
+        stock = candidate.twin(**ar_changes(candidate.config))
     prompts = [apply_chat_template(candidate.tokenizer, p) for p in load_prompts(args.dataset, args.num_prompts)]
     params = sampling_params_from_args(args)
     with progress_bars() as progress:

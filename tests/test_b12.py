@@ -4,6 +4,7 @@ size on realistic weights, and clear errors for what it cannot hold."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -137,3 +138,79 @@ def test_convert_names_what_it_cannot_hold(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["convert", "--format", "b12", "--model-path", str(b12), "--out", str(tmp_path / "again")])
     assert "is a B12 checkpoint already" in capsys.readouterr().err
+
+
+def test_b12_linear_gives_the_bf16_products_and_moves_with_the_module():
+    from specpilot.models.linear import Linear, to_b12, weight_bytes
+
+    g = torch.Generator().manual_seed(3)
+    lin = Linear(300, 40, bias=True)
+    lin.weight.data = (torch.randn(40, 300, generator=g) * 0.05).to(torch.bfloat16)
+    lin.bias.data = torch.randn(40, generator=g).to(torch.bfloat16)
+    x = torch.randn(3, 5, 300, generator=g).to(torch.bfloat16)
+    expected = lin(x)
+    report = to_b12(lin)
+    assert report["converted"] == 1 and lin.weight is None and lin.b12 is not None
+    assert report["bytes_before"] == 40 * 300 * 2 + 40 * 2
+    assert report["bytes_after"] == weight_bytes(lin) < 0.8 * report["bytes_before"]
+    assert torch.equal(lin(x).view(torch.int16), expected.view(torch.int16))
+    assert "b12" in repr(lin)
+    lin.to(torch.device("meta"))
+    assert lin.b12.sm.device.type == "meta"
+
+
+def test_b12_keeps_a_tied_weight_and_leaves_other_dtypes():
+    from specpilot.models.linear import Linear, to_b12
+    from torch import nn
+
+    tied = nn.Module()
+    tied.embed = nn.Embedding(64, 32, dtype=torch.bfloat16)
+    tied.head = Linear(32, 64)
+    tied.head.weight = tied.embed.weight
+    fp32 = Linear(32, 8)
+    fp32.weight.data = torch.randn(8, 32)
+    assert to_b12(tied)["converted"] == 1 and tied.head.weight is tied.embed.weight and tied.head.b12 is not None
+    assert to_b12(fp32) == {"converted": 0, "kept_bf16": 1, "bytes_before": 8 * 32 * 4, "bytes_after": 8 * 32 * 4}
+
+
+def test_a_b12_checkpoint_runs_as_b12_in_bf16(tmp_path):
+    from specpilot.cli import main
+    from specpilot.config import SamplingParams
+    from specpilot.engine.engine import Engine, EngineConfig
+
+    src, out = _bf16_model_dir(tmp_path), tmp_path / "b12"
+    assert main(["convert", "--format", "b12", "--model-path", str(src), "--out", str(out)]) == 0
+    config = EngineConfig(device="cpu", dtype="bfloat16", max_running_requests=2, context_length=64)
+    plain = Engine.from_config(replace(config, model_path=str(src)))
+    asked = Engine.from_config(replace(config, model_path=str(src), mechanisms=frozenset({"b12"})))
+    loaded = Engine.from_config(replace(config, model_path=str(out)))
+    assert "b12" not in plain.mechanisms and plain.weights_info()["format"] == "bfloat16"
+    for engine in (asked, loaded):
+        info = engine.weights_info()
+        assert "b12" in engine.mechanisms and info["format"] == "b12"
+        assert info["dense_bytes"] == plain.weights_info()["bytes"] and info["saved_bytes"] > 0
+    prompts, params = [[5, 6, 7, 8, 9], [11, 3]], SamplingParams(max_new_tokens=10, ignore_eos=True)
+    expected = [r.output_ids for r in plain.generate(prompts, params)]
+    for engine in (asked, loaded):
+        assert [r.output_ids for r in engine.generate(prompts, params)] == expected
+    # float32 weights cannot be B12: the request names why
+    with pytest.raises(ValueError, match="--mechanisms: b12 needs bf16 weights"):
+        Engine.from_config(replace(config, model_path=str(src), dtype="float32", mechanisms=frozenset({"b12"})))
+
+
+def test_force_checks_b12_against_the_bf16_weights(tmp_path, capsys):
+    """`specpilot force --mechanisms b12`: the reference run keeps bf16 weights of its own (a shared model
+    would be B12 on both sides and prove nothing)."""
+    from spec_fixtures import write_random_dflash
+
+    from specpilot.cli import main
+
+    src = _bf16_model_dir(tmp_path)
+    cfg = json.loads((src / "config.json").read_text())
+    dflash = write_random_dflash(tmp_path, hidden=cfg["hidden_size"], num_target_layers=cfg["num_hidden_layers"],
+                                 mask_token_id=cfg["vocab_size"] - 1)
+    assert main(["force", "--model-path", str(src), "--device", "cpu", "--dtype", "bfloat16",
+                 "--speculative-algorithm", "dflash", "--speculative-draft-model-path", str(dflash),
+                 "--mechanisms", "b12,device-acceptance", "--dataset", "math", "--num-prompts", "2",
+                 "--max-new-tokens", "8"]) == 0
+    assert json.loads(capsys.readouterr().out)["passed"] is True

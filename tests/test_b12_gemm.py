@@ -58,3 +58,19 @@ def test_triton_equals_the_bf16_kernel_on_the_decoded_weights(triton_results: di
 
 if __name__ == "__main__":
     print(json.dumps(_triton_results()))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 14336), (1000, 600)])
+@pytest.mark.parametrize("m", [1, 4, 16, 33, 64, 100, 300])
+def test_cuda_equals_invariant_gemm_on_the_decoded_weights(m, n, k):
+    """The model's B12 path: at every M the rows are bitwise the bf16 weight's invariant path."""
+    from specpilot.kernels.b12_gemm import b12_gemm
+    from specpilot.kernels.skinny_gemm import invariant_gemm
+
+    x, p, b = make_case(m, n, k, bias=n == 1000, seed=m)
+    x, b = x.cuda(), b.cuda() if b is not None else None
+    planes = [t.cuda() for t in (p.sm, p.code, p.base, p.exc_off, p.exc_val)]
+    got = b12_gemm(x, *planes, b)
+    expected = invariant_gemm(x, decode(p).cuda(), b)
+    assert torch.equal(got.view(torch.int16), expected.view(torch.int16))

@@ -30,7 +30,7 @@ from specpilot.engine.registry import (
     shipped_profiles,
 )
 
-ALL = frozenset(m.name for m in MECHANISMS)
+ALL = frozenset(m.name for m in MECHANISMS if m.by_default)
 DFLASH_TREES = EngineConfig(speculative_algorithm="dflash", speculative_eagle_topk=4, speculative_ngram_assist=2)
 DFLASH_CAPS = Capabilities(early_launch=True, trees=True, device_lookup=True, graphs=True)
 
@@ -74,6 +74,16 @@ def test_resolve_mechanisms_explicit_set_must_hold():
         resolve_mechanisms({"device-acceptance"}, Deployment("cuda", EngineConfig()))
     with pytest.raises(ValueError, match="unknown mechanism 'bogus'"):
         resolve_mechanisms({"bogus"}, here)
+
+
+def test_b12_is_asked_for_and_needs_bf16():
+    bf16 = Deployment("cpu", EngineConfig(dtype="bfloat16"))
+    assert "b12" not in resolve_mechanisms(None, replace(bf16, device="cuda", config=EngineConfig()))
+    assert resolve_mechanisms({"b12"}, bf16) == {"b12"}
+    assert resolve_mechanisms({"b12"}, Deployment("cuda", EngineConfig())) == {"b12"}  # auto is bf16 there
+    with pytest.raises(ValueError, match=r"--mechanisms: b12 needs bf16 weights \(--dtype bfloat16\), not "
+                                         r"torch.float32"):
+        resolve_mechanisms({"b12"}, Deployment("cpu", EngineConfig()))
 
 
 @pytest.mark.parametrize("changes,error", [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -69,6 +70,18 @@ def test_forcing_passes_batched_mixed_lengths(tiny, algorithm, block, assist, to
     assert verdict.passed, verdict.as_dict()
     assert verdict.positions_checked == 8 * 40
     assert cand.cache.num_free == cand.cache.num_slots
+
+
+def test_forcing_passes_with_b12_weights(tiny):
+    """The b12 mechanism (the target's matrices as B12 planes) against a bf16 AR reference."""
+    ckpt, paths = tiny
+    config = EngineConfig(device=TEST_DEVICE, dtype="bfloat16", max_running_requests=8, context_length=256)
+    stock = Engine(ckpt, config)
+    cand = Engine(ckpt, replace(config, speculative_algorithm="dflash", speculative_draft_model_path=paths["dflash"],
+                                mechanisms=frozenset({"b12", "device-acceptance"})))
+    assert cand.weights_info()["format"] == "b12" and stock.weights_info()["format"] == "bfloat16"
+    verdict = run_forcing(stock, cand, mixed_prompts(ckpt.config.vocab_size, 8), GREEDY, "dflash")
+    assert verdict.passed, verdict.as_dict()
 
 
 @pytest.mark.parametrize("algorithm,block", [("ngram", 4), ("dflash", None), ("pard", 5)])

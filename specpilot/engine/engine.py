@@ -30,6 +30,7 @@ from specpilot.kernels.slot_attention import MAX_TREE_Q_LEN
 from specpilot.kernels.triton_support import HAS_TRITON
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import Checkpoint, load_checkpoint
+from specpilot.models.linear import iter_linears, to_b12, weight_bytes
 from specpilot.models.runner import (
     ModelRunner,
 )
@@ -48,6 +49,13 @@ log = logging.getLogger(__name__)
 
 class TokenObserver(Protocol):
     def observe(self, req: Request, tokens: list[int], rows: torch.Tensor) -> list[int]: ...
+
+
+def _wants_b12(config: EngineConfig, checkpoint: Checkpoint) -> bool:
+    """--mechanisms names b12, or it is left open and the checkpoint was B12 (its registry entry checks bf16)."""
+    if config.mechanisms is not None:
+        return "b12" in config.mechanisms
+    return checkpoint.weight_format == "b12"
 
 
 def _build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Transformer:
@@ -75,6 +83,12 @@ class Engine:
         self._grammars: GrammarCompiler | None = None  # made on the first constrained request
         mcfg = checkpoint.config
         self.model = model if model is not None else _build_model(checkpoint, self.device, self.dtype)
+        if _wants_b12(config, checkpoint):  # before the KV pool is sized: it gets the bytes B12 frees
+            with phase("holding the target's matrices as B12"):
+                to_b12(self.model)
+            return_freed_memory()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
         # a hybrid target (models/hybrid.py) runs in plain torch: no invariant kernels, no graphs
         self.hybrid = mcfg.hybrid is not None
         per_token = kv_bytes_per_token(self.model.kv_layers, mcfg.num_kv_heads, mcfg.head_dim, self.dtype)
@@ -156,6 +170,8 @@ class Engine:
         capabilities = self._drafter.capabilities if self._drafter else None
         self.mechanisms = resolve_mechanisms(self.config.mechanisms,
                                              Deployment(self.device.type, self.config, capabilities, graphs))
+        if self.weights_info()["format"] == "b12":  # weights shared with a twin that asked for them
+            self.mechanisms |= {"b12"}
         self.speculation = SpeculativeStep(self) if self._drafter else None
 
     def _capture_graphs(self) -> None:
@@ -165,6 +181,15 @@ class Engine:
                             num_kv_splits=self.config.attention_kv_splits)
         if self.speculation is not None:
             self.speculation.capture()
+
+    def weights_info(self) -> dict[str, int | str]:
+        """The target's weight format ("b12" once any matrix is held so) and bytes, beside what they take dense."""
+        held = weight_bytes(self.model)
+        planes = [linear for _, linear in iter_linears(self.model) if linear.b12 is not None]
+        dense = held + sum((lin.in_features * lin.out_features * 2 if lin.weight is None else 0) - lin.b12.stored_bytes
+                           for lin in planes)
+        return {"format": "b12" if planes else str(self.dtype).removeprefix("torch."), "bytes": held,
+                "dense_bytes": dense, "saved_bytes": dense - held}
 
     def twin(self, **changes: object) -> Engine:
         """An engine of this one's config with `changes` (e.g. no drafter) over the same weights and KV

@@ -18,8 +18,10 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from specpilot.drafters.base import Capabilities
-from specpilot.engine.config import EngineConfig
+from specpilot.engine.config import EngineConfig, resolve_dtype
 
 STAGES = ("propose", "plan", "verify", "accept", "commit", "prepare")
 STOCK = "stock"  # --mechanisms stock: none of them
@@ -68,6 +70,7 @@ class Mechanism:
     summary: str
     stages: tuple[str, ...]
     requires: Callable[[Deployment], str | None]  # why it cannot run here (None: it can)
+    by_default: bool = True  # on wherever it can run, unless a set is asked for
 
 
 def _int_at_least(n: int) -> Callable[[Any], bool]:
@@ -135,6 +138,11 @@ def _layout_ahead(d: Deployment) -> str | None:
     return _device_acceptance(d) or (None if d.graphs else "needs CUDA graphs")
 
 
+def _bf16_weights(d: Deployment) -> str | None:
+    dtype = resolve_dtype(d.config.dtype, torch.device(d.device))
+    return None if dtype == torch.bfloat16 else f"needs bf16 weights (--dtype bfloat16), not {dtype}"
+
+
 def _device_lookup(d: Deployment) -> str | None:
     if d.capabilities is None or not d.capabilities.device_lookup:
         return "needs a drafter that looks up on the device (dflash trees)"
@@ -150,6 +158,10 @@ MECHANISMS: tuple[Mechanism, ...] = (
               "whose batch did not change skips the host's fill", ("accept", "plan"), _layout_ahead),
     Mechanism("device-lookup", "prompt lookup for draft trees runs on the device, inside the early launch",
               ("propose",), _device_lookup),
+    # off unless asked for (or the checkpoint is B12): converting the weights takes time at load
+    Mechanism("b12", "the target's matrices held as B12 (12 bits a weight) and multiplied by a kernel that decodes "
+              "them in registers: bf16's bits, three quarters of its bytes", ("propose", "verify"), _bf16_weights,
+              by_default=False),
 )
 # what a mechanism needs of the others (checked when a set is asked for)
 NEEDS = {"early-launch": ("device-acceptance",), "layout-ahead": ("device-acceptance",)}
@@ -173,12 +185,12 @@ def parse_mechanisms(text: str, source: str = "--mechanisms") -> frozenset[str]:
 
 
 def resolve_mechanisms(requested: Iterable[str] | None, deployment: Deployment) -> frozenset[str]:
-    """None: every mechanism whose precondition holds here. A set: exactly those, each of which must hold
+    """None: every mechanism on by default whose precondition holds here. A set: exactly those, each of which must hold
     (ValueError naming the mechanism and why not)."""
     if requested is None:
         on: set[str] = set()
         for m in MECHANISMS:  # in order: a mechanism's needs come before it
-            if m.requires(deployment) is None and all(n in on for n in NEEDS.get(m.name, ())):
+            if m.by_default and m.requires(deployment) is None and all(n in on for n in NEEDS.get(m.name, ())):
                 on.add(m.name)
         return frozenset(on)
     chosen = frozenset(requested)

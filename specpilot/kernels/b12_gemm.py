@@ -1,11 +1,11 @@
 """``y = x @ w.T (+ bias)`` with ``w`` stored as B12 planes (specpilot/formats/b12.py has the format), decoded
 in registers tile by tile.
 
-The kernel is skinny_gemm's decode-size kernel (one program per ``BLOCK_N`` rows of ``w`` and ``BLOCK_M`` rows of
-``x``, K walked in ``BLOCK_K`` tiles in order, one fp32 accumulator fed by ``tl.dot``, no split-K) with the
+The kernel is invariant_gemm's (one program per ``BLOCK_N`` rows of ``w`` and ``BLOCK_M`` rows of ``x``, K walked
+in ``BLOCK_K`` tiles in order, one fp32 accumulator fed by ``tl.dot``, no split-K; its tiles by M and N) with the
 weight tile's load replaced by its decode: the sign/mantissa bytes, the row's base exponent plus the tile's
 4-bit codes, and escaped weights' raw bits gathered from their segment. Fed the same tiles, the dot sums the
-same products in the same order as skinny_gemm on the decoded bf16 matrix; that the MMA keeps them bitwise equal
+same products in the same order as invariant_gemm on the decoded bf16 matrix; that the MMA keeps them bitwise equal
 for u8-derived operands is what the H200 test checks (docs/RESULTS.md). Here escapes are gathered per element
 (masked): correct at any rate, not yet the O(#escapes) patch the speed goal needs.
 
@@ -18,7 +18,13 @@ from __future__ import annotations
 
 import torch
 
-from specpilot.kernels.skinny_gemm import MAX_M, SkinnyConfig, default_config, skinny_gemm_reference
+from specpilot.kernels.skinny_gemm import (
+    SkinnyConfig,
+    block_m_for,
+    fit_stages,
+    invariant_config,
+    skinny_gemm_reference,
+)
 from specpilot.kernels.triton_support import HAS_TRITON, require_triton, tl, triton
 
 __all__ = ["BLOCK", "ESCAPE", "GROUP", "as_int16", "b12_decode_reference", "b12_gemm", "b12_gemm_reference", "halves"]
@@ -126,26 +132,29 @@ if HAS_TRITON:
 
 
 def b12_gemm(x: torch.Tensor, sm: torch.Tensor, code: torch.Tensor, base: torch.Tensor, exc_off: torch.Tensor,
-             exc_val: torch.Tensor, bias: torch.Tensor | None = None, *,
-             config: SkinnyConfig | None = None) -> torch.Tensor:
-    """Triton ``x @ decode(planes).T + bias`` for bf16 ``x`` of 1..64 rows; the tiles are skinny_gemm's
-    (``config``: its tile sizes; split-K is not taken)."""
+             exc_val: torch.Tensor, bias: torch.Tensor | None = None, *, config: SkinnyConfig | None = None,
+             block_m: int | None = None) -> torch.Tensor:
+    """Triton ``x @ decode(planes).T + bias`` for bf16 ``x`` of any number of rows, on invariant_gemm's tiles
+    for this shape (``config`` and ``block_m`` pin others), so its rows are bitwise invariant_gemm's on the
+    decoded matrix."""
     require_triton("b12_gemm")
     (m, k), n = x.shape, sm.shape[0]
     if x.dtype != torch.bfloat16 or x.stride(1) != 1:
         raise ValueError(f"x must be bf16 with a unit-stride last dimension, got {x.dtype}")
-    if m > MAX_M or sm.shape != (n, k) or code.shape != (n, -(-k // 2)) or base.shape != (n,):
-        raise ValueError(f"b12_gemm takes x [<= {MAX_M}, K] and planes of [N, K] = [{n}, {k}]; got x "
+    if sm.shape != (n, k) or code.shape != (n, -(-k // 2)) or base.shape != (n,):
+        raise ValueError(f"b12_gemm takes x [M, K] and planes of [N, K] = [{n}, {k}]; got x "
                          f"{tuple(x.shape)}, sm {tuple(sm.shape)}, code {tuple(code.shape)}, base {tuple(base.shape)}")
     if bias is not None and bias.shape != (n,):
         raise ValueError(f"bias must be [N] = [{n}], got {tuple(bias.shape)}")
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    config = config or default_config(m, n, k)
+    if config is None:
+        config, chosen = invariant_config(m, n, k)
+        block_m = block_m or chosen
     if config.split_k != 1:
         raise ValueError("b12_gemm takes split_k=1 (one K order, as invariant_gemm)")
-    block_m = min(MAX_M, max(16, triton.next_power_of_2(m)))
+    block_m = block_m or block_m_for(m)
     full, half = halves(k)
     grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, block_m))
     _b12_gemm_kernel[grid](
@@ -153,6 +162,6 @@ def b12_gemm(x: torch.Tensor, sm: torch.Tensor, code: torch.Tensor, base: torch.
         bias if bias is not None else x, out, m, n, k, x.stride(0), code.stride(0), out.stride(0),
         -(-k // BLOCK), full, half or 128, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_K=k % config.block_k == 0, HAS_BIAS=bias is not None, DOT_PRECISION="tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=fit_stages(config, block_m, 2),
     )
     return out

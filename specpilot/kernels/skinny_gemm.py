@@ -214,11 +214,11 @@ def _check_inputs(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, m
             raise ValueError(f"{name} is on {t.device}, x is on {x.device}")
 
 
-def _block_m(m: int) -> int:
+def block_m_for(m: int) -> int:
     return min(MAX_BLOCK_M, max(16, triton.next_power_of_2(m)))
 
 
-def _fit_stages(config: SkinnyConfig, block_m: int, elt: int) -> int:
+def fit_stages(config: SkinnyConfig, block_m: int, elt: int) -> int:
     """config.num_stages, lowered until the buffered w and x tiles fit in shared memory."""
     per_stage = (config.block_n + block_m) * config.block_k * elt
     return max(1, min(config.num_stages, _SMEM_BUDGET // per_stage))
@@ -296,7 +296,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, config:
     if config is None:
         config = default_config(m, n, k)
 
-    block_m = block_m or _block_m(m)
+    block_m = block_m or block_m_for(m)
     k_tiles = triton.cdiv(k, config.block_k)
     split = min(config.split_k, k_tiles)  # more splits than tiles would only add empty programs
     k_span = triton.cdiv(k_tiles, split) * config.block_k
@@ -329,7 +329,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, config:
         # fp32 operands would otherwise run the dot in tf32
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps,
-        num_stages=_fit_stages(config, block_m, x.element_size()),
+        num_stages=fit_stages(config, block_m, x.element_size()),
     )
     if split > 1:
         block = 1024

@@ -27,6 +27,7 @@ class Checkpoint:
     state_dict: dict[str, torch.Tensor]
     tokenizer: transformers.PreTrainedTokenizerBase | None
     source: str
+    weight_format: str | None = None  # "b12": the files held B12 planes (decoded to bf16 in state_dict)
 
 
 def embedded_default_path() -> pathlib.Path:

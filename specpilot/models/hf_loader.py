@@ -44,7 +44,8 @@ def load_hf_dir(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> 
     if config.tie_word_embeddings:
         state_dict.pop("lm_head.weight", None)
     check_state_dict(config, state_dict, source)
-    return Checkpoint(config=config, state_dict=state_dict, tokenizer=tokenizer, source=source)
+    return Checkpoint(config=config, state_dict=state_dict, tokenizer=tokenizer, source=source,
+                      weight_format=note["format"] if note else None)
 
 
 def _read_json(file: pathlib.Path) -> dict[str, Any]:

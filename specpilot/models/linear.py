@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specpilot.formats.b12 import B12Tensor, TooManyEscapes, decode, encode
+from specpilot.kernels.b12_gemm import b12_gemm
 from specpilot.kernels.skinny_gemm import HAS_TRITON, invariant_gemm, skinny_gemm
 
 # Up to this many rows (decode, small verify) a Triton GEMM that streams W at near copy bandwidth
@@ -23,7 +25,10 @@ class Linear(nn.Module):
     """y = x @ W^T (+ b), with W stored [out_features, in_features] as in HF checkpoints.
 
     `batch_invariant` (CUDA): every M runs one Triton tiling and K order per weight shape, so a row's result
-    never depends on the rows beside it (set_batch_invariant); otherwise the fastest kernel per M."""
+    never depends on the rows beside it (set_batch_invariant); otherwise the fastest kernel per M.
+
+    `to_b12` swaps the weight for its B12 planes (kernels/b12_gemm.py reads them on CUDA; elsewhere they are
+    decoded for each product): the same bits, so the same outputs as the bf16 weight on the invariant path."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
@@ -32,8 +37,11 @@ class Linear(nn.Module):
         self.batch_invariant = False
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        self.b12: B12Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.b12 is not None:
+            return self._b12_forward(x)
         if x.is_cuda and x.dim() == 2 and HAS_TRITON:
             if self.batch_invariant:
                 return invariant_gemm(x, self.weight, self.bias)
@@ -41,8 +49,49 @@ class Linear(nn.Module):
                 return skinny_gemm(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
+    def _b12_forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.b12
+        if x.is_cuda and HAS_TRITON and x.dtype == torch.bfloat16:
+            # invariant_gemm's tiles at every M: bitwise the bf16 weight's invariant path
+            flat = x.reshape(-1, x.shape[-1]).contiguous()
+            y = b12_gemm(flat, p.sm, p.code, p.base, p.exc_off, p.exc_val, self.bias)
+            return y.reshape(*x.shape[:-1], self.out_features)
+        w = self.dense_weight()
+        if w.device.type == "cpu":
+            w = w.t().contiguous().t()  # use_cpu_layout's: the bf16 module's products, bit for bit
+        return F.linear(x, w, self.bias)
+
+    def dense_weight(self) -> torch.Tensor:
+        """The [out, in] weight as a bf16 (or the loaded dtype's) tensor, decoded where B12 holds it."""
+        return self.weight if self.weight is not None else decode(self.b12)
+
+    def to_b12(self, keep_dense: bool = False) -> bool:
+        """Multiply by B12 planes of the weight from now on and drop the bf16 tensor, or keep it for
+        `keep_dense` (another module shares it: a tied embedding). False, unchanged, for a weight that is not
+        bf16 or is too spread for B12's exponent windows."""
+        if self.b12 is not None:
+            return True
+        if self.weight.dtype != torch.bfloat16:
+            return False
+        try:
+            planes = encode(self.weight.detach().contiguous())
+        except TooManyEscapes:
+            return False
+        self.b12 = planes
+        if not keep_dense:
+            del self.weight
+            self.weight = None
+        return True
+
+    def _apply(self, fn, recurse: bool = True):  # .to() / .cuda() move the planes with the module
+        if self.b12 is not None:
+            b = self.b12
+            self.b12 = B12Tensor(b.shape, *(fn(t) for t in (b.sm, b.code, b.base, b.exc_off, b.exc_val)))
+        return super()._apply(fn, recurse)
+
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"
+        fmt = ", b12" if self.b12 is not None else ""
+        return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}{fmt}"
 
 
 def use_cpu_layout(module: nn.Module) -> None:
@@ -53,12 +102,36 @@ def use_cpu_layout(module: nn.Module) -> None:
     relaid: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}  # id(old) -> (old, new); old kept alive
     for _, linear in iter_linears(module):
         w = linear.weight
-        if w.device.type == "cpu" and w.dim() == 2 and w.stride() == (w.shape[1], 1) and id(w) not in relaid:
+        if w is not None and w.device.type == "cpu" and w.dim() == 2 and w.stride() == (w.shape[1], 1) and id(w) not in relaid:
             relaid[id(w)] = (w, nn.Parameter(w.detach().t().contiguous().t(), requires_grad=False))
     for name, param in list(module.named_parameters(remove_duplicate=False)):
         if id(param) in relaid:
             owner, _, attr = name.rpartition(".")
             setattr(module.get_submodule(owner) if owner else module, attr, relaid[id(param)][1])
+
+
+def to_b12(module: nn.Module) -> dict[str, int]:
+    """Every bf16 Linear of `module` as B12 (Linear.to_b12): how many were converted and kept, and the bytes
+    the weights took before and take now."""
+    before = weight_bytes(module)
+    uses: dict[int, int] = {}
+    for _, p in module.named_parameters(remove_duplicate=False):
+        uses[id(p)] = uses.get(id(p), 0) + 1
+    done = [linear.to_b12(keep_dense=linear.weight is not None and uses.get(id(linear.weight), 0) > 1)
+            for _, linear in iter_linears(module)]
+    return {"converted": sum(done), "kept_bf16": len(done) - sum(done), "bytes_before": before,
+            "bytes_after": weight_bytes(module)}
+
+
+def weight_bytes(module: nn.Module) -> int:
+    """Bytes of the module's distinct parameters, buffers and B12 planes."""
+    seen: dict[int, int] = {}
+    for t in [*module.parameters(), *module.buffers()]:
+        seen[id(t)] = t.numel() * t.element_size()
+    for _, linear in iter_linears(module):
+        if linear.b12 is not None:
+            seen[id(linear.b12)] = linear.b12.stored_bytes
+    return sum(seen.values())
 
 
 def set_batch_invariant(module: nn.Module, on: bool) -> None:

@@ -92,7 +92,7 @@ class ServerContext:
         """The settings in effect; `speed`: the mechanisms on and every tunable's value (engine/registry.py)."""
         return asdict(self.engine.config) | asdict(self.args) | {
             "max_queued_requests": self.max_queued_requests, "kv_cache": self.engine.kv_plan.as_dict(),
-            "kv_pool": self.engine.pages.info(),
+            "kv_pool": self.engine.pages.info(), "weights": self.engine.weights_info(),
             "speed": in_effect(self.engine.config, self.engine.mechanisms)}
 
 

@@ -1,0 +1,104 @@
+"""B12 GEMM against our bf16 kernel and cuBLAS on Llama-3.1-8B's weight shapes (run on a GPU).
+
+For each shape and M: cuBLAS (``F.linear``), our batch-invariant bf16 kernel (``invariant_gemm``, the decode
+path's) and ``b12_gemm`` on the B12 planes of the same weights, each timed by CUDA-graph replay over rotated
+weight copies (more than twice the L2, so no call finds its weight cached), in interleaved rounds; median and
+spread per cell, the share of the read bandwidth (kernels/stream_read.py's probe) each reaches, and whether
+B12's output is bitwise the bf16 kernel's. Weights: Gaussian rows of varied scale (the real checkpoints' shape of
+distribution; benchmarks/b12_stats.py has their escape rates).
+
+    python benchmarks/gpu_b12_gemm.py [--m 1 4 16 64] [--shapes qkv o gate_up down lm_head] [--rounds 3] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench_cudagraph
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import out_dir, read_bandwidth, write_json  # noqa: E402
+from specpilot.formats.b12 import encode  # noqa: E402
+from specpilot.kernels.b12_gemm import b12_gemm  # noqa: E402
+from specpilot.kernels.skinny_gemm import invariant_gemm  # noqa: E402
+from specpilot.progress import bar  # noqa: E402
+
+SHAPES: dict[str, tuple[int, int]] = {  # name -> (N, K) of w
+    "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336), "lm_head": (128256, 4096),
+}
+KERNELS = ("cublas", "bf16", "b12")
+
+
+def weights(n: int, k: int, seed: int) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    scale = torch.exp(0.3 * torch.randn(n, 1, device="cuda", generator=g)) * 0.02
+    return (torch.randn(n, k, device="cuda", generator=g) * scale).to(torch.bfloat16)
+
+
+def time_us(fn, operands: list, x: torch.Tensor) -> float:
+    """Median µs per call over a CUDA graph of back-to-back calls, each on the next copy's operands."""
+    cycle = itertools.cycle(operands)
+    return do_bench_cudagraph(lambda: fn(x, next(cycle)), rep=20, return_mode="median") * 1e3
+
+
+def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: float) -> list[dict]:
+    w = weights(n, k, seed=n + k)
+    planes = encode(w, name)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    copies = max(1, math.ceil(2 * l2 / (n * k * 2)))
+    dense = [w] + [w.clone() for _ in range(copies - 1)]
+    packed = [(planes.sm, planes.code, planes.base, planes.exc_off, planes.exc_val)]
+    packed += [tuple(t.clone() for t in packed[0]) for _ in range(copies - 1)]
+    fns = {"cublas": (lambda x, w_: F.linear(x, w_), dense), "bf16": (lambda x, w_: invariant_gemm(x, w_), dense),
+           "b12": (lambda x, p: b12_gemm(x, *p), packed)}
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        bitwise = torch.equal(b12_gemm(x, *packed[0]).view(torch.int16), invariant_gemm(x, w).view(torch.int16))
+        times: dict[str, list[float]] = {kern: [] for kern in KERNELS}
+        for _ in range(rounds):  # interleaved: each round times every kernel once
+            for kern in KERNELS:
+                fn, ops = fns[kern]
+                times[kern].append(time_us(fn, ops, x))
+        row = {"shape": name, "n": n, "k": k, "m": m, "b12_bitwise_equal": bitwise, "weight_copies": copies,
+               "bits_per_weight": planes.stats()["bits_per_weight"], "escape_rate": planes.stats()["escape_rate"]}
+        for kern in KERNELS:
+            med = statistics.median(times[kern])
+            nbytes = planes.stored_bytes if kern == "b12" else n * k * 2
+            row[kern] = {"us": med, "min_us": min(times[kern]), "max_us": max(times[kern]),
+                         "read_share": nbytes / (med * 1e-6) / read_bps}
+        row["b12_over_bf16"] = row["b12"]["us"] / row["bf16"]["us"]
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--m", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    read_bps = read_bandwidth(torch.device("cuda"), gib=4.0)
+    print(f"read bandwidth {read_bps / 1e12:.2f} TB/s ({torch.cuda.get_device_name()})")
+    rows: list[dict] = []
+    for name in bar(args.shapes, "shapes"):
+        rows += run_shape(name, *SHAPES[name], args.m, args.rounds, read_bps)
+        torch.cuda.empty_cache()
+    print(f"{'shape':>8} {'M':>3} {'cuBLAS us':>10} {'bf16 us':>9} {'b12 us':>8} {'bf16 read':>9} {'b12/bf16':>8} bitwise")
+    for r in rows:
+        print(f"{r['shape']:>8} {r['m']:>3} {r['cublas']['us']:>10.1f} {r['bf16']['us']:>9.1f} {r['b12']['us']:>8.1f} "
+              f"{r['bf16']['read_share']:>9.1%} {r['b12_over_bf16']:>8.3f} {r['b12_bitwise_equal']}")
+    write_json(out_dir(args.out) / "b12_gemm.json", {"read_bandwidth_bps": read_bps,
+                                                     "device": torch.cuda.get_device_name(), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
