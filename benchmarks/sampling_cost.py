@@ -1,9 +1,10 @@
 """What keyed sampling costs a step: B rows of the embedded model's vocabulary at T=0.8 / top-p 0.95, each its
-own seed and position, sampled row by row (keyed_sample per row, the engine's loop before batching) and
-together (keyed_sample_rows), interleaved; checks both give the same tokens. Median and range of the
-repeats, ms per call.
+own seed and position, sampled row by row (keyed_sample per row, the engine's loop before batching; up to
+--loop-max rows) and together (keyed_sample_rows), interleaved; checks both give the same tokens; then the
+together call's two stages alone (the distribution with its top-p cut, target_probs; the keyed draw,
+keyed_argmax). 512 rows: a B=32 verify of 16 tokens. Median and range of the repeats, ms per call.
 
-    python benchmarks/sampling_cost.py --device cpu|cuda [--batch 1 8 32] [--repeats 5] [--out DIR]
+    python benchmarks/sampling_cost.py --device cpu|cuda [--batch 1 8 32 512] [--repeats 5] [--out DIR]
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from common import timed_ms  # noqa: E402
 
 from specpilot.bench import provenance  # noqa: E402
 from specpilot.config import SamplingParams  # noqa: E402
-from specpilot.engine.sampling import keyed_sample, keyed_sample_rows  # noqa: E402
+from specpilot.engine.sampling import as_seeds, keyed_sample, keyed_sample_rows, target_probs  # noqa: E402
+from specpilot.kernels.keyed_argmax import keyed_argmax  # noqa: E402
 
 VOCAB = 49152  # SmolLM2's
 PARAMS = SamplingParams(temperature=0.8, top_p=0.95)
@@ -30,7 +32,8 @@ PARAMS = SamplingParams(temperature=0.8, top_p=0.95)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 512])
+    ap.add_argument("--loop-max", type=int, default=32, help="the per-row loop only up to this many rows")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -44,16 +47,19 @@ def main() -> None:
         rows = lambda: torch.cat([keyed_sample(logits[i : i + 1], PARAMS, seeds[i], positions[i : i + 1])  # noqa: E731
                                   for i in range(b)])
         together = lambda: keyed_sample_rows(logits, [PARAMS] * b, seeds, positions)  # noqa: E731
-        if not torch.equal(rows(), together()):
+        probs = target_probs(logits, PARAMS)
+        stages = {"target_probs": lambda: target_probs(logits, PARAMS),
+                  "keyed_argmax": lambda: keyed_argmax(probs, as_seeds(seeds, device), positions)}
+        fns = ({"per_row": rows} if b <= args.loop_max else {}) | {"together": together} | stages
+        if b <= args.loop_max and not torch.equal(rows(), together()):
             raise SystemExit(f"B={b}: the batched samples differ from the per-row ones")
-        times: dict[str, list[float]] = {"per_row": [], "together": []}
+        times: dict[str, list[float]] = {k: [] for k in fns}
         for _ in range(args.repeats):
-            times["per_row"].append(timed_ms(rows, device))
-            times["together"].append(timed_ms(together, device))
+            for name, fn in fns.items():
+                times[name].append(timed_ms(fn, device))
         report["ms"][str(b)] = {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in times.items()}
         m = report["ms"][str(b)]
-        print(f"B={b:3d}: per row {m['per_row']['median']:.2f} ms ({m['per_row']['min']:.2f}-{m['per_row']['max']:.2f}), "
-              f"together {m['together']['median']:.2f} ms ({m['together']['min']:.2f}-{m['together']['max']:.2f})")
+        print(f"B={b:3d}: " + ", ".join(f"{k} {v['median']:.3f} ms ({v['min']:.3f}-{v['max']:.3f})" for k, v in m.items()))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / f"sampling_cost_{device.type}.json").write_text(json.dumps(report, indent=2))

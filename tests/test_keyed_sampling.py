@@ -8,7 +8,8 @@ import torch
 from test_speculative import AcceptEverything, engine_for, mixed_prompts, tiny  # noqa: F401  (module fixture)
 
 from specpilot.config import SamplingParams
-from specpilot.engine.sampling import keyed_gumbel, keyed_sample, keyed_sample_rows
+from specpilot.engine.sampling import keyed_sample, keyed_sample_rows
+from specpilot.kernels.keyed_argmax import keyed_gumbel
 from specpilot.forcing import run_forcing
 
 SAMPLED = SamplingParams(max_new_tokens=32, temperature=0.8, top_p=0.95, seed=11, ignore_eos=True)
@@ -97,3 +98,25 @@ def test_planted_other_stream_sampler_fails_forcing(tiny, monkeypatch):  # noqa:
     verdict = run_forcing(engine_for(ckpt), engine_for(ckpt, "ngram", block=4),
                           mixed_prompts(ckpt.config.vocab_size, 4), SAMPLED, "hack")
     assert not verdict.passed and verdict.non_tie_mismatches > 0
+
+
+def _nucleus_by_stable_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The definition: sort each row (stable, so equal probabilities keep id order), keep the smallest prefix
+    whose mass reaches top_p."""
+    values, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    before = torch.nn.functional.pad(values.cumsum(-1)[:, :-1], (1, 0))
+    return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, before < top_p)
+
+
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.999])
+def test_top_p_nucleus_equals_the_stable_sort_definition(top_p, monkeypatch):
+    """Narrow nuclei (found among the candidates), wide ones (past them: a full sort of those rows) and ties at
+    the cut (the lower ids kept) give the definition's tokens."""
+    from specpilot.engine import sampling
+
+    monkeypatch.setattr(sampling, "TOP_P_CANDIDATES", 16)
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(6, 400, generator=g) * torch.tensor([[8.0], [4.0], [0.5], [0.1], [2.0], [6.0]])
+    logits[4, 100:140] = logits[4].max() + 1  # 40 tied tokens at the top: the cut falls among them
+    probs = torch.softmax(logits, dim=-1)
+    assert torch.equal(sampling.top_p_keep(probs, top_p), _nucleus_by_stable_sort(probs, top_p))

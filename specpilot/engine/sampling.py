@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from specpilot.config import SamplingParams
+from specpilot.kernels.keyed_argmax import as_int64, keyed_argmax
 from specpilot.kernels.softmax_topk import row_argmax
 from specpilot.state.request import Request
 
@@ -28,72 +29,61 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
     if params.top_p < 1.0:
-        # stable: which of equal probabilities crosses top_p must not depend on how many rows sort together
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-        # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
-        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
+        probs = probs.masked_fill(~top_p_keep(probs, params.top_p), 0.0)
     if params.min_p > 0.0:
         probs = probs.masked_fill(probs < params.min_p * probs.max(-1, keepdim=True).values, 0.0)
     return probs / probs.sum(-1, keepdim=True)
 
 
+# Rows whose nucleus lies within their this-many likeliest tokens find its cut without sorting the vocabulary
+TOP_P_CANDIDATES = 512
+
+
+def _nucleus_size(descending: torch.Tensor, top_p: float) -> torch.Tensor:
+    """[N] how many of each row's probabilities (sorted descending) the nucleus keeps: the smallest prefix
+    whose mass reaches top_p, the token crossing it included."""
+    before = torch.nn.functional.pad(descending.cumsum(-1)[:, :-1], (1, 0))  # mass ahead of each position
+    return (before < top_p).sum(-1)
+
+
+def top_p_keep(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """[N, V] the tokens of each row's nucleus: its likeliest tokens, most probable first and the lower id first
+    among equal ones, up to the one whose mass reaches top_p. Found from the row's TOP_P_CANDIDATES largest
+    values (a full sort only for rows whose nucleus is wider), then one pass over the vocabulary: everything
+    above the cut's value, and of the tokens at it the lowest ids the nucleus has room for. Row by row: a row's
+    nucleus never depends on the rows beside it."""
+    vocab = probs.shape[-1]
+    head = torch.topk(probs, min(TOP_P_CANDIDATES, vocab), dim=-1).values  # only values: ties' order is moot
+    size = _nucleus_size(head, top_p)
+    cut = head.gather(-1, (size - 1).clamp(min=0)[:, None])
+    wide = size == head.shape[-1]
+    if head.shape[-1] < vocab and bool(wide.any()):
+        rows = wide.nonzero().squeeze(1)
+        full = torch.sort(probs[rows], dim=-1, descending=True).values
+        size[rows] = _nucleus_size(full, top_p)
+        cut[rows] = full.gather(-1, (size[rows] - 1).clamp(min=0)[:, None])
+    above = probs > cut
+    at = probs == cut
+    room = size[:, None] - above.sum(-1, keepdim=True)
+    return above | (at & (at.cumsum(-1, dtype=torch.int32) <= room))
+
+
 # Keyed sampling: the token sampled at an output position is a function of (the request's seed, the
 # position, the target's distribution there) alone: Gumbel-max over noise from a counter-based hash of
-# (seed, position, token id). AR and verification then draw the same token for the same distribution,
-# whatever the batch, the step or the drafts, so a seed gives the same text with speculation on or off.
-_MASK64 = (1 << 64) - 1
-
-
-def _as_int64(value: int) -> int:
-    value &= _MASK64
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-_GOLDEN, _MIX1, _MIX2 = (_as_int64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
-
-
-def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's >> is arithmetic)."""
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
-
-
-def _mix64(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finaliser: int64 arithmetic wraps the same way on every device."""
-    x = (x ^ _shr(x, 30)) * _MIX1
-    x = (x ^ _shr(x, 27)) * _MIX2
-    return x ^ _shr(x, 31)
-
-
-def keyed_gumbel(seed: int | torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[N, V] float64 Gumbel noise for output positions `positions` [N] of the request keyed by `seed` (or
-    of row i's request, keyed by seed[i], for an int64 tensor [N] of seeds as `as_seed` makes them)."""
-    if not isinstance(seed, torch.Tensor):
-        seed = torch.tensor(_as_int64(seed), dtype=torch.int64, device=positions.device)
-    key = _mix64(seed + _GOLDEN)
-    row = _mix64(key ^ (positions.long() * _GOLDEN))
-    ids = torch.arange(vocab, dtype=torch.int64, device=positions.device)
-    bits = _shr(_mix64(row[:, None] + ids * _MIX1), 11)  # 53 random bits per (position, token)
-    uniform = (bits.double() + 0.5) * 2.0**-53  # in (0, 1)
-    return -torch.log(-torch.log(uniform))
+# (seed, position, token id) (kernels/keyed_argmax.py). AR and verification then draw the same token for the
+# same distribution, whatever the batch, the step or the drafts, so a seed gives the same text with
+# speculation on or off.
 
 
 def as_seeds(seeds: Sequence[int], device: torch.device) -> torch.Tensor:
-    """Request seeds as keyed_gumbel's int64 tensor (a seed is any integer; its low 64 bits key it)."""
-    return torch.tensor([_as_int64(s) for s in seeds], dtype=torch.int64, device=device)
-
-
-def keyed_scores(probs: torch.Tensor, seed: int | torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """[N, V] log p + the Gumbel noise of row i's output position positions[i]; -inf where p is 0."""
-    return torch.where(probs > 0, probs.double().log() + keyed_gumbel(seed, positions, probs.shape[-1]),
-                       float("-inf"))
+    """Request seeds as an int64 tensor (a seed is any integer; its low 64 bits key it)."""
+    return torch.tensor([as_int64(s) for s in seeds], dtype=torch.int64, device=device)
 
 
 def keyed_sample(logits: torch.Tensor, params: SamplingParams, seed: int, positions: torch.Tensor) -> torch.Tensor:
     """[N] the keyed sample of each row's target distribution (row i decides output position
     positions[i]): the argmax of its keyed scores, first index on ties."""
-    return row_argmax(keyed_scores(target_probs(logits, params), seed, positions))
+    return keyed_argmax(target_probs(logits, params), seed, positions)
 
 
 def _distribution(params: SamplingParams) -> tuple[float, int, float, float]:
@@ -112,7 +102,7 @@ def keyed_sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], se
     for rows in groups.values():
         index = torch.tensor(rows, device=logits.device)
         probs[index] = target_probs(logits[index], params[rows[0]])
-    return row_argmax(keyed_scores(probs, as_seeds(seeds, logits.device), positions))
+    return keyed_argmax(probs, as_seeds(seeds, logits.device), positions)
 
 
 def choose_tokens(logits: torch.Tensor, reqs: Sequence[Request]) -> list[int]:

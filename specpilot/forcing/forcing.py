@@ -38,7 +38,8 @@ from rich.progress import Progress
 from specpilot.config import SamplingParams
 from specpilot.drafters.null import NullDrafter
 from specpilot.engine.engine import Engine
-from specpilot.engine.sampling import keyed_scores, target_probs
+from specpilot.engine.sampling import target_probs
+from specpilot.kernels.keyed_argmax import keyed_scores
 from specpilot.state.request import Request
 
 NEAR_TIE = 1e-3  # fp32 logit margin under which float reordering may flip the argmax (fp32 CPU)
