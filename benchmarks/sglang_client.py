@@ -88,7 +88,8 @@ def main() -> int:
         server = Server.launch(shlex.split(flags), out / f"{name}.server.log").ready()
         try:
             info = server.http().get("/get_server_info").json()
-            runs = []
+            runs: list[dict] = []
+            report["servers"][name] = {"flags": flags, "kv_pool": info["kv_pool"], "speed": info["speed"], "runs": runs}
             for c in args.concurrency:
                 r = bench(server, args, c, out / f"{name}_c{c}.jsonl")
                 s = r["sglang"]
@@ -96,10 +97,9 @@ def main() -> int:
                       f"{s.get('output_throughput', float('nan')):.0f} tok/s, TPOT {s.get('mean_tpot_ms', float('nan')):.1f} ms, "
                       f"accept length {s.get('accept_length')}, {r['most_running_at_once']} running at once", flush=True)
                 runs.append(r)
+                (out / "sglang_client.json").write_text(json.dumps(report, indent=2))  # kept if a later run is cut
         finally:
             server.close()
-        report["servers"][name] = {"flags": flags, "kv_pool": info["kv_pool"], "speed": info["speed"], "runs": runs}
-    (out / "sglang_client.json").write_text(json.dumps(report, indent=2))
     return 0
 
 
