@@ -1,6 +1,6 @@
 """SGLang's own load generator, `python -m sglang.bench_serving`, against `specpilot serve`: per server setting
-(speculative and AR, each a list of serve flags) and per concurrency, ShareGPT prompts with a fixed output
-length (ignore-EOS, SGLang's default), while /get_server_info's KV pool is polled for the most requests running
+(speculative and AR, each a list of serve flags) and per concurrency, after a warm-up load that is not
+reported, ShareGPT prompts with a fixed output length (ignore-EOS, SGLang's default), while /get_server_info's KV pool is polled for the most requests running
 at once. SGLang's JSON lines (throughput, TPOT, TTFT, accept length) and ours go to `--out`.
 
 Needs the sglang package and its client's imports (on the H200: `.ferry/sgl`, see benchmarks/gpu_bench_serving.sh)
@@ -41,8 +41,9 @@ def poll_running(server: Server, stop: threading.Event, seen: dict) -> None:
         time.sleep(0.05)
 
 
-def bench(server: Server, args: argparse.Namespace, concurrency: int, out_file: Path) -> dict:
-    prompts = max(args.min_prompts, args.waves * concurrency)
+def bench(server: Server, args: argparse.Namespace, concurrency: int, out_file: Path,
+          prompts: int | None = None) -> dict:
+    prompts = prompts or max(args.min_prompts, args.waves * concurrency)
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang",
            "--base-url", f"http://127.0.0.1:{server.port}", "--dataset-name", "sharegpt",
            "--dataset-path", args.dataset_path, "--sharegpt-output-len", str(args.output_len),
@@ -76,6 +77,8 @@ def main() -> int:
     ap.add_argument("--waves", type=int, default=2, help="prompts per run: this many times the concurrency")
     ap.add_argument("--min-prompts", type=int, default=128)
     ap.add_argument("--tokenizer", default=None, help="default: the embedded model's cached tokenizer")
+    ap.add_argument("--warmup-prompts", type=int, default=64,
+                    help="a first load, not reported, at the largest concurrency (compiles, graphs and pools settle)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out = Path(args.out)
@@ -90,6 +93,8 @@ def main() -> int:
             info = server.http().get("/get_server_info").json()
             runs: list[dict] = []
             report["servers"][name] = {"flags": flags, "kv_pool": info["kv_pool"], "speed": info["speed"], "runs": runs}
+            if args.warmup_prompts:
+                bench(server, args, max(args.concurrency), out / f"{name}_warmup.jsonl", args.warmup_prompts)
             for c in args.concurrency:
                 r = bench(server, args, c, out / f"{name}_c{c}.jsonl")
                 s = r["sglang"]
