@@ -1,6 +1,7 @@
 """The B12 GEMM (kernels/b12_gemm.py): its reference is the bf16 GEMM of the decoded matrix, and under the
 Triton interpreter the kernel gives bitwise skinny_gemm's output on the decoded weights with the same tiles
-(K across a short last block, escapes in several segments, bias or none, M = 1, 4, 16)."""
+(K across a short last block, escapes in several segments, bias or none, M = 1, 4, 16, K tiles of 128 and 64);
+on CUDA it gives invariant_gemm's bits at every M."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from specpilot.kernels.skinny_gemm import SkinnyConfig, skinny_gemm_reference
 
 CASES = [(1, 40, 600, False), (4, 40, 600, True), (16, 70, 512, False), (3, 17, 130, True)]  # M, N, K, bias
 CONFIG = SkinnyConfig(block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=2)
+CONFIG_K64 = SkinnyConfig(block_n=16, block_k=64, split_k=1, num_warps=4, num_stages=2)  # the prefill tiles' K
 
 
 def make_case(m: int, n: int, k: int, bias: bool, seed: int = 0):
@@ -45,15 +47,18 @@ def _triton_results() -> dict[str, bool]:
         got = b12_gemm(x, p.sm, p.code, p.base, p.exc_off, p.exc_val, b, config=CONFIG)
         expected = skinny_gemm(x, decode(p), b, config=CONFIG)
         out[str(case)] = torch.equal(got.view(torch.int16), expected.view(torch.int16))
+        got = b12_gemm(x, p.sm, p.code, p.base, p.exc_off, p.exc_val, b, config=CONFIG_K64)
+        expected = skinny_gemm(x, decode(p), b, config=CONFIG_K64)
+        out[f"{case} k64"] = torch.equal(got.view(torch.int16), expected.view(torch.int16))
     return out
 
 
 triton_results = interpreter_fixture(__file__)
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_triton_equals_the_bf16_kernel_on_the_decoded_weights(triton_results: dict[str, bool], case) -> None:
-    assert triton_results[str(case)]
+@pytest.mark.parametrize("case", [str(c) for c in CASES] + [f"{c} k64" for c in CASES])
+def test_triton_equals_the_bf16_kernel_on_the_decoded_weights(triton_results: dict[str, bool], case: str) -> None:
+    assert triton_results[case]
 
 
 if __name__ == "__main__":

@@ -4,10 +4,12 @@ in registers tile by tile.
 The kernel is invariant_gemm's (one program per ``BLOCK_N`` rows of ``w`` and ``BLOCK_M`` rows of ``x``, K walked
 in ``BLOCK_K`` tiles in order, one fp32 accumulator fed by ``tl.dot``, no split-K; its tiles by M and N) with the
 weight tile's load replaced by its decode: the sign/mantissa bytes, the row's base exponent plus the tile's
-4-bit codes, and escaped weights' raw bits gathered from their segment. Fed the same tiles, the dot sums the
+4-bit codes (a tile lies in one half of a code block, so its codes are one contiguous byte run shifted by a
+constant; only the short last block reads them element by element), and escaped weights' raw bits gathered
+from their row's segment (one predicated load each). Fed the same tiles, the dot sums the
 same products in the same order as invariant_gemm on the decoded bf16 matrix; that the MMA keeps them bitwise equal
-for u8-derived operands is what the H200 test checks (docs/RESULTS.md). Here escapes are gathered per element
-(masked): correct at any rate, not yet the O(#escapes) patch the speed goal needs.
+for u8-derived operands is what the H200 test checks (docs/RESULTS.md). The decode is per element in 32-bit
+integer ops, which leaves the kernel ALU-bound well above the read time (docs/RESULTS.md has its speed).
 
 Entry points: ``b12_decode_reference`` (the planes back to bf16, plain torch; formats.b12.decode),
 ``b12_gemm_reference`` (decode, then skinny_gemm_reference), ``b12_gemm`` (Triton). Nothing syncs and the grid
@@ -104,17 +106,21 @@ if HAS_TRITON:
             else:
                 ok = k_ok[None, :] & (rows[:, None] >= 0)
             sm = tl.load(sm_ptr + rows[:, None] * K + cols[None, :], mask=ok, other=0).to(tl.int32)
-            block = cols // 256
-            within = cols % 256
-            half = tl.where(block < full_blocks, 128, tail_half)
-            byte = tl.load(code_ptr + rows[:, None] * stride_code + (block * 128 + within % half)[None, :], mask=ok,
-                           other=0).to(tl.int32)
-            code = tl.where((within >= half)[None, :], byte >> 4, byte & 15)
+            block = k // 256  # a tile lies in one half of one 256-block (BLOCK_K divides 128)
+            if block < full_blocks:  # byte j of the block: element j's code low, element j + 128's high
+                byte = tl.load(code_ptr + rows[:, None] * stride_code + (block * 128 + k % 128 + offs_k)[None, :],
+                               mask=ok, other=0).to(tl.int32)
+                code = (byte >> ((k % 256) // 128 * 4)) & 15
+            else:  # the short last block: its halves are tail_half long
+                within = cols % 256
+                byte = tl.load(code_ptr + rows[:, None] * stride_code + (block * 128 + within % tail_half)[None, :],
+                               mask=ok, other=0).to(tl.int32)
+                code = tl.where((within >= tail_half)[None, :], byte >> 4, byte & 15)
             exponent = tl.where(code == 0, 0, base[:, None] + code)
             bits = ((sm & 0x80) << 8) | ((exponent & 0xFF) << 7) | (sm & 0x7F)
             escaped = (code == 15) & ok
-            first = tl.load(exc_off_ptr + segment_row[:, None] + block[None, :], mask=escaped, other=0)
-            raw = tl.load(exc_val_ptr + first + sm, mask=escaped, other=0).to(tl.int32) & 0xFFFF
+            first = tl.load(exc_off_ptr + segment_row + block)  # the row's segment's first escape
+            raw = tl.load(exc_val_ptr + first[:, None] + sm, mask=escaped, other=0).to(tl.int32) & 0xFFFF
             bits = tl.where(escaped, raw, bits)
             w_tile = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
             x_ptrs = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + cols[:, None]
@@ -154,13 +160,15 @@ def b12_gemm(x: torch.Tensor, sm: torch.Tensor, code: torch.Tensor, base: torch.
         block_m = block_m or chosen
     if config.split_k != 1:
         raise ValueError("b12_gemm takes split_k=1 (one K order, as invariant_gemm)")
+    if 128 % config.block_k:
+        raise ValueError(f"b12_gemm's K tiles must divide 128 (a half code block), got block_k {config.block_k}")
     block_m = block_m or block_m_for(m)
     full, half = halves(k)
     grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, block_m))
     _b12_gemm_kernel[grid](
         x, sm, code, base, exc_off, exc_val if exc_val.numel() else exc_off.to(torch.int16),
         bias if bias is not None else x, out, m, n, k, x.stride(0), code.stride(0), out.stride(0),
-        -(-k // BLOCK), full, half or 128, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        -(-k // BLOCK), full, half or 1, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_K=k % config.block_k == 0, HAS_BIAS=bias is not None, DOT_PRECISION="tf32",
         num_warps=config.num_warps, num_stages=fit_stages(config, block_m, 2),
     )
