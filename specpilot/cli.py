@@ -363,6 +363,18 @@ def _serving_bench_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--disable-ignore-eos", action="store_true",
                    help="let requests stop at EOS (default: every request generates --max-new-tokens)")
     g.add_argument("--seed", type=int, default=0, help="ShareGPT sample and arrival times")
+    w = p.add_argument_group("serving sweep (--serving --sweep: servers started here, one per setting, in turn)")
+    w.add_argument("--sweep", action="store_true",
+                   help="start a server per --setting and load each at every --concurrency (not --base-url's)")
+    w.add_argument("--concurrency", type=_positive_int, nargs="+", default=None, metavar="C",
+                   help="the sweep's concurrencies (default 1 4 8 16 32 64); each run sends max(--num-prompts, 2C)")
+    w.add_argument("--setting", action="append", default=None, metavar="NAME=FLAGS",
+                   help="a server setting: serve flags added to --serve-flags (repeatable; default: "
+                        "ar='--speculative-algorithm none', stock='--mechanisms stock', all='')")
+    w.add_argument("--serve-flags", default="", metavar="FLAGS",
+                   help="serve flags every setting shares, e.g. '--device cuda --model-path DIR'")
+    w.add_argument("--warmup-prompts", type=_nonneg_int, default=8,
+                   help="prompts each server gets before it is measured (default 8)")
 
 
 def _dataset_args(p: argparse.ArgumentParser, default_prompts: int | None, default_tokens: int | None,
@@ -403,6 +415,12 @@ def _cmd_force(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.sweep and not args.serving:
+        raise ValueError("--sweep loads servers: pass it with --serving")
+    if args.sweep:
+        from specpilot.optimizer.serving_sweep import run_from_args as run_sweep
+
+        return run_sweep(args)
     if args.serving:
         from specpilot.bench.serving import run_from_args
 

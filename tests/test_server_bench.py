@@ -61,3 +61,34 @@ def test_load_test_refuses_non_loopback_urls():
     run = subprocess.run([sys.executable, str(REPO / "scripts" / "load_test.py"), "--base-url",
                           "http://192.0.2.1:30000"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "loopback" in run.stderr
+
+
+def test_bench_serving_sweep_starts_each_setting_and_charts_them(tiny_dir, tmp_path, capsys):
+    """Two settings (AR and n-gram speculation) over two concurrencies: a server each, every run complete,
+    the chart and table written; speculation's accept length is reported, AR's is not."""
+    argv = ["bench", "--serving", "--sweep", "--concurrency", "1", "2", "--num-prompts", "2", "--max-new-tokens", "6",
+            "--warmup-prompts", "1", "--output-dir", str(tmp_path),
+            "--serve-flags", f"--model-path {tiny_dir} --device cpu --max-running-requests 2 --context-length 512",
+            "--setting", "ar=--speculative-algorithm none",
+            "--setting", "ngram=--speculative-algorithm ngram --speculative-num-draft-tokens 4"]
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "sweep.json").read_text())
+    assert list(report["settings"]) == ["ar", "ngram"] and report["concurrency"] == [1, 2]
+    for name, setting in report["settings"].items():
+        assert [r["concurrency"] for r in setting["runs"]] == [1, 2]
+        assert all(r["summary"]["completed"] == r["num_prompts"] == max(2, 2 * r["concurrency"]) for r in setting["runs"])
+        assert all(r["summary"]["total_output_tokens"] == 6 * r["num_prompts"] for r in setting["runs"])
+    assert report["settings"]["ar"]["speculative_algorithm"] is None
+    assert report["settings"]["ngram"]["runs"][0]["summary"]["accept_length"] >= 1.0
+    assert (tmp_path / "sweep.png").stat().st_size > 0 and (tmp_path / "ngram.server.log").is_file()
+    assert "serving sweep" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,error", [
+    (["bench", "--sweep"], "--sweep loads servers: pass it with --serving"),
+    (["bench", "--serving", "--sweep", "--setting", "nameless"], "--setting takes NAME=FLAGS"),
+])
+def test_bench_sweep_errors_name_the_flag(argv, error, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--output-dir", str(tmp_path)])
+    assert exc.value.code == 2 and error in capsys.readouterr().err
