@@ -6,6 +6,11 @@ Today's fastest kernels and the batch-invariant ones run in one process (two eng
 their AR and speculative runs interleaved `--repeats` times; rows give median, min and max.
 
     python benchmarks/gpu_spec.py [--out DIR] [--batch 1 8 32] [--repeats 3] [--smoke]   (--smoke: tiny, CPU)
+        [--replay BENCH_JSON[:DATASET] [--replay-tau 6.5]]
+
+--replay: replayed acceptance (specpilot/bench/replay.py): the drafter's passes run as they are, but each verify
+pass accepts a count drawn from a recorded run's acceptance (scaled to --replay-tau if given) of the target's own
+AR tokens, recorded first per engine; rows are labelled so.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import LLAMA31_8B, out_dir, synthetic_model, time_cuda, write_json  # noqa: E402
 
 from specpilot.bench.harness import spread  # noqa: E402
+from specpilot.bench.replay import LABEL, AcceptTrace, ReplayDrafter  # noqa: E402
 from specpilot.config import SamplingParams  # noqa: E402
 from specpilot.drafters.base import DrafterContext  # noqa: E402
 from specpilot.drafters.dflash import DFlashDrafter  # noqa: E402
@@ -31,6 +37,7 @@ from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
 from specpilot.engine.spec_stats import SpecStats  # noqa: E402
 from specpilot.models.checkpoint import Checkpoint  # noqa: E402
 from specpilot.models.config import ModelConfig  # noqa: E402
+from specpilot.state.request import Request  # noqa: E402
 
 TINY = ModelConfig(architecture="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=8,
                    num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=4096)
@@ -57,19 +64,21 @@ def dflash_factory(target_cfg: ModelConfig, layers: int, block: int):
     return build
 
 
-def per_step(engine: Engine, prompts: list[list[int]], new_tokens: int) -> tuple[float, SpecStats]:
-    """Mean wall time of a decode step (AR when the drafter is off) and the spec stats of the run."""
+def per_step(engine: Engine, prompts: list[list[int]], new_tokens: int,
+             rids: list[str] | None = None) -> tuple[float, SpecStats, list[Request]]:
+    """Mean wall time of a decode step (AR when the drafter is off), the spec stats of the run and its requests."""
     import time
 
     engine.spec_stats = SpecStats(block_size=engine.drafter.block_size if engine.drafter else 0)
-    reqs = [engine.add_request(p, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)) for p in prompts]
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    reqs = [engine.add_request(p, params, rid=None if rids is None else rids[i]) for i, p in enumerate(prompts)]
     engine.step()  # prefill
     steps, start = 0, time.perf_counter()
     while engine.has_work:
         engine.step()
         steps += 1
     assert all(len(r.output_ids) == new_tokens for r in reqs)
-    return (time.perf_counter() - start) / steps, engine.spec_stats
+    return (time.perf_counter() - start) / steps, engine.spec_stats, reqs
 
 
 KERNELS = {"fastest": False, "invariant": True}  # EngineConfig.batch_invariant
@@ -83,7 +92,15 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks the script runs")
+    ap.add_argument("--replay", default=None, metavar="BENCH_JSON[:DATASET]",
+                    help="replayed acceptance from a specpilot bench JSON's accept histogram")
+    ap.add_argument("--replay-tau", type=float, default=None, help="the replayed trace scaled to this tau")
     args = ap.parse_args()
+    trace = None
+    if args.replay:
+        path, _, dataset = args.replay.partition(":")
+        trace = AcceptTrace.from_bench_json(path, dataset or None)
+        trace = trace.scaled_to(args.replay_tau) if args.replay_tau else trace
     device = torch.device("cpu" if args.smoke else "cuda")
     target_cfg = TINY if args.smoke else LLAMA31_8B
     dtype = torch.float32 if args.smoke else torch.bfloat16
@@ -91,31 +108,48 @@ def main() -> None:
     ckpt = Checkpoint(config=target_cfg, state_dict={}, tokenizer=None, source="synthetic")
     config = EngineConfig(device=device.type, dtype=str(dtype).removeprefix("torch."),
                           max_running_requests=max(args.batch), context_length=args.context + args.new_tokens + 32)
-    engines = {k: Engine(ckpt, replace(config, batch_invariant=on), model=model,
-                         drafter_factory=dflash_factory(target_cfg, 5, 16)) for k, on in KERNELS.items()}
+    reference: dict[str, list[int]] = {}  # replay: each engine's AR tokens per rid, filled per batch
+    factory = dflash_factory(target_cfg, 5, 16)
+    if trace is not None:
+        dflash = factory
+
+        def factory(config: EngineConfig, ctx: DrafterContext) -> ReplayDrafter:
+            return ReplayDrafter(dflash(config, ctx), reference, trace, target_cfg.vocab_size)
+    engines = {k: Engine(ckpt, replace(config, batch_invariant=on), model=model, drafter_factory=factory)
+               for k, on in KERNELS.items()}
     rng = random.Random(0)
     rows = []
     for b in args.batch:
         prompts = [[rng.randrange(target_cfg.vocab_size - 1) for _ in range(args.context)] for _ in range(b)]
-        for engine in engines.values():
+        rids = {k: [f"{k}-{b}-{i}" for i in range(b)] for k in engines}
+        if trace is not None:
+            for kernels, engine in engines.items():
+                with engine.autoregressive():
+                    reqs = per_step(engine, prompts, args.new_tokens, rids[kernels])[2]
+                reference.update({r.rid: r.output_ids for r in reqs})
+        for kernels, engine in engines.items():
             for spec in (False, True):  # warm-up: first-call costs stay out of the timings
                 with engine.autoregressive() if not spec else nullcontext():
-                    per_step(engine, prompts, 4)
-        seen = {k: {"ar": [], "spec": [], "verify": [], "draft": []} for k in engines}
+                    per_step(engine, prompts, 4, rids[kernels])
+        seen = {k: {"ar": [], "spec": [], "verify": [], "draft": [], "tau": []} for k in engines}
         for _ in range(args.repeats):
             for kernels, engine in engines.items():
                 with engine.autoregressive():
-                    ar_step, _ = per_step(engine, prompts, args.new_tokens)
-                spec_step, stats = per_step(engine, prompts, args.new_tokens)
+                    ar_step = per_step(engine, prompts, args.new_tokens, rids[kernels])[0]
+                spec_step, stats, _ = per_step(engine, prompts, args.new_tokens, rids[kernels])
                 passes = stats.steps / b  # verify passes per request = engine steps
                 split = stats.time_split(wait=True)
                 for key, value in (("ar", ar_step), ("spec", spec_step), ("verify", split["verify"] / passes),
                                    ("draft", split["draft"] / passes)):
                     seen[kernels][key].append(1e3 * value)
+                seen[kernels]["tau"].append(stats.tau)
         row: dict = {"batch": b}
         for kernels, engine in engines.items():
             row[kernels] = {f"{k}_step_ms" if k in ("ar", "spec") else f"{k}_ms": spread(v)
-                            for k, v in seen[kernels].items()}
+                            for k, v in seen[kernels].items() if k != "tau"}
+            row[kernels]["tau"] = spread(seen[kernels]["tau"])
+            row[kernels]["throughput_over_ar"] = (row[kernels]["ar_step_ms"]["median"] * row[kernels]["tau"]["median"]
+                                                  / row[kernels]["spec_step_ms"]["median"])
             if device.type == "cuda":
                 row[kernels]["graph_verify_ms"] = time_cuda(engine.runner.graph_for(16, b).graph.replay)
                 row[kernels]["graph_decode_ms"] = time_cuda(engine.runner.graph_for(1, b).graph.replay)
@@ -126,15 +160,18 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (smoke)",
               "target": "Llama-3.1-8B shapes, synthetic bf16" if not args.smoke else "tiny",
               "drafter": "DFlash-shaped: 5 layers, 5 taps, block 16", "context": args.context,
+              "acceptance": f"{LABEL}: {trace.source} (tau {trace.tau:.2f})" if trace else "the drafter's own",
               "repeats": args.repeats, "rows": rows}
     write_json(out_dir(args.out) / "gpu_spec.json", result)
-    print(f"\n{result['device']}: {result['target']}; {result['drafter']}; context {args.context}")
+    print(f"\n{result['device']}: {result['target']}; {result['drafter']}; context {args.context}; acceptance: "
+          f"{result['acceptance']}")
     for r in rows:
         for kernels in KERNELS:
             k = r[kernels]
             print(f"B={r['batch']:>2} {kernels:>9}: AR step {k['ar_step_ms']['median']:.3f} ms | spec step "
                   f"{k['spec_step_ms']['median']:.3f} ms (draft {k['draft_ms']['median']:.3f}, verify "
-                  f"{k['verify_ms']['median']:.3f})")
+                  f"{k['verify_ms']['median']:.3f}), tau {k['tau']['median']:.2f}, throughput "
+                  f"{k['throughput_over_ar']:.2f}x AR")
         print(f"      invariant / fastest: AR {r['ar_invariant_over_fastest']:.3f}, "
               f"spec {r['spec_invariant_over_fastest']:.3f}")
 

@@ -1,0 +1,71 @@
+"""Replayed acceptance (bench/replay.py): traces from histograms and scaled to a τ, and a drafter whose
+verify passes accept exactly the counts the trace draws while the output stays AR's."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from test_speculative import engine_for, mixed_prompts, tiny  # noqa: F401  (module fixture)
+
+from specpilot.bench.replay import AcceptTrace, ReplayDrafter
+from specpilot.config import SamplingParams
+
+
+def test_trace_from_a_histogram_and_its_tau(tmp_path):
+    trace = AcceptTrace.from_histogram([0, 5, 3, 2], "h")
+    assert trace.probs == (0.5, 0.3, 0.2) and trace.max_accepted == 2
+    assert trace.tau == pytest.approx(1.7)
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"results": [{"dataset": "math", "accept_histogram": [0, 1, 1]},
+                                            {"dataset": "mtbench", "accept_histogram": [0, 3, 1]}]}))
+    assert AcceptTrace.from_bench_json(path, "mtbench").probs == (0.75, 0.25)
+    with pytest.raises(ValueError, match="no result for dataset 'code'"):
+        AcceptTrace.from_bench_json(path, "code")
+    with pytest.raises(ValueError, match="counts no verify pass"):
+        AcceptTrace.from_histogram([4], "empty")
+
+
+@pytest.mark.parametrize("tau", [1.2, 2.0, 6.5])
+def test_a_scaled_trace_reaches_its_tau_and_keeps_its_length(tau):
+    trace = AcceptTrace.from_histogram([0, 40, 30, 15, 8, 4, 2, 1, 0, 0], "recorded")
+    scaled = trace.scaled_to(tau)
+    assert scaled.tau == pytest.approx(tau, abs=1e-6) and len(scaled.probs) == len(trace.probs)
+    assert sum(scaled.probs) == pytest.approx(1.0) and min(scaled.probs) >= -1e-12
+    rng = random.Random(0)
+    assert 1 + sum(scaled.sample(rng) for _ in range(20000)) / 20000 == pytest.approx(tau, rel=0.03)
+    with pytest.raises(ValueError, match="reaches tau 1..9, not 11"):
+        trace.scaled_to(11.0)
+
+
+def test_replayed_passes_accept_the_drawn_counts_and_keep_ar_output(tiny):  # noqa: F811
+    ckpt, _ = tiny
+    prompts = mixed_prompts(ckpt.config.vocab_size, 4)
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    ar = engine_for(ckpt)
+    reference = {f"p{i}": ar.add_request(p, params, rid=f"p{i}") for i, p in enumerate(prompts)}
+    while ar.has_work:
+        ar.step()
+    spec = engine_for(ckpt, "ngram", block=5, graphs=False)
+    two = AcceptTrace((0.0, 0.0, 1.0, 0.0, 0.0), "always two")
+    spec.drafter = ReplayDrafter(spec.drafter, {rid: r.output_ids for rid, r in reference.items()}, two,
+                                 ckpt.config.vocab_size)
+    reqs = [spec.add_request(p, params, rid=f"p{i}") for i, p in enumerate(prompts)]
+    while spec.has_work:
+        spec.step()
+    assert [r.output_ids for r in reqs] == [reference[f"p{i}"].output_ids for i in range(4)]
+    hist = spec.spec_stats.histogram
+    # 2 drafts and the bonus every pass, but a request's last one, cut by max_new_tokens
+    assert hist[3] >= sum(hist) - len(prompts) and not any(hist[4:])
+
+
+def test_replay_refuses_trees_and_traces_longer_than_its_blocks(tiny):  # noqa: F811
+    ckpt, paths = tiny
+    tree = engine_for(ckpt, "dflash", paths["dflash"], 6, topk=3, graphs=False)
+    with pytest.raises(ValueError, match="takes a chain drafter"):
+        ReplayDrafter(tree.drafter, {}, AcceptTrace((1.0,), "t"), 10)
+    chain = engine_for(ckpt, "ngram", block=3, graphs=False)
+    with pytest.raises(ValueError, match="accepts up to 4 drafts; blocks here hold 2"):
+        ReplayDrafter(chain.drafter, {}, AcceptTrace((0.2, 0.2, 0.2, 0.2, 0.2), "t"), 10)
