@@ -13,6 +13,7 @@ import torch
 
 from specpilot.kernels.stream_read import stream_read_triton
 from specpilot.models.config import ModelConfig
+from specpilot.models.hybrid import HybridConfig, HybridTransformer
 from specpilot.models.linear import iter_linears
 from specpilot.models.transformer import Transformer
 
@@ -23,6 +24,38 @@ LLAMA31_8B = ModelConfig(
                   "original_max_position_embeddings": 8192},
     max_position_embeddings=131072, tie_word_embeddings=False, bos_token_id=128000, eos_token_ids=[128001],
 )
+
+
+def hybrid_config(raw: dict) -> ModelConfig:
+    """The engine's config of a hybrid target from its Hugging Face config.json fields."""
+    return ModelConfig(
+        architecture=raw["model_type"], vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"], num_layers=raw["num_hidden_layers"],
+        num_heads=raw["num_attention_heads"], num_kv_heads=raw["num_key_value_heads"], head_dim=raw["head_dim"],
+        rms_norm_eps=raw["rms_norm_eps"], rope_theta=raw["rope_theta"], max_position_embeddings=8192,
+        tie_word_embeddings=False, eos_token_ids=[raw["vocab_size"] - 2], hybrid=HybridConfig.from_hf(raw))
+
+
+# Qwen3.5-style hybrid text model at ~8B (7.6 B parameters): three Gated DeltaNet layers to one gated attention
+# layer, Qwen3-Next's head shapes, a dense MLP. A shape to time, not a published checkpoint's config.
+QWEN35_STYLE_8B = hybrid_config({
+    "model_type": "qwen3_5_text", "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
+    "num_hidden_layers": 32, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "rope_theta": 10000000.0,
+    "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+} | {"layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 8})
+
+
+def synthetic_hybrid(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> HybridTransformer:
+    """A hybrid target of `cfg`'s shapes: random matrices and embeddings, the modules' own norms and gates."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = HybridTransformer(cfg.hybrid, cfg.max_position_embeddings).to(dtype)
+    for p in model.parameters():
+        if p.dim() == 2:
+            p.data.normal_(0.0, 0.02)
+    return model.eval()
 
 
 def synthetic_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> Transformer:

@@ -25,7 +25,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import LLAMA31_8B, out_dir, synthetic_model, time_cuda, write_json  # noqa: E402
+from common import (  # noqa: E402
+    LLAMA31_8B,
+    QWEN35_STYLE_8B,
+    hybrid_config,
+    out_dir,
+    synthetic_hybrid,
+    synthetic_model,
+    time_cuda,
+    write_json,
+)
 
 from specpilot.bench.harness import spread  # noqa: E402
 from specpilot.bench.replay import LABEL, AcceptTrace, ReplayDrafter  # noqa: E402
@@ -41,6 +50,14 @@ from specpilot.state.request import Request  # noqa: E402
 
 TINY = ModelConfig(architecture="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=8,
                    num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=4096)
+TINY_HYBRID = hybrid_config({
+    "model_type": "qwen3_5_text", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 8, "layer_types": ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3
+    + ["full_attention"], "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rope_theta": 10000.0,
+    "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4})
+TARGETS = {"llama": (LLAMA31_8B, TINY, "Llama-3.1-8B shapes"), "hybrid": (QWEN35_STYLE_8B, TINY_HYBRID,
+                                                                           "Qwen3.5-style hybrid at ~8B")}
 
 
 def even_taps(num_layers: int, n: int) -> list[int]:
@@ -51,7 +68,7 @@ def even_taps(num_layers: int, n: int) -> list[int]:
 
 def dflash_factory(target_cfg: ModelConfig, layers: int, block: int):
     def build(config: EngineConfig, ctx: DrafterContext) -> DFlashDrafter:
-        lc = replace(target_cfg, architecture="qwen3", num_layers=layers, qk_norm=True)
+        lc = replace(target_cfg, architecture="qwen3", num_layers=layers, qk_norm=True, hybrid=None)
         cfg = DFlashConfig(lc, even_taps(target_cfg.num_layers, 5), mask_token_id=target_cfg.vocab_size - 1,
                            block_size=block)
         torch.manual_seed(1)
@@ -92,6 +109,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks the script runs")
+    ap.add_argument("--target", choices=list(TARGETS), default="llama",
+                    help="llama: Llama-3.1-8B shapes; hybrid: a Qwen3.5-style hybrid (plain torch, no graphs, not exact)")
     ap.add_argument("--replay", default=None, metavar="BENCH_JSON[:DATASET]",
                     help="replayed acceptance from a specpilot bench JSON's accept histogram")
     ap.add_argument("--replay-tau", type=float, default=None, help="the replayed trace scaled to this tau")
@@ -102,9 +121,11 @@ def main() -> None:
         trace = AcceptTrace.from_bench_json(path, dataset or None)
         trace = trace.scaled_to(args.replay_tau) if args.replay_tau else trace
     device = torch.device("cpu" if args.smoke else "cuda")
-    target_cfg = TINY if args.smoke else LLAMA31_8B
+    full, tiny, target_name = TARGETS[args.target]
+    target_cfg = tiny if args.smoke else full
     dtype = torch.float32 if args.smoke else torch.bfloat16
-    model = synthetic_model(target_cfg, device, dtype)
+    hybrid = target_cfg.hybrid is not None
+    model = (synthetic_hybrid if hybrid else synthetic_model)(target_cfg, device, dtype)
     ckpt = Checkpoint(config=target_cfg, state_dict={}, tokenizer=None, source="synthetic")
     config = EngineConfig(device=device.type, dtype=str(dtype).removeprefix("torch."),
                           max_running_requests=max(args.batch), context_length=args.context + args.new_tokens + 32)
@@ -115,8 +136,9 @@ def main() -> None:
 
         def factory(config: EngineConfig, ctx: DrafterContext) -> ReplayDrafter:
             return ReplayDrafter(dflash(config, ctx), reference, trace, target_cfg.vocab_size)
+    kernel_sets = {"fastest": False} if hybrid else KERNELS  # a hybrid runs plain torch either way
     engines = {k: Engine(ckpt, replace(config, batch_invariant=on), model=model, drafter_factory=factory)
-               for k, on in KERNELS.items()}
+               for k, on in kernel_sets.items()}
     rng = random.Random(0)
     rows = []
     for b in args.batch:
@@ -150,15 +172,15 @@ def main() -> None:
             row[kernels]["tau"] = spread(seen[kernels]["tau"])
             row[kernels]["throughput_over_ar"] = (row[kernels]["ar_step_ms"]["median"] * row[kernels]["tau"]["median"]
                                                   / row[kernels]["spec_step_ms"]["median"])
-            if device.type == "cuda":
+            if device.type == "cuda" and not hybrid:
                 row[kernels]["graph_verify_ms"] = time_cuda(engine.runner.graph_for(16, b).graph.replay)
                 row[kernels]["graph_decode_ms"] = time_cuda(engine.runner.graph_for(1, b).graph.replay)
-        for step in ("ar", "spec"):
+        for step in ("ar", "spec") if "invariant" in engines else ():
             row[f"{step}_invariant_over_fastest"] = (row["invariant"][f"{step}_step_ms"]["median"]
                                                      / row["fastest"][f"{step}_step_ms"]["median"])
         rows.append(row)
     result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (smoke)",
-              "target": "Llama-3.1-8B shapes, synthetic bf16" if not args.smoke else "tiny",
+              "target": f"{target_name}, synthetic bf16" if not args.smoke else f"tiny {args.target}",
               "drafter": "DFlash-shaped: 5 layers, 5 taps, block 16", "context": args.context,
               "acceptance": f"{LABEL}: {trace.source} (tau {trace.tau:.2f})" if trace else "the drafter's own",
               "repeats": args.repeats, "rows": rows}
@@ -166,14 +188,15 @@ def main() -> None:
     print(f"\n{result['device']}: {result['target']}; {result['drafter']}; context {args.context}; acceptance: "
           f"{result['acceptance']}")
     for r in rows:
-        for kernels in KERNELS:
+        for kernels in engines:
             k = r[kernels]
             print(f"B={r['batch']:>2} {kernels:>9}: AR step {k['ar_step_ms']['median']:.3f} ms | spec step "
                   f"{k['spec_step_ms']['median']:.3f} ms (draft {k['draft_ms']['median']:.3f}, verify "
                   f"{k['verify_ms']['median']:.3f}), tau {k['tau']['median']:.2f}, throughput "
                   f"{k['throughput_over_ar']:.2f}x AR")
-        print(f"      invariant / fastest: AR {r['ar_invariant_over_fastest']:.3f}, "
-              f"spec {r['spec_invariant_over_fastest']:.3f}")
+        if "invariant" in engines:
+            print(f"      invariant / fastest: AR {r['ar_invariant_over_fastest']:.3f}, "
+                  f"spec {r['spec_invariant_over_fastest']:.3f}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,32 @@
+"""The GPU benchmark scripts' --smoke modes run on CPU at tiny shapes: a script that breaks is found here, not
+in a device session."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("target", ["llama", "hybrid"])
+def test_gpu_spec_smoke_with_replayed_acceptance(tmp_path, target):
+    trace = tmp_path / "bench.json"
+    trace.write_text(json.dumps({"results": [{"dataset": "humaneval",
+                                              "accept_histogram": [0, 45, 52, 34, 14, 6, 3, 3, 2, 2, 2, 1, 1, 1, 0, 0, 0]}]}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_spec.py"), "--smoke", "--target", target,
+                          "--batch", "1", "2", "--repeats", "1", "--new-tokens", "12", "--context", "16",
+                          "--replay", f"{trace}:humaneval", "--replay-tau", "4", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((tmp_path / "gpu_spec.json").read_text())
+    assert result["acceptance"].startswith("replayed acceptance") and result["target"] == f"tiny {target}"
+    assert [r["batch"] for r in result["rows"]] == [1, 2]
+    assert all(r["fastest"]["tau"]["median"] > 1.5 for r in result["rows"])  # the replay, not random drafts
+    assert ("invariant" in result["rows"][0]) == (target == "llama")
