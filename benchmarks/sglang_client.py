@@ -1,7 +1,8 @@
 """SGLang's own load generator, `python -m sglang.bench_serving`, against `specpilot serve`: per server setting
 (speculative and AR, each a list of serve flags) and per concurrency, after a warm-up load that is not
 reported, ShareGPT prompts with a fixed output length (ignore-EOS, SGLang's default), while /get_server_info's KV pool is polled for the most requests running
-at once. SGLang's JSON lines (throughput, TPOT, TTFT, accept length) and ours go to `--out`.
+at once. SGLang's JSON lines (throughput, TPOT, TTFT, accept length) and ours (the most running at once, the
+scheduler's time in prefill steps, decode steps and publishing during the run) go to `--out`.
 
 Needs the sglang package and its client's imports (on the H200: `.ferry/sgl`, see benchmarks/gpu_bench_serving.sh)
 and a ShareGPT file SGLang reads (`scripts/export_sharegpt_first_turns.py --first-exchanges`, gunzipped).
@@ -41,6 +42,11 @@ def poll_running(server: Server, stop: threading.Event, seen: dict) -> None:
         time.sleep(0.05)
 
 
+def step_time(server: Server) -> dict[str, dict[str, float]]:
+    """The server's scheduler time by what it did (prefill and decode steps, publishing), since it started."""
+    return server.http().get("/get_server_info", timeout=30.0).json()["internal_states"][0]["step_time"]
+
+
 def bench(server: Server, args: argparse.Namespace, concurrency: int, out_file: Path,
           prompts: int | None = None) -> dict:
     prompts = prompts or max(args.min_prompts, args.waves * concurrency)
@@ -50,6 +56,7 @@ def bench(server: Server, args: argparse.Namespace, concurrency: int, out_file: 
            "--sharegpt-context-len", str(args.context_len), "--tokenizer", args.tokenizer,
            "--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--output-file", str(out_file),
            "--seed", "1", "--disable-tqdm"]
+    clock_before = step_time(server)
     seen = {"most_running_at_once": 0, "fewest_free_pages": 1 << 60}
     stop = threading.Event()
     poller = threading.Thread(target=poll_running, args=(server, stop, seen), daemon=True)
@@ -59,11 +66,13 @@ def bench(server: Server, args: argparse.Namespace, concurrency: int, out_file: 
     wall = time.perf_counter() - start
     stop.set()
     poller.join()
+    clock = {k: {"count": v["count"] - clock_before[k]["count"], "seconds": v["seconds"] - clock_before[k]["seconds"]}
+             for k, v in step_time(server).items()}
     lines = out_file.read_text().splitlines() if out_file.is_file() else []
     sglang = json.loads(lines[-1]) if lines and done.returncode == 0 else {}
     return {"concurrency": concurrency, "num_prompts": prompts, "returncode": done.returncode, "wall_s": wall,
             "stdout_tail": done.stdout[-1500:], "stderr_tail": done.stderr[-1500:] if done.returncode else "",
-            "sglang": sglang, **seen}
+            "sglang": sglang, "scheduler_time": clock, **seen}
 
 
 def main() -> int:
@@ -98,9 +107,12 @@ def main() -> int:
             for c in args.concurrency:
                 r = bench(server, args, c, out / f"{name}_c{c}.jsonl")
                 s = r["sglang"]
+                t = r["scheduler_time"]
                 print(f"{name} C={c}: rc {r['returncode']}, {s.get('completed')}/{r['num_prompts']} completed, "
                       f"{s.get('output_throughput', float('nan')):.0f} tok/s, TPOT {s.get('mean_tpot_ms', float('nan')):.1f} ms, "
-                      f"accept length {s.get('accept_length')}, {r['most_running_at_once']} running at once", flush=True)
+                      f"accept length {s.get('accept_length')}, {r['most_running_at_once']} running at once; scheduler: "
+                      + ", ".join(f"{k} {v['count']} x {1e3 * v['seconds'] / max(v['count'], 1):.2f} ms"
+                                  for k, v in t.items()), flush=True)
                 runs.append(r)
                 (out / "sglang_client.json").write_text(json.dumps(report, indent=2))  # kept if a later run is cut
         finally:

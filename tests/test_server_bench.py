@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 
+import httpx
 import pytest
 from test_server_support import serve
 
@@ -92,3 +93,16 @@ def test_bench_sweep_errors_name_the_flag(argv, error, capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
         main([*argv, "--output-dir", str(tmp_path)])
     assert exc.value.code == 2 and error in capsys.readouterr().err
+
+
+def test_server_info_splits_the_schedulers_time(server):
+    """internal_states' step_time: how many prefill and decode steps and publishes the scheduler ran, and for how
+    long (where a served step's time goes, beside the offline engine's)."""
+    before = server.info()["internal_states"][0]["step_time"]
+    body = {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}}
+    assert httpx.post(server.url + "/generate", json=body, trust_env=False, timeout=60).status_code == 200
+    after = server.wait_for(lambda i: i["running_requests"] == 0)["internal_states"][0]["step_time"]
+    assert set(after) == {"prefill", "decode", "publish"}
+    assert after["prefill"]["count"] >= before["prefill"]["count"] + 1
+    assert after["decode"]["count"] >= before["decode"]["count"] + 1  # ngram steps: 5 tokens in 1..5 passes
+    assert all(after[k]["seconds"] > before[k]["seconds"] for k in ("prefill", "decode", "publish"))

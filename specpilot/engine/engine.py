@@ -149,6 +149,7 @@ class Engine:
         # Token forcing (specpilot.forcing) installs itself here: it sees every decided token first.
         self.forcing: TokenObserver | None = None
         self.reset_spec_stats()
+        self.last_step: str | None = None  # "prefill" or "decode": what the newest step() ran
         graphs = config.cuda_graphs and GraphBackend.available(self.device) and not self.hybrid
         self._set_up_speculation(graphs)
         if graphs:
@@ -265,8 +266,10 @@ class Engine:
             self.model.set_batch_invariant(self.exact)
         admitted = self._admit()
         if admitted:
+            self.last_step = "prefill"
             return self._prefill(admitted)
         if self.running:
+            self.last_step = "decode"
             return self._decode(self.running)
         return []
 

@@ -125,7 +125,8 @@ async def get_server_info(request: Request) -> dict[str, Any]:
     ctx = context(request)
     snap = ctx.scheduler.snapshot
     state = {"avg_spec_accept_length": snap.avg_spec_accept_length,
-             "last_gen_throughput": snap.last_gen_throughput, "spec_stats": snap.spec_stats}
+             "last_gen_throughput": snap.last_gen_throughput, "spec_stats": snap.spec_stats,
+             "step_time": snap.step_time}
     return ctx.server_args() | {"internal_states": [state], "running_requests": snap.running,
                                 "waiting_requests": snap.waiting, "rids": list(snap.rids),
                                 "version": _version()}

@@ -105,6 +105,8 @@ class Snapshot:
     avg_spec_accept_length: float = 0.0
     last_gen_throughput: float = 0.0
     spec_stats: dict[str, Any] = field(default_factory=dict)
+    # the scheduler thread's time since start, by what it did: {"prefill" | "decode" | "publish": {count, seconds}}
+    step_time: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -121,7 +123,8 @@ class Scheduler:
         # Outstanding requests (queued, waiting or running) allowed before 503: the running slots plus
         # the waiting queue. Counted at submission so that the bound holds before the thread sees them.
         self.capacity = engine.config.max_running_requests + max_queued_requests
-        self.snapshot = Snapshot()
+        self._clock: dict[str, list[float]] = {"prefill": [0, 0.0], "decode": [0, 0.0], "publish": [0, 0.0]}
+        self.snapshot = Snapshot(step_time=self._step_time())
         # An RLock: drain() may run in a signal handler that interrupted the main thread inside a locked section.
         self._cv = threading.Condition(threading.RLock())
         self._inbox: list[Callable[[], None]] = []
@@ -219,8 +222,18 @@ class Scheduler:
             self._abort(list(self._live))
         if self.engine.has_work:
             self._step()
+        start = time.perf_counter()
         self._publish()
+        self._tick("publish", start)
         return stop
+
+    def _step_time(self) -> dict[str, dict[str, float]]:
+        return {kind: {"count": int(n), "seconds": t} for kind, (n, t) in self._clock.items()}
+
+    def _tick(self, kind: str, start: float) -> None:
+        entry = self._clock[kind]
+        entry[0] += 1
+        entry[1] += time.perf_counter() - start
 
     def _deadline_passed(self) -> bool:
         return self._deadline is not None and time.monotonic() >= self._deadline
@@ -252,8 +265,11 @@ class Scheduler:
     def _step(self) -> None:
         if self._window_start is None:
             self._window_start, self._window_tokens = time.perf_counter(), 0
+        start = time.perf_counter()
         try:
             self.engine.step()
+            if self.engine.last_step is not None:
+                self._tick(self.engine.last_step, start)
         except Exception as err:  # an engine bug: fail the live requests instead of hanging them
             log.exception("engine step failed; aborting %d live requests", len(self._live))
             for live in self._live.values():
@@ -289,7 +305,8 @@ class Scheduler:
         self.snapshot = Snapshot(
             running=len(self.engine.running), waiting=len(self.engine.waiting), rids=tuple(self._live),
             avg_spec_accept_length=stats.tau, last_gen_throughput=self._throughput,
-            spec_stats=stats.as_dict() if stats.steps else {})
+            spec_stats=stats.as_dict() if stats.steps else {},
+            step_time=self._step_time())
 
     def _measure(self) -> None:
         if self._window_start is None:
