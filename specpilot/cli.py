@@ -456,12 +456,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     title = f"specpilot bench ({config.speculative_algorithm or 'AR only'}, {engine.device.type})"
     table = Table(title=f"{title}: median (min–max) of {args.repeats} interleaved repeats",
                   caption=provenance.label(prov))
-    for col in ("dataset", "prompts", "tau", "TPOT AR ms", "TPOT spec ms", "speedup", "ids = AR"):
+    batched = args.batch_size > 1  # then throughput's speedup, and the occupancy that explains how it differs
+    columns = ["dataset", "prompts", "tau", "TPOT AR ms", "TPOT spec ms", "speedup"]
+    columns += ["throughput ×", "decoding share AR / spec"] if batched else []
+    for col in (*columns, "ids = AR"):
         table.add_column(col, overflow="fold")  # a narrow terminal wraps a range rather than cutting it
     for r in results:
         spread = r["spread"]
+        keys = [("tau", ""), ("ar_tpot_ms", ""), ("spec_tpot_ms", ""), ("speedup", "×")]
         cells = [_median_range(spread[key], suffix) if key in spread else "n/a"
-                 for key, suffix in (("tau", ""), ("ar_tpot_ms", ""), ("spec_tpot_ms", ""), ("speedup", "×"))]
+                 for key, suffix in keys + ([("throughput_speedup", "×")] if batched else [])]
+        if batched:
+            cells.append(f"{r['ar']['occupancy']:.0%} / {r['spec']['occupancy']:.0%}" if r["spec"] else "n/a")
         same = r["identical_ids"]["spec_repeats"] or r["identical_ids"]["ar_repeats"]
         cells.append(f"{min(same)}/{r['num_prompts']}" if same else "n/a")
         table.add_row(r["dataset"], str(r["num_prompts"]), *cells)

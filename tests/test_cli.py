@@ -94,6 +94,21 @@ def test_bench_writes_json_with_the_settings_in_effect(tiny_dir, tmp_path, capsy
     assert ids["ar_repeats"] == [2] and len(ids["spec_repeats"]) == 2 and "2/2" in table
 
 
+def test_batched_bench_reports_throughputs_speedup_and_the_occupancy_behind_it(tiny_dir, tmp_path, capsys):
+    """At --batch-size > 1 the speedup that counts is throughput's; it differs from TPOT's by how much of the
+    batch's slot time each mode spends decoding (prefills, and a batch's tail waiting for its longest)."""
+    assert main(["bench", "--model-path", str(tiny_dir), "--dataset", "math", "--num-prompts", "4", "--batch-size", "2",
+                 "--max-new-tokens", "8", "--speculative-algorithm", "ngram", "--repeats", "1",
+                 "--output-dir", str(tmp_path)]) == 0
+    [result] = json.loads((tmp_path / "bench_ngram_cpu.json").read_text())["results"]
+    [rep] = result["repeats"]
+    assert rep["throughput_speedup"] == pytest.approx(rep["spec"]["tokens_per_s"] / rep["ar"]["tokens_per_s"])
+    assert result["throughput_speedup"] == pytest.approx(rep["throughput_speedup"])
+    assert all(0 < run["occupancy"] <= 1 for run in (rep["ar"], rep["spec"]))
+    out = capsys.readouterr().out  # a narrow terminal folds the headers; the cells stay whole
+    assert f"{rep['ar']['occupancy']:.0%} /" in out and f"{result['throughput_speedup']:.2f}×" in out
+
+
 def test_bench_records_provenance(tiny_dir, tmp_path):
     assert main(["bench", "--model-path", str(tiny_dir), "--dataset", "math", "--num-prompts", "1",
                  "--max-new-tokens", "2", "--repeats", "1", "--output-dir", str(tmp_path)]) == 0

@@ -24,6 +24,10 @@ class RunResult:
     tokens_per_s: float
     completion_tokens: int
     wall_s: float
+    # the share of the run's request slots (batch size x wall) spent decoding (first token to last): prefills
+    # and the tail of a batch, whose finished requests wait for its longest, make the rest. Throughput
+    # speedup = TPOT speedup x (spec occupancy / AR occupancy), about: where the two differ, this says why
+    occupancy: float = 1.0
 
 
 def spread(values: list[float]) -> dict[str, Any]:
@@ -66,11 +70,13 @@ class DatasetResult:
                                                             self.ar_identical + self.spec_identical)}}
         if spec:
             speedups = [a["tpot_ms"] / s["tpot_ms"] for a, s in zip(ar, spec)]
+            throughput = [s["tokens_per_s"] / a["tokens_per_s"] for a, s in zip(ar, spec)]
             spreads |= {"spec_tpot_ms": spread([s["tpot_ms"] for s in spec]), "speedup": spread(speedups),
-                        "tau": spread([s["tau"] for s in self.spec_stats])}
-            repeats = [r | {"spec": s, "speedup": x, **stats}
-                       for r, s, x, stats in zip(repeats, spec, speedups, self.spec_stats)]
-            out |= {"spec": median_of(spec), "speedup": statistics.median(speedups), **median_of(self.spec_stats)}
+                        "throughput_speedup": spread(throughput), "tau": spread([s["tau"] for s in self.spec_stats])}
+            repeats = [r | {"spec": s, "speedup": x, "throughput_speedup": t, **stats}
+                       for r, s, x, t, stats in zip(repeats, spec, speedups, throughput, self.spec_stats)]
+            out |= {"spec": median_of(spec), "speedup": statistics.median(speedups),
+                    "throughput_speedup": statistics.median(throughput), **median_of(self.spec_stats)}
         return out | {"spread": spreads, "repeats": repeats}
 
 
@@ -90,7 +96,8 @@ def _run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams],
         progress.advance(task, min(batch_size, len(prompts) - i))
     wall = time.perf_counter() - start
     tokens = sum(len(r.output_ids) for r in reqs)
-    result = RunResult(tpot_ms(reqs), tokens / wall, tokens, wall)
+    decoding = sum(r.finished_time - r.first_token_time for r in reqs)
+    result = RunResult(tpot_ms(reqs), tokens / wall, tokens, wall, decoding / (min(batch_size, len(reqs)) * wall))
     return result, [r.output_ids for r in reqs]
 
 
