@@ -79,6 +79,7 @@ def test_bench_serving_sweep_starts_each_setting_and_charts_them(tiny_dir, tmp_p
         assert [r["concurrency"] for r in setting["runs"]] == [1, 2]
         assert all(r["summary"]["completed"] == r["num_prompts"] == max(2, 2 * r["concurrency"]) for r in setting["runs"])
         assert all(r["summary"]["total_output_tokens"] == 6 * r["num_prompts"] for r in setting["runs"])
+        assert all(r["scheduler_time"]["decode"]["count"] > 0 for r in setting["runs"])
     assert report["settings"]["ar"]["speculative_algorithm"] is None
     assert report["settings"]["ngram"]["runs"][0]["summary"]["accept_length"] >= 1.0
     assert (tmp_path / "sweep.png").stat().st_size > 0 and (tmp_path / "ngram.server.log").is_file()

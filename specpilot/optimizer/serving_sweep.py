@@ -41,8 +41,8 @@ def parse_settings(specs: list[str] | None) -> dict[str, str]:
 def run_sweep(settings: dict[str, str], serve_flags: str, concurrencies: list[int], base: ServingBenchConfig,
               out: Path, warmup_prompts: int = 8) -> dict[str, Any]:
     """Per setting: start `specpilot serve SERVE_FLAGS SETTING_FLAGS`, send `warmup_prompts` (not reported),
-    then at each concurrency max(base.num_prompts, 2 x C) prompts; the report as it stands is written after
-    every run."""
+    then at each concurrency max(base.num_prompts, 2 x C) prompts, with the scheduler's time in prefill steps,
+    decode steps and publishing during each run; the report as it stands is written after every run."""
     report: dict[str, Any] = {"provenance": provenance.collect(None, None), "serve_flags": serve_flags,
                               "client": {k: v for k, v in vars(base).items() if k != "base_url"}
                               | {"request_rate": str(base.request_rate)},
@@ -63,12 +63,22 @@ def run_sweep(settings: dict[str, str], serve_flags: str, concurrencies: list[in
                                           max_concurrency=max(concurrencies)))
             for c in bar(concurrencies, f"{name}: concurrency"):
                 cfg = replace(base, base_url=url, max_concurrency=c, num_prompts=max(base.num_prompts, 2 * c))
+                before = _step_time(server)
                 summary = run_serving_bench(cfg)[0]["summary"]
-                runs.append({"concurrency": c, "num_prompts": cfg.num_prompts, "summary": summary})
+                after = _step_time(server)
+                clock = {k: {"count": v["count"] - before[k]["count"], "seconds": v["seconds"] - before[k]["seconds"]}
+                         for k, v in after.items()}
+                runs.append({"concurrency": c, "num_prompts": cfg.num_prompts, "summary": summary,
+                             "scheduler_time": clock})
                 (out / "sweep.json").write_text(json.dumps(report, indent=2))
         finally:
             server.close()
     return report
+
+
+def _step_time(server: Server) -> dict[str, dict[str, float]]:
+    """The server's scheduler time by what it did (prefill steps, decode steps, publishing) since it started."""
+    return server.http().get("/get_server_info").json()["internal_states"][0]["step_time"]
 
 
 def sweep_chart(report: dict[str, Any], path: Path) -> Path:
