@@ -179,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="folder for the JSON and PNG (default: a new specpilot-bench/<date>-<time>/)")
     _engine_args(bench)
     _serving_bench_args(bench)
+    c = bench.add_argument_group("cost table (--profile-cost-table: the target's pass time by batch size and rows per "
+                                 "request, kept on disk for this device and model)")
+    c.add_argument("--profile-cost-table", action="store_true", help="measure the table instead of a benchmark")
+    c.add_argument("--cost-batch-sizes", type=_positive_int, nargs="+", default=[1, 2, 4, 8, 16, 32], metavar="B")
+    c.add_argument("--cost-tokens", type=_positive_int, nargs="+", default=[1, 2, 4, 8, 16, 32], metavar="T",
+                   help="rows per request (a verify pass's block or tree)")
+    c.add_argument("--cost-context", type=_positive_int, default=512,
+                   help="positions already in each request's cache (default 512)")
     bench.set_defaults(func=_cmd_bench)
 
     serve = sub.add_parser("serve", help="HTTP server: SGLang /generate and OpenAI-compatible /v1 APIs",
@@ -415,6 +423,8 @@ def _cmd_force(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.profile_cost_table:
+        return _profile_cost_table(args)
     if args.sweep and not args.serving:
         raise ValueError("--sweep loads servers: pass it with --serving")
     if args.sweep:
@@ -497,6 +507,35 @@ def sampling_params_from_args(args: argparse.Namespace):
 
 def _algorithm(args: argparse.Namespace) -> str | None:
     return None if args.speculative_algorithm in (None, "none") else args.speculative_algorithm
+
+
+def _profile_cost_table(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from specpilot.bench import provenance
+    from specpilot.bench.output import bench_output_dir
+    from specpilot.costmodel.cost_table import cost_chart, profile_cost_table
+    from specpilot.engine.cost_table import save_cost_table
+    from specpilot.engine.engine import Engine
+
+    engine = Engine.from_config(engine_config_from_args(args, max_running_requests=max(args.cost_batch_sizes)))
+    table = profile_cost_table(engine, args.cost_batch_sizes, args.cost_tokens, args.cost_context, args.repeats)
+    cached = save_cost_table(table)
+    out = bench_output_dir(args.output_dir)
+    prov = provenance.collect(engine.device, str(engine.dtype))
+    (out / "cost_table.json").write_text(json.dumps({"provenance": prov, "table": json.loads(table.to_json())},
+                                                   indent=2))
+    cost_chart(table, out / "cost_table.png", provenance.label(prov))
+    view = Table(title=f"ms per pass: {table.key} (context {table.context}, {'graphs' if table.graphs else 'eager'})")
+    view.add_column("B \\ rows", justify="right")
+    for t in table.tokens:
+        view.add_column(str(t), justify="right")
+    for b, row in zip(table.batch_sizes, table.ms):
+        view.add_row(str(b), *(f"{ms:.3f}" for ms in row))
+    Console().print(view)
+    print(f"cached in {cached}; results in {out}/: cost_table.json, cost_table.png")
+    return 0
 
 
 def engine_config_from_args(args: argparse.Namespace, max_running_requests: int | None = None,

@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 import math
+import os
+import pathlib
 from dataclasses import dataclass, field
+
+
+def cache_root() -> pathlib.Path:
+    """Where SpecPilot keeps what it computes once per machine: $SPECPILOT_CACHE_DIR, else
+    $XDG_CACHE_HOME/specpilot (default ~/.cache/specpilot)."""
+    if os.environ.get("SPECPILOT_CACHE_DIR"):
+        return pathlib.Path(os.environ["SPECPILOT_CACHE_DIR"])
+    return pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "specpilot"
 
 
 CONSTRAINTS = ("json_schema", "regex", "ebnf")

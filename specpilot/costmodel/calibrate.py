@@ -31,7 +31,7 @@ class Ceilings:
         return asdict(self)
 
 
-def _median_seconds(fn: Callable[[], object], device: torch.device, repeats: int = 5, inner: int = 1) -> float:
+def median_seconds(fn: Callable[[], object], device: torch.device, repeats: int = 5, inner: int = 1) -> float:
     fn()  # warm
     times = []
     for _ in range(repeats):
@@ -62,7 +62,7 @@ def _square_gemm(n: int, dtype: torch.dtype, device: torch.device) -> tuple[int,
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if time.perf_counter() - start <= GEMM_PROBE_S or n <= GEMM_MIN_N:
-            return n, _median_seconds(lambda: a @ b, device, inner=3)
+            return n, median_seconds(lambda: a @ b, device, inner=3)
         n //= 2
 
 
@@ -73,16 +73,16 @@ def calibrate(device: torch.device, dtype: torch.dtype, size_mib: int | None = N
     size = (size_mib or (1024 if device.type == "cuda" else 128)) * 2**20
     src = torch.empty(size // 4, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
-    copy = _median_seconds(lambda: dst.copy_(src), device)
+    copy = median_seconds(lambda: dst.copy_(src), device)
     probe = stream_read_triton if device.type == "cuda" and HAS_TRITON else torch.sum
-    read = _median_seconds(lambda: probe(src), device)
+    read = median_seconds(lambda: probe(src), device)
     n, gemm = _square_gemm(4096 if device.type == "cuda" else 1024, dtype, device)
     k = 4096 if device.type == "cuda" else 2048
     w = torch.randn(4 * k, k, device=device).to(dtype)
     x = torch.randn(1, k, device=device).to(dtype)
-    decode = _median_seconds(lambda: torch.nn.functional.linear(x, w), device, inner=5)
+    decode = median_seconds(lambda: torch.nn.functional.linear(x, w), device, inner=5)
     tiny = torch.zeros(8, device=device)
-    launch = _median_seconds(lambda: tiny.add_(1.0), device, inner=200)
+    launch = median_seconds(lambda: tiny.add_(1.0), device, inner=200)
     return Ceilings(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         dtype=str(dtype).removeprefix("torch."),
@@ -105,4 +105,4 @@ def _graph_replay_seconds(device: torch.device, tiny: torch.Tensor) -> float | N
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         tiny.add_(1.0)
-    return _median_seconds(graph.replay, device, inner=200)
+    return median_seconds(graph.replay, device, inner=200)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import transformers
 
+from specpilot.config import cache_root
 from specpilot.models.checkpoint import Checkpoint, check_state_dict, collect_eos_ids
 from specpilot.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from specpilot.progress import bar
@@ -116,10 +117,8 @@ def _load_tokenizer(path: pathlib.Path) -> transformers.PreTrainedTokenizerBase:
 def tokenizer_cache_dir(path: pathlib.Path) -> pathlib.Path:
     """One folder per GGUF file (name, size, mtime) and transformers version, under $SPECPILOT_CACHE_DIR
     or $XDG_CACHE_HOME/specpilot (default ~/.cache/specpilot)."""
-    root = os.environ.get("SPECPILOT_CACHE_DIR") or pathlib.Path(
-        os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "specpilot"
     stat = path.stat()
-    return pathlib.Path(root) / "tokenizers" / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}-tf{transformers.__version__}"
+    return cache_root() / "tokenizers" / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}-tf{transformers.__version__}"
 
 
 def _build_config(
