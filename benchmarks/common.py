@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from specpilot.bench.harness import spread
 from specpilot.kernels.stream_read import stream_read_triton
 from specpilot.models.config import ModelConfig
 from specpilot.models.hybrid import HybridConfig, HybridTransformer
@@ -124,6 +125,17 @@ def time_cuda(fn: Callable[[], object], iters: int = 50, warmup: int = 5) -> flo
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int,
+                     timer: Callable[..., float] = time_cuda, **kwargs) -> dict[str, dict[str, float]]:
+    """Each fn timed `repeats` times by `timer` (fn, **kwargs), alternating between them: median, min, max and
+    values of the timings."""
+    seen: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            seen[name].append(timer(fn, **kwargs))
+    return {k: spread(v) for k, v in seen.items()}
 
 
 def out_dir(arg: str | None) -> Path:

@@ -24,12 +24,11 @@ from common import (  # noqa: E402
     read_bandwidth,
     out_dir,
     synthetic_model,
-    time_cuda,
+    time_interleaved,
     weight_bytes_per_step,
     write_json,
 )
 
-from specpilot.bench.harness import spread  # noqa: E402
 from specpilot.models.linear import to_b12, weight_bytes  # noqa: E402
 from specpilot.kernels.slot_attention import (  # noqa: E402
     slot_attention_reference,
@@ -98,15 +97,6 @@ def check_fused(device: torch.device) -> dict[str, float]:
 # the fastest kernel per pass (cuBLAS, skinny GEMM, batch-sized key splits), and the batch-invariant ones
 KERNELS = ("fastest", "invariant", "b12")
 PREFILL = (8, 1024)  # prompts x tokens of the prefill timing
-
-
-def time_interleaved(fns: dict[str, object], repeats: int, **kwargs) -> dict[str, dict[str, float]]:
-    """Each fn timed `repeats` times, alternating between them: median, min, max and values of the medians."""
-    seen: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            seen[name].append(time_cuda(fn, **kwargs))
-    return {k: spread(v) for k, v in seen.items()}
 
 
 def main() -> None:

@@ -42,6 +42,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-total-tokens", type=_positive_int, default=None,
                    help="KV pool's positions, all requests together (default: every request's "
                         "--context-length within the memory; on CPU 16384)")
+    g.add_argument("--page-size", type=_page_size, default=EngineConfig.page_size, metavar="N",
+                   help="KV pool's positions per page, a power of two; a request's pages round its positions up "
+                        f"to it (default {EngineConfig.page_size}: one key tile of the invariant attention)")
     g.add_argument("--mem-fraction-static", type=_fraction, default=None,
                    help="share of the device's memory for the weights and the KV pool together (default: the KV "
                         "pool takes 60%% of the memory free after loading on CUDA, 25%% on CPU)")
@@ -131,6 +134,16 @@ def _int_at_least(minimum: int):
 
 
 _positive_int, _nonneg_int, _at_least_two = _int_at_least(1), _int_at_least(0), _int_at_least(2)
+
+
+def _page_size(text: str) -> int:
+    """An argparse type: a positive power of two (the KV pool's positions per page)."""
+    from specpilot.state.pages import valid_page_size
+
+    value = int(text)
+    if not valid_page_size(value):
+        raise argparse.ArgumentTypeError(f"must be a positive power of two, got {text}")
+    return value
 
 
 def _fraction(text: str) -> float:
@@ -565,7 +578,7 @@ def engine_config_from_args(args: argparse.Namespace, max_running_requests: int 
             logging.getLogger("specpilot").info("speed settings: the shipped profile %s", profile)
     config = EngineConfig(model_path=args.model_path, device=args.device, dtype=args.dtype,
                           context_length=args.context_length, max_total_tokens=args.max_total_tokens,
-                          mem_fraction_static=args.mem_fraction_static,
+                          page_size=args.page_size, mem_fraction_static=args.mem_fraction_static,
                           max_running_requests=max_running_requests, speculative_algorithm=algorithm,
                           speculative_draft_model_path=args.speculative_draft_model_path,
                           batch_invariant=args.batch_invariant,

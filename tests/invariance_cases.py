@@ -5,8 +5,9 @@ CUDA tests: each returns, per comparison, how many output elements differ from t
 Attention: one request's 16 new tokens after `ctx` context keys, computed as 16 decode passes (the baseline),
 as one chain verify, as a chain verify beside other requests, inside a whole-prompt prefill, and as the path
 of a draft tree whose other nodes hold unrelated K/V - a node's row must equal the decode of the token at its
-depth; then the verify, prefill and tree passes again over a page pool (the engine's page size, pages
-shuffled), which must give the same bits. GEMM: rows of x alone, in small batches and in a large one.
+depth; then the verify, prefill and tree passes again over page pools of every page size
+benchmarks/gpu_page_size.py compares (pages shuffled), which must give the same bits. GEMM: rows of x alone,
+in small batches and in a large one.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from specpilot.kernels.skinny_gemm import invariant_config, invariant_gemm
 from specpilot.kernels.slot_attention import slot_attention_invariant
 
 NEW = 16  # tokens per verify block
-PAGE = 64  # the engine's page size (state/pages.py)
+PAGES = (16, 32, 64, 128)  # page sizes: within a key tile, one tile (the default), two tiles
 
 
 def _differing(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -85,7 +86,7 @@ def attention_report(device: str, dtype: torch.dtype, ctx: int = 250, kv_heads: 
         return torch.randn(*shape, generator=g).to(dtype).to(device)
 
     heads, length = kv_heads * group, ctx + NEW
-    slot_len = -(-(max(length, 300) + 8) // PAGE) * PAGE
+    slot_len = -(-(max(length, 300) + 8) // max(PAGES)) * max(PAGES)
     k = randn(4, slot_len, kv_heads, head_dim)
     v = randn(4, slot_len, kv_heads, head_dim)
     q_new = randn(NEW, heads, head_dim)
@@ -136,17 +137,19 @@ def attention_report(device: str, dtype: torch.dtype, ctx: int = 250, kv_heads: 
                        [39, *tree_pos], tree_mask=[1, *bits], per_token=per_token)
         report[f"tree verify, {name}"] = _differing(tree[on_path], decode[: len(path)])
 
-    pool = paged_cache(k, v, PAGE)
-    pk, pv, table = pool["k"], pool["v"], pool["page_table"]
-    paged_chain = _attend(mixed_q, pk, pv, [2, 0, 3], [0, 1, 1 + NEW], [1, NEW, 5], [40, length, 300],
-                          [39, *new_pos, *range(295, 300)], page_table=table)
-    report["paged: chain verify in a batch"] = _differing(paged_chain[1 : 1 + NEW], decode)
-    paged_prefill = _attend(prompt_q, pk, pv, [0], [0], [length], [length], list(range(length)), page_table=table)
-    report["paged: prefill"] = _differing(paged_prefill[ctx:], decode)
-    for name, per_token in (("packed rows", False), ("a program per token", True)):
-        tree = _attend(torch.cat([others[:1], tree_q]), pk, pv, [2, 1], [0, 1], [1, NEW], [40, length],
-                       [39, *tree_pos], tree_mask=[1, *bits], per_token=per_token, page_table=table)
-        report[f"paged: tree verify, {name}"] = _differing(tree[on_path], decode[: len(path)])
+    for page in PAGES:
+        pool = paged_cache(k, v, page)
+        pk, pv, table = pool["k"], pool["v"], pool["page_table"]
+        paged_chain = _attend(mixed_q, pk, pv, [2, 0, 3], [0, 1, 1 + NEW], [1, NEW, 5], [40, length, 300],
+                              [39, *new_pos, *range(295, 300)], page_table=table)
+        report[f"paged {page}: chain verify in a batch"] = _differing(paged_chain[1 : 1 + NEW], decode)
+        paged_prefill = _attend(prompt_q, pk, pv, [0], [0], [length], [length], list(range(length)),
+                                page_table=table)
+        report[f"paged {page}: prefill"] = _differing(paged_prefill[ctx:], decode)
+        for name, per_token in (("packed rows", False), ("a program per token", True)):
+            tree = _attend(torch.cat([others[:1], tree_q]), pk, pv, [2, 1], [0, 1], [1, NEW], [40, length],
+                           [39, *tree_pos], tree_mask=[1, *bits], per_token=per_token, page_table=table)
+            report[f"paged {page}: tree verify, {name}"] = _differing(tree[on_path], decode[: len(path)])
     return report
 
 

@@ -14,19 +14,33 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def run_script(name: str, *args: str) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / name), "--smoke", *args],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
 @pytest.mark.parametrize("target", ["llama", "hybrid"])
 def test_gpu_spec_smoke_with_replayed_acceptance(tmp_path, target):
     trace = tmp_path / "bench.json"
     trace.write_text(json.dumps({"results": [{"dataset": "humaneval",
                                               "accept_histogram": [0, 45, 52, 34, 14, 6, 3, 3, 2, 2, 2, 1, 1, 1, 0, 0, 0]}]}))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_spec.py"), "--smoke", "--target", target,
-                          "--batch", "1", "2", "--repeats", "1", "--new-tokens", "12", "--context", "16",
-                          "--replay", f"{trace}:humaneval", "--replay-tau", "4", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300, env=env)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_script("gpu_spec.py", "--target", target, "--batch", "1", "2", "--repeats", "1", "--new-tokens", "12",
+               "--context", "16", "--replay", f"{trace}:humaneval", "--replay-tau", "4", "--out", str(tmp_path))
     result = json.loads((tmp_path / "gpu_spec.json").read_text())
     assert result["acceptance"].startswith("replayed acceptance") and result["target"] == f"tiny {target}"
     assert [r["batch"] for r in result["rows"]] == [1, 2]
     assert all(r["fastest"]["tau"]["median"] > 1.5 for r in result["rows"])  # the replay, not random drafts
     assert ("invariant" in result["rows"][0]) == (target == "llama")
+
+
+def test_gpu_page_size_smoke(tmp_path):
+    run_script("gpu_page_size.py", "--repeats", "1", "--iters", "1", "--prompt-lengths", "30", "300", "1000",
+               "--out", str(tmp_path))
+    result = json.loads((tmp_path / "gpu_page_size.json").read_text())
+    assert [(r["batch"], r["q"]) for r in result["rows"]] == [(1, 1), (1, 16), (2, 1), (2, 16)]
+    assert all(all(r["logits_bitwise_default"].values()) for r in result["rows"])
+    capacity = result["capacity"]["rows"]  # no rounding, then page sizes upwards: fewer requests fit
+    assert [c["page_size"] for c in capacity] == [1, 16, 32, 64, 128] and capacity[0]["waste_share"] == 0
+    assert [c["requests"] for c in capacity] == sorted((c["requests"] for c in capacity), reverse=True)

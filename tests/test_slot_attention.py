@@ -86,6 +86,9 @@ def make_inputs(case: Case) -> dict:
     return inp
 
 
+PAGE_SIZES = (16, 32, 64, 128)  # the --page-size values benchmarks/gpu_page_size.py compares
+
+
 def paged(inp: dict, page_size: int, seed: int = 0) -> dict:
     """The same inputs over a page pool: every slot's positions cut into pages of `page_size`, the pages
     shuffled into a pool with spare NaN pages, and a page table naming them (the last page of a slot may run
@@ -202,7 +205,7 @@ def test_reference_tree_mask_matches_naive(case: Case) -> None:
 
 
 @pytest.mark.parametrize("case", REFERENCE_CASES[:3] + TREE_REFERENCE_CASES[:1], ids=lambda c: c.name)
-@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("page_size", [1, *PAGE_SIZES])
 def test_reference_through_a_page_table_equals_contiguous_slots(case: Case, page_size: int) -> None:
     inp = make_inputs(case)
     assert torch.equal(call(slot_attention_reference, paged(inp, page_size)), call(slot_attention_reference, inp))
@@ -420,7 +423,7 @@ def _triton_errors() -> dict[str, float]:
         kwargs = dict(max_q_len=max(case.q_lens), num_kv_splits=case.num_kv_splits)
         expected = call(slot_attention_triton, inp, **kwargs)
         _, covered = naive_attention(inp)
-        for page_size in (16, 64):
+        for page_size in PAGE_SIZES:
             got = call(slot_attention_triton, paged(inp, page_size, seed=page_size), **kwargs)
             errors[f"paged{page_size}-{case.name}"] = float(not torch.equal(got[covered], expected[covered]))
     return errors
@@ -435,7 +438,7 @@ def test_triton_matches_reference(triton_errors: dict[str, float], case: Case) -
     assert err <= TRITON_TOL[case.dtype], f"{case.name}: max abs error {err}"
 
 
-@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("case", PAGED_CASES, ids=lambda c: c.name)
 def test_triton_through_a_page_table_gives_the_same_bits(triton_errors: dict[str, float], case: Case,
                                                           page_size: int) -> None:

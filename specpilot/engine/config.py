@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from specpilot.state.pages import PAGE_SIZE
+
 
 @dataclass
 class EngineConfig:
@@ -19,6 +21,7 @@ class EngineConfig:
     context_length: int | None = None  # KV positions a request may reach
     max_total_tokens: int | None = None  # KV pool's positions, all requests together (SGLang's flag)
     mem_fraction_static: float | None = None  # share of the device's memory for weights + KV pool (SGLang's)
+    page_size: int = PAGE_SIZE  # KV pool's positions per page, a power of two (SGLang's flag)
     cuda_graphs: bool = True
     max_prefill_tokens: int = 16384  # tokens of prompts admitted in one prefill pass
     # Offline throughput: while requests run, admit waiting ones only once this many slots are free (or

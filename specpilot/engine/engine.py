@@ -99,7 +99,7 @@ class Engine:
             # a slot's room for a verify pass's spill past the context: the largest block asked for, or a tree's
             spill = max(MAX_TREE_Q_LEN, config.speculative_num_draft_tokens or 0)
             pages = PageTable(plan.num_slots, plan.context_length + spill,
-                              None if plan.whole_slots else plan.total_tokens, self.device)
+                              None if plan.whole_slots else plan.total_tokens, self.device, config.page_size)
         else:  # a twin: the other engine's slots and pool, and its context length (its config is resolved)
             pages = cache.pages
             self.kv_plan = KVPlan(pages.num_slots, config.context_length, per_token, budget_bytes=0,
@@ -108,7 +108,7 @@ class Engine:
         # the settings in effect (/get_server_info reports them)
         self.config = config = replace(config, max_running_requests=self.kv_plan.num_slots,
                                        context_length=self.kv_plan.context_length,
-                                       max_total_tokens=self.kv_plan.total_tokens)
+                                       max_total_tokens=self.kv_plan.total_tokens, page_size=pages.page_size)
         self.context_length = self.kv_plan.context_length
         # Exact: the invariant kernels run, so logits are bitwise independent of pass and batch (forcing
         # then requires identity, tie band 0).

@@ -15,7 +15,7 @@ import torch
 
 from specpilot.kernels.kv_compact import compact_accepted
 from specpilot.state.batch import ForwardBatch
-from specpilot.state.pages import PageTable
+from specpilot.state.pages import PAGE_SIZE, PageTable
 
 
 class CacheState(Protocol):
@@ -59,9 +59,9 @@ class KVCache:
 
     @classmethod
     def whole_slots(cls, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int,
-                    dtype: torch.dtype, device: torch.device) -> KVCache:
+                    dtype: torch.dtype, device: torch.device, page_size: int = PAGE_SIZE) -> KVCache:
         """A cache of its own table, whose pool holds every slot's max_len positions."""
-        return cls(num_layers, num_kv_heads, head_dim, dtype, PageTable(num_slots, max_len, None, device))
+        return cls(num_layers, num_kv_heads, head_dim, dtype, PageTable(num_slots, max_len, None, device, page_size))
 
     @property
     def page_table(self) -> torch.Tensor:

@@ -19,7 +19,14 @@ import torch
 
 from specpilot.kernels.kv_compact import physical_rows
 
-PAGE_SIZE = 64  # positions per page: one key tile of the invariant attention (docs/RESULTS.md's sweep)
+PAGE_SIZE = 64  # positions per page (--page-size): one key tile of the invariant attention
+
+
+def valid_page_size(page_size: object) -> bool:
+    """A positive power of two: the kernels take the page size as a constexpr that divides slot positions (a
+    shift and a mask only then); any such size gives the same bits (attention looks the page up per key lane)."""
+    return isinstance(page_size, int) and not isinstance(page_size, bool) and page_size > 0 \
+        and not page_size & (page_size - 1)
 
 
 class PageTable:
@@ -29,6 +36,8 @@ class PageTable:
         at least one slot's max_len (None: every slot's, the whole-slot pool)."""
         if num_slots < 1 or max_len < 1:
             raise ValueError(f"a page table needs slots and positions, got {num_slots} slots of {max_len}")
+        if not valid_page_size(page_size):
+            raise ValueError(f"--page-size must be a positive power of two (positions per KV page), got {page_size!r}")
         self.page_size = page_size
         self.pages_per_slot = -(-max_len // page_size)
         self.max_len = self.pages_per_slot * page_size
