@@ -9,6 +9,7 @@ import re
 
 import pytest
 from spec_fixtures import OracleDrafter, write_random_dflash
+from test_logprobs import _flat, _same
 from test_redteam import _noisy_verify
 from test_speculative import TEST_DEVICE, TEST_DTYPE
 from tiny_models import make_tiny_model_dir
@@ -60,9 +61,15 @@ def _valid(kind: str, out: str) -> bool:
     return re.fullmatch(r"\((\[[a-c]\]|[a-c])(,(\[[a-c]\]|[a-c])){0,2}\)", out) is not None
 
 
+# greedy constrained requests are checked against their grammar after acceptance: on the host's walk (ngram's
+# ragged chains; a tree without device acceptance), after the device's acceptance of a chain (the next draft
+# launched early, dropped when a decision changes) and of a tree (whose accepted K/V the device already moved)
 SPEC = {"ngram": {"speculative_algorithm": "ngram", "speculative_num_draft_tokens": 4},
+        "dflash chain": {"speculative_algorithm": "dflash"},
         "dflash tree + assist": {"speculative_algorithm": "dflash", "speculative_eagle_topk": 3,
-                                 "speculative_ngram_assist": 1}}
+                                 "speculative_ngram_assist": 1},
+        "dflash tree, host walk": {"speculative_algorithm": "dflash", "speculative_eagle_topk": 3,
+                                   "mechanisms": frozenset()}}
 
 
 @pytest.mark.parametrize("kind", CONSTRAINTS)
@@ -113,6 +120,21 @@ def test_seeded_constrained_sampling_is_the_same_with_and_without_speculation(sp
         prompts(ar_engine), params)
     assert [s.output_ids for s in spec] == [a.output_ids for a in ar]
     assert all(_valid("regex", text(ar_engine, a.output_ids)) for a in ar)
+
+
+def test_logprobs_of_constrained_speculation_are_ar_s(spelled):
+    """The rows that decided a constrained request's tokens are masked as AR's were before its logprobs are read
+    (its verify rows were checked against the grammar after acceptance, not masked)."""
+    path, dflash = spelled
+    params = SamplingParams(max_new_tokens=40, json_schema=CONSTRAINTS["json_schema"], return_logprob=True,
+                            top_logprobs_num=2)
+    ar_engine = engine(path)
+    ar = ar_engine.generate(prompts(ar_engine), params)
+    spec = engine(path, **SPEC["dflash tree + assist"], speculative_draft_model_path=str(dflash)).generate(
+        prompts(ar_engine), params)
+    for a, s in zip(ar, spec):
+        assert s.output_ids == a.output_ids and _same(_flat(s), _flat(a))
+        assert all(e.top[0][1] == t for e, t in zip(s.logprobs, s.output_ids))  # masked: the token is the top
 
 
 def test_forcing_passes_with_a_grammar(spelled):

@@ -5,6 +5,7 @@ for token and a draft that breaks the grammar is rejected like any other mismatc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -95,6 +96,49 @@ class RequestGrammar:
                     self.matcher.rollback(1)
 
         visit(0)
+        return mask
+
+    def recheck(self, tokens: list[int], rows: list[int], children: Callable[[], dict[tuple[int, int], int]],
+                decide: Callable[[int, torch.Tensor | None], int]) -> tuple[list[int], list[int]] | None:
+        """A greedy decision made without masks (`tokens`, decided by verify `rows`) checked from this state:
+        None when the grammar takes every token (or ends first, where the request stops). Else the decision
+        redone from the first token it refuses: that row decided again under the grammar's mask (`decide(row,
+        mask)`: the row's argmax, masked where a mask is given), then on down the drafts (`children()`: (row,
+        token) -> row, asked for only here) while a decided token has one, each row's plain argmax kept where the grammar allows
+        it. Returns the new (tokens, rows); the state is left as it was."""
+        advanced = 0
+        try:
+            for j, token in enumerate(tokens):
+                if self.matcher.is_terminated():
+                    return None
+                if not self.matcher.accept_token(token):
+                    break
+                advanced += 1
+            else:
+                return None
+            tokens, rows, row, mask = tokens[:j], rows[: j + 1], rows[j], self._allowed()
+            drafted = children()
+            while True:
+                token = decide(row, mask)
+                if not self.matcher.accept_token(token):
+                    if mask is not None:  # a masked argmax is always allowed
+                        raise RuntimeError(f"token {token} breaks the request's grammar under its own mask")
+                    mask = self._allowed()
+                    continue
+                advanced += 1
+                tokens.append(token)
+                child = drafted.get((row, token))
+                if child is None or self.matcher.is_terminated():
+                    return tokens, rows
+                rows.append(child)
+                row, mask = child, None
+        finally:
+            if advanced:
+                self.matcher.rollback(advanced)
+
+    def _allowed(self) -> torch.Tensor:
+        mask = xgrammar.allocate_token_bitmask(1, self.vocab_size)
+        self.matcher.fill_next_token_bitmask(mask, 0)
         return mask
 
     def masks_along(self, tokens: list[int]) -> torch.Tensor:

@@ -32,6 +32,7 @@ import torch
 from specpilot.engine.grammar import constrain
 from specpilot.engine.sampling import keyed_sample_rows, suppress
 from specpilot.engine.spec_stats import StepClock
+from specpilot.engine.verify import draft_children
 from specpilot.kernels.softmax_topk import row_argmax
 from specpilot.kernels.step_layout import lay_out_next_verify
 from specpilot.models.runner import Graph, RunOutput
@@ -74,6 +75,7 @@ class Acceptance:
     taps: torch.Tensor | None  # the verify taps, each request's accepted rows first (trees reordered)
     launched: bool = False  # the drafter launched the next draft from the device's acceptance
     graphed: bool = False  # the acceptance graph ran (it laid out the next verify of the same requests)
+    corrected: bool = False  # a grammar checked after acceptance cut some request's tokens short
 
 
 @dataclass
@@ -129,7 +131,7 @@ class SpeculativeStep:
 
     def plan(self, reqs: list[Request], draft: Draft) -> VerifyPlan:
         plan = self._plan(reqs, draft)
-        if any(r.grammar is not None for r in reqs):
+        if any(r.grammar is not None and not self._checked_after(r) for r in reqs):
             plan.host_drafts = (draft.tokens.tolist(),
                                 draft.tree.parents.tolist() if draft.tree is not None else None)
         return plan
@@ -171,10 +173,11 @@ class SpeculativeStep:
         """Device acceptance where it applies (uniform widths, nothing banned; sampled rows decided by their
         keyed samples), else the walk. A grammar's masks go into the verify logits first, in place (a graph's
         own output buffer, which its acceptance graph reads): a masked argmax or keyed sample never takes a
-        draft the grammar forbids, so constrained steps stay on the device path."""
+        draft the grammar forbids, so constrained steps stay on the device path. Greedy requests that need
+        no masked rows are checked against their grammar after acceptance instead (`_check_grammars`)."""
         reqs, tree = plan.reqs, plan.draft.tree
         banned = self._banned_rows(plan)
-        if any(r.grammar is not None for r in reqs):
+        if plan.host_drafts is not None:
             self._constrain(plan, out.logits)
         on_device = "device-acceptance" in self.mechanisms and plan.uniform and not any(banned)
         if on_device:
@@ -186,9 +189,11 @@ class SpeculativeStep:
                 clock.mark()
             # the one sync: rows of the bucket's requests, of which the first len(reqs) are ours
             decisions = Accepted.unpack(host.tolist(), out.batch.batch_size, plan.widths[0], len(reqs))
-            return Acceptance(decisions, taps, launched, graphed)
+            corrected = self._check_grammars(plan, out.logits, decisions, compacted=tree is not None)
+            return Acceptance(decisions, taps, launched, graphed, corrected)
         logits = suppress(out.logits, banned)
         decisions = self._walk(plan, logits)  # syncs
+        corrected = self._check_grammars(plan, logits, decisions)
         clock.mark()
         taps = out.taps
         if tree is not None:  # per request: its count, then its rows padded to q
@@ -196,16 +201,18 @@ class SpeculativeStep:
             walked = to_device([[len(d.tokens), *d.rows, *[0] * (q - len(d.rows))] for d in decisions], self.device)
             base = out.batch.write_index.view(-1, q)[: len(reqs), 0]
             taps = self._arrange_accepted(base, walked[:, 0], walked[:, 1:], taps)
-        return Acceptance(decisions, taps)
+        return Acceptance(decisions, taps, corrected=corrected)
 
     def commit(self, plan: VerifyPlan, out: RunOutput, acceptance: Acceptance) -> Commits:
         engine, offsets = self.engine, plan.offsets
         self.cache.commit_paths([r.slot for r in plan.reqs], [d.rows for d in acceptance.decisions])
-        committed, finished, redraft = [], [], False
+        committed, finished, redraft = [], [], acceptance.corrected
         for i, (req, decision) in enumerate(zip(plan.reqs, acceptance.decisions)):
             rows = out.logits[offsets[i] : offsets[i + 1]]
             if engine.forcing is not None or req.params.return_logprob:  # the rows that decided each token
                 rows = rows[decision.rows]
+                if self._checked_after(req):  # unmasked until now: masked as AR's rows are
+                    constrain(rows, req.grammar.masks_along(decision.tokens))
             n, done = engine.commit_tokens(req, decision.tokens, rows)
             # token forcing may commit stock's tokens instead: a draft launched for ours no longer fits
             redraft |= not done and req.output_ids[-n:] != decision.tokens
@@ -313,14 +320,51 @@ class SpeculativeStep:
             decisions.append(Decision(tokens, [0, *path]))
         return decisions
 
+    def _checked_after(self, req: Request) -> bool:
+        """Whether a constrained request's grammar is checked after acceptance rather than masking its verify
+        rows: greedy, with no stop ids banned. A row's plain argmax is its masked argmax wherever the grammar
+        allows it (masking only removes ids, and the first of equal maxima stays first among the allowed ones),
+        so one accept per decided token replaces a mask per draft node; the rows that decided are masked
+        afterwards where something reads them (`commit`)."""
+        return req.grammar is not None and req.params.greedy and not self.engine.stops.banned(req, 1)[0]
+
+    def _check_grammars(self, plan: VerifyPlan, logits: torch.Tensor, decisions: list[Decision],
+                        compacted: bool = False) -> bool:
+        """Each request checked after acceptance: its decided tokens against its grammar, and from the first
+        it refuses, the decision redone (RequestGrammar.recheck; in place) down the drafts, unless the device
+        already moved a tree's accepted K/V (`compacted`): then the decision ends at that token. Returns
+        whether any changed (what the device prepared for the next step assumed the old decisions)."""
+        corrected = False
+        for i, (req, decision, lo) in enumerate(zip(plan.reqs, decisions, plan.offsets)):
+            if not self._checked_after(req):
+                continue
+
+            def decide(row: int, mask: torch.Tensor | None, lo: int = lo) -> int:
+                x = logits[lo + row][None]
+                return int(row_argmax(x if mask is None else constrain(x.clone(), mask))[0])
+
+            children = dict if compacted else (lambda i=i: self._children(plan, i))
+            redone = req.grammar.recheck(decision.tokens, decision.rows, children, decide)
+            if redone is not None:
+                decision.tokens, decision.rows = redone
+                corrected = True
+        return corrected
+
+    @staticmethod
+    def _children(plan: VerifyPlan, i: int) -> dict[tuple[int, int], int]:
+        draft, w = plan.draft, plan.widths[i]
+        tokens = draft.tokens[i, : w - 1].tolist()
+        return draft_children(tokens, None if draft.tree is None else draft.tree.parents[i, : w - 1].tolist())
+
     def _constrain(self, plan: VerifyPlan, logits: torch.Tensor) -> None:
         """Each constrained request's verify rows masked by its grammar at the state its draft path leads
         to (row 0: its committed tokens; a draft node's row: those and the path of drafts down to it): the
-        masks are made on the host while the verify runs, then applied in one launch."""
+        masks are made on the host while the verify runs, then applied in one launch. Requests checked after
+        acceptance are left unmasked."""
         tokens, parents = plan.host_drafts
         masks = None
         for i, (req, w, lo) in enumerate(zip(plan.reqs, plan.widths, plan.offsets)):
-            if req.grammar is not None:
+            if req.grammar is not None and not self._checked_after(req):
                 mask = req.grammar.bitmask(tokens[i][: w - 1], parents[i][: w - 1] if parents else None)
                 if masks is None:  # every row of the pass (graph padding included), unmasked until set
                     masks = mask.new_full((logits.shape[0], mask.shape[1]), -1)

@@ -29,9 +29,7 @@ class Verifier:
 
     def accept(self, req: Request, rows: torch.Tensor, draft: list[int], argmax: list[int],
                parents: list[int] | None = None) -> tuple[list[int], list[int]]:
-        children: dict[tuple[int, int], int] = {}  # (parent node, token) -> child node
-        for j, token in enumerate(draft, start=1):
-            children.setdefault((j - 1 if parents is None else parents[j - 1], token), j)
+        children = draft_children(draft, parents)
         tokens: list[int] = []
         path: list[int] = []
         node = 0
@@ -61,3 +59,11 @@ class Verifier:
             nodes = torch.arange(q, device=argmax.device).repeat(n, 1)
             return Accepted(accepted + 1, nodes, argmax, starts)
         return Accepted(*tree_accept(argmax, drafts, tree.parents, tree.depths, tree.ancestors), starts)
+
+
+def draft_children(draft: list[int], parents: list[int] | None = None) -> dict[tuple[int, int], int]:
+    """(parent node, token) -> the child node drafted with that token (node 0: the newest committed token)."""
+    children: dict[tuple[int, int], int] = {}
+    for j, token in enumerate(draft, start=1):
+        children.setdefault((j - 1 if parents is None else parents[j - 1], token), j)
+    return children
