@@ -6,6 +6,10 @@
 # Here, once:        bash benchmarks/gpu_ferry.sh prepare          (fills .ferry/, which git ignores)
 # For SGLang's client (benchmarks/gpu_bench_serving.sh): bash benchmarks/gpu_ferry.sh sgl   (.ferry/sgl, 26 MiB:
 #   carry it in a run call after the first)
+# For FlashInfer (benchmarks/gpu_attention_backends.py): bash benchmarks/gpu_ferry.sh flashinfer   (.ferry/flashinfer,
+#   33 MB). A run call carrying .ferry/flashinfer (no part needed) installs it into /tmp/site once per machine
+#   (pip install --no-index --no-deps --target), e.g.
+#   bash benchmarks/gpu_ferry.sh run 'python3 benchmarks/gpu_attention_backends.py'
 # To compare with an older commit (benchmarks/gpu_compare.sh): bash benchmarks/gpu_ferry.sh old COMMIT
 #   (its code, without the shipped drafter's weights, rides with part 1 and lands in /tmp/ferry/old)
 # On the device, in back-to-back calls (the machine is given back ~30 s after a call returns):
@@ -28,6 +32,9 @@ WHEELS=(gguf==0.19.0 fastapi==0.165.0 uvicorn==0.54.0 pydantic==2.14.4 pydantic-
 SGL_WHEELS=(sglang==0.5.10.post1 asttokens datasets dill executing ipython ipython-pygments-lexers jedi matplotlib-inline
             msgspec multiprocess orjson parso pexpect prompt-toolkit ptyprocess pure-eval pybase64 pyzmq stack-data
             traitlets wcwidth)
+# FlashInfer as SGLang 0.5.17 pins it, and its imports beyond the device's image (its kernels JIT-compile there)
+FLASHINFER_WHEELS=(flashinfer-python==0.6.15.post1 apache-tvm-ffi==0.1.15.post2 cuda-tile==1.7.0
+                   nvidia-cudnn-frontend==1.32.0 nccl4py==0.6.0)
 
 case "${1:-}" in
 prepare)
@@ -55,6 +62,13 @@ sgl)
     "${PYTHON:-.venv/bin/python}" scripts/export_sharegpt_first_turns.py --first-exchanges --out "$FERRY/sgl/sharegpt_first_exchanges.json.gz"
     du -sh "$FERRY/sgl"
     ;;
+flashinfer)
+    rm -rf "$FERRY/flashinfer" && mkdir -p "$FERRY/flashinfer"
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d "$FERRY/flashinfer" "${FLASHINFER_WHEELS[@]}"
+    du -sh "$FERRY/flashinfer"
+    ;;
 old)
     git archive "$2" -- . ':(exclude)specpilot/drafters/assets' > "$FERRY/part1/old.tar"
     du -sh "$FERRY/part1/old.tar"
@@ -69,7 +83,9 @@ stage)
     ls -la /tmp/ferry
     ;;
 run)
-    if [ ! -f /tmp/site/.ferried ]; then  # the first run on this machine joins the model and installs
+    # the first run on this machine that carries the last part joins the model and installs (a run that needs
+    # neither, e.g. FlashInfer's alone, carries no part)
+    if [ ! -f /tmp/site/.ferried ] && [ -d "$FERRY/part$PARTS" ]; then
         cp "$FERRY/part$PARTS"/*.part "/tmp/ferry/part$PARTS"
         name=$(basename "$FERRY/part$PARTS"/*.part .part)
         cat $(for i in $(seq 1 $PARTS); do echo "/tmp/ferry/part$i"; done) > "/tmp/ferry/$name"
@@ -77,13 +93,18 @@ run)
             "$FERRY"/whl/*.whl "/tmp/ferry/$name"
         touch /tmp/site/.ferried
     fi
+    if [ -d "$FERRY/flashinfer" ] && [ ! -f /tmp/site/.flashinfer ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+            "$FERRY"/flashinfer/*.whl
+        touch /tmp/site/.flashinfer
+    fi
     # the staged copy wins: a carried .ferry/extra can linger, partial, in the device's working tree
     if [ -d /tmp/ferry/extra ]; then mkdir -p "$FERRY" && rm -rf "$FERRY/extra" && ln -s /tmp/ferry/extra "$FERRY/extra"; fi
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     eval "$2"
     ;;
 *)
-    echo "usage: $0 prepare | sgl | old COMMIT | stage N | run 'CMD'" >&2
+    echo "usage: $0 prepare | sgl | flashinfer | old COMMIT | stage N | run 'CMD'" >&2
     exit 2
     ;;
 esac
