@@ -56,7 +56,7 @@ def weights(draw) -> torch.Tensor:
 def test_weights_round_trip_in_about_twelve_bits(t):
     b = encode(t)
     assert torch.equal(_bits(decode(b)), _bits(t))
-    if t.numel() >= 4096:  # a row byte and a segment word a few thousand weights: well under half a bit
+    if t.numel() >= 16384:  # bytes a row and a row's block, words a segment, over 16k weights: under half a bit
         assert b.stats()["bits_per_weight"] < 12.5
 
 
@@ -70,6 +70,16 @@ def test_planes_survive_a_safetensors_round_trip(tmp_path):
     assert torch.equal(_bits(decode(loaded)), _bits(t))
     with pytest.raises(B12Error, match="w2: B12 plane 'w2.b12_shape' is missing"):
         B12Tensor.from_tensors({}, "w2")
+
+
+def test_a_checkpoint_of_another_b12_layout_is_refused():
+    """The note's version names the planes' layout: an older one is refused, never misread."""
+    from specpilot.formats.b12 import FORMAT_VERSION
+    from specpilot.formats.checkpoint import FORMAT_KEY, format_note
+
+    assert format_note({FORMAT_KEY: {"format": "b12", "version": FORMAT_VERSION}})["version"] == FORMAT_VERSION
+    with pytest.raises(ValueError, match=f"reads b12 version {FORMAT_VERSION}; convert the bf16 checkpoint again"):
+        format_note({FORMAT_KEY: {"format": "b12", "version": FORMAT_VERSION - 1, "tensors": []}})
 
 
 def test_what_b12_cannot_hold_is_named():

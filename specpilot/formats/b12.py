@@ -1,35 +1,44 @@
 """B12: bf16 matrices in 12 bits a weight, bit-exactly.
 
-A bf16 value is sign (1 bit), exponent (8) and mantissa (7). Weights use few exponents, clustered, so each
-row keeps a base exponent and every weight a 4-bit code for its own:
+A bf16 value is sign (1 bit), exponent (8) and mantissa (7). A row's weights use few exponents, clustered, so
+each weight keeps its sign and mantissa in a byte and its exponent as a 4-bit code; the few exponents the
+code cannot name are named once per (row, block), and the rarer rest are listed raw:
 
 * ``sm`` [N, K] uint8 — sign << 7 | mantissa, for every weight;
 * ``code`` [N, ceil(K / 2)] uint8 — two 4-bit codes a byte. K is cut into blocks of 256 (the last one may be
   shorter, its length r rounded up to even); byte j of a block holds element j's code in its low nibble and
-  element j + 128's (j + r / 2's) in its high one, so a kernel reads both halves of a block with the same
-  lanes. Code 0: exponent field 0 (±0 and subnormals, exact); 1..14: ``base[row] + code``; 15: an escape;
-* ``base`` [N] uint8 — each row's exponent window (the 14 exponents base + 1 .. base + 14 that hold most of
-  its weights);
-* escapes: a weight whose exponent is outside its row's window (the small-magnitude tail, inf, NaN) keeps
-  its raw 16 bits in ``exc_val`` [E] int16, grouped by segment (16 rows x one block; segment s = row
-  group x ceil(K / 256) + block) and row-major inside one. ``exc_off`` [segments + 1] int32 holds each segment's
-  first index, and an escaped weight's ``sm`` byte is its slot in its segment (so a segment takes at most
-  256 escapes; a tensor needing more is not encoded).
+  element j + 128's (j + r / 2's) in its high one, so a kernel decodes both halves of a block from the same
+  lanes. Codes 0..14: exponent ``base[row] + code``; 15: the exponent ``alt[block, row]``;
+* ``base`` [N] uint8 — each row's window, the 15 exponents base .. base + 14 that hold the most of its
+  weights (exponent 0, i.e. ±0 and subnormals, is an exponent like the others); base <= 240, so base + code
+  never carries out of a byte;
+* ``alt`` [blocks, N] uint8 — per block and row, the most common exponent outside the row's window there
+  (block-major: a kernel's tile of rows reads its alts as one run);
+* hard escapes — weights whose exponent is neither in their row's window nor their block's alt (a second
+  outlier exponent in one row's block, inf and NaN among others) — keep their raw bits in ``exc`` [E] int32,
+  ``bits << 16 | row % 256 << 8 | column % 256``, grouped by segment (16 rows x one block) and row-major
+  inside one. Segments are numbered (row // 256, block, row % 256 // 16), so a kernel's tile of rows (a
+  divisor of 256) finds a block's escapes as one run; ``exc_off`` [segments + 1] int32 holds each segment's
+  first index, and ``max_block_escapes``, the most in one block of 256 rows, bounds how many a tile may meet.
 
-Size: 12 bits a weight, plus a byte a row, 32 bits a segment (0.008 a weight) and 16 bits an escape.
-`encode` checks its own round trip.
+Size: 12 bits a weight, plus a byte a row, a byte a row's block, 32 bits a segment and 32 bits a hard escape.
+A format version in checkpoints (``FORMAT_VERSION``) names this layout. `encode` checks its own round trip.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
-from specpilot.kernels.b12_gemm import BLOCK, ESCAPE, GROUP, as_int16, b12_decode_reference, halves
+from specpilot.kernels.b12_gemm import BLOCK, ESCAPE, GROUP, SEGMENT_ROWS, as_int16, b12_decode_reference, halves
 
-WINDOW = 14  # exponents a row's codes 1..14 cover
-MAX_ESCAPES_PER_SEGMENT = 256  # what an sm byte can index
+FORMAT_VERSION = 2  # checkpoints of another layout are refused, never misread
+WINDOW = 15  # exponents a row's codes 0..14 cover
+MAX_BASE = 256 - 16  # base + 15 (any code) stays within a byte
+MAX_BLOCK_ESCAPES = 256  # hard escapes in one block of GROUP rows: beyond, too spread for B12 to pay off
+PLANES = ("sm", "code", "base", "alt", "exc_off", "exc")
 
 
 class B12Error(ValueError):
@@ -46,27 +55,36 @@ class B12Tensor:
     sm: torch.Tensor
     code: torch.Tensor
     base: torch.Tensor
+    alt: torch.Tensor
     exc_off: torch.Tensor
-    exc_val: torch.Tensor
+    exc: torch.Tensor
+    max_block_escapes: int  # the most hard escapes in one block of GROUP rows (what a kernel's tile may patch)
+
+    def planes(self) -> tuple[torch.Tensor, ...]:
+        return tuple(getattr(self, name) for name in PLANES)
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> B12Tensor:
+        """The same matrix with `fn` applied to every plane (a move to another device)."""
+        return replace(self, **{name: fn(getattr(self, name)) for name in PLANES})
 
     @property
     def num_escapes(self) -> int:
-        return int(self.exc_val.numel())
+        return int(self.exc.numel())
 
     @property
     def stored_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.sm, self.code, self.base, self.exc_off, self.exc_val))
+        return sum(t.numel() * t.element_size() for t in self.planes())
 
     def stats(self) -> dict[str, float | int]:
-        """Bits a weight (everything stored, over the N x K weights) and the share of weights escaped."""
+        """Bits a weight (everything stored, over the N x K weights) and the share of weights listed raw."""
         n, k = self.shape
         return {"weights": n * k, "bits_per_weight": 8 * self.stored_bytes / (n * k),
                 "escapes": self.num_escapes, "escape_rate": self.num_escapes / (n * k)}
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         """The planes as named tensors (a safetensors file's), `prefix` + '.b12_' + plane."""
-        planes = {"sm": self.sm, "code": self.code, "base": self.base, "exc_off": self.exc_off,
-                  "exc_val": self.exc_val, "shape": torch.tensor(self.shape, dtype=torch.int64)}
+        planes = {name: getattr(self, name) for name in PLANES}
+        planes["shape"] = torch.tensor(self.shape, dtype=torch.int64)
         return {f"{prefix}.b12_{name}": t.contiguous() for name, t in planes.items()}
 
     @classmethod
@@ -77,9 +95,15 @@ class B12Tensor:
                 raise B12Error(f"{prefix}: B12 plane {key!r} is missing")
             return tensors[key]
 
-        shape = tuple(int(v) for v in plane("shape").tolist())
-        return cls((shape[0], shape[1]), plane("sm"), plane("code"), plane("base"), plane("exc_off"),
-                   plane("exc_val"))
+        n, k = (int(v) for v in plane("shape").tolist())
+        planes = {name: plane(name) for name in PLANES}
+        return cls((n, k), **planes, max_block_escapes=_most(planes["exc_off"].diff()))
+
+
+def _most(segment_counts: torch.Tensor) -> int:
+    """The most hard escapes in one block of GROUP rows, from the escapes per segment."""
+    per_block = segment_counts.view(-1, GROUP // SEGMENT_ROWS).sum(1)
+    return int(per_block.max()) if per_block.numel() else 0
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -102,21 +126,31 @@ def as_bf16(name: str, t: torch.Tensor) -> torch.Tensor:
 
 
 def _row_bases(exponent: torch.Tensor) -> torch.Tensor:
-    """Per row, base such that exponents base + 1 .. base + WINDOW hold the most of its nonzero-exponent
-    weights (ties: the lowest window)."""
+    """Per row, the base <= MAX_BASE whose window base .. base + WINDOW - 1 holds the most of its weights
+    (ties: the lowest), int32."""
     n = exponent.shape[0]
     hist = torch.zeros(n, 256, dtype=torch.int64, device=exponent.device)
     hist.scatter_add_(1, exponent.long(), torch.ones_like(exponent, dtype=torch.int64))
-    hist[:, 0] = 0  # exponent field 0 has its own code
     csum = torch.nn.functional.pad(hist.cumsum(1), (1, 0))  # csum[:, e] = weights with exponent < e
-    starts = torch.arange(1, 256 - WINDOW + 1, device=exponent.device)  # window [s, s + WINDOW)
+    starts = torch.arange(0, MAX_BASE + 1, device=exponent.device)
     covered = csum[:, starts + WINDOW] - csum[:, starts]
-    return (starts[covered.argmax(1)] - 1).to(torch.uint8)
+    return starts[covered.argmax(1)].to(torch.int32)
+
+
+def _block_alts(exponent: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, n: int, blocks: int) -> torch.Tensor:
+    """Per (row, block), the most common of the exponents at (rows, cols) - the weights outside their rows'
+    windows, few - (ties: the lowest; 0 where there are none), int32 [N, blocks]."""
+    pairs, counts = torch.unique((rows * blocks + cols // BLOCK) * 256 + exponent, return_counts=True)
+    score = counts * 256 + 255 - pairs % 256  # the larger count, then the lower exponent
+    best = torch.zeros(n * blocks, dtype=torch.int64, device=rows.device)
+    best.scatter_reduce_(0, pairs // 256, score, reduce="amax")
+    return torch.where(best > 0, 255 - best % 256, 0).view(n, blocks).to(torch.int32)
 
 
 def encode(t: torch.Tensor, name: str = "tensor") -> B12Tensor:
     """B12 of a 2-D tensor bf16 holds exactly (any bit pattern: ±0, subnormals, inf, NaN). Raises B12Error,
-    naming `name`, for other shapes and dtypes, or when a segment would need more than 256 escapes."""
+    naming `name`, for other shapes and dtypes, or (TooManyEscapes) when a block of GROUP rows would list more
+    than MAX_BLOCK_ESCAPES hard escapes."""
     if t.dim() != 2:
         raise B12Error(f"{name}: B12 stores matrices, got shape {tuple(t.shape)}")
     t = as_bf16(name, t)
@@ -125,24 +159,31 @@ def encode(t: torch.Tensor, name: str = "tensor") -> B12Tensor:
     exponent = (bits >> 7) & 0xFF
     sm = ((bits >> 8) & 0x80) | (bits & 0x7F)
     base = _row_bases(exponent)
-    offset = exponent - base[:, None].to(torch.int32)
-    code = torch.where(exponent == 0, 0, torch.where((offset >= 1) & (offset <= WINDOW), offset, ESCAPE))
-    # escapes: slots within their (row group, block) segment, in row-major order inside it
-    groups, blocks = -(-n // GROUP), -(-k // BLOCK)
-    rows, cols = (code == ESCAPE).nonzero(as_tuple=True)
-    segment = (rows // GROUP) * blocks + cols // BLOCK
-    order = torch.argsort(segment * (GROUP * BLOCK) + (rows % GROUP) * BLOCK + cols % BLOCK)
+    offset = exponent - base[:, None]
+    inside = (offset >= 0) & (offset < WINDOW)
+    blocks, groups = -(-k // BLOCK), -(-n // GROUP)
+    rows, cols = (~inside).nonzero(as_tuple=True)  # row-major
+    outside = exponent[rows, cols]
+    alt = _block_alts(outside, rows, cols, n, blocks)
+    hard = outside != alt[rows, cols // BLOCK]
+    rows, cols = rows[hard], cols[hard]
+    per_group = GROUP // SEGMENT_ROWS
+    segment = ((rows // GROUP) * blocks + cols // BLOCK) * per_group + rows % GROUP // SEGMENT_ROWS
+    order = torch.argsort(segment, stable=True)  # by segment, row-major inside one
     rows, cols, segment = rows[order], cols[order], segment[order]
-    counts = torch.bincount(segment, minlength=groups * blocks)
-    if counts.numel() and int(counts.max()) > MAX_ESCAPES_PER_SEGMENT:
-        raise TooManyEscapes(f"{name}: {int(counts.max())} weights of one {GROUP} x {BLOCK} segment fall outside their "
-                       f"rows' exponent windows (B12 holds {MAX_ESCAPES_PER_SEGMENT}); keep it bf16")
-    exc_off = torch.nn.functional.pad(counts.cumsum(0), (1, 0)).to(torch.int32)
-    slots = torch.arange(rows.numel(), device=t.device) - exc_off[segment].long()
-    sm[rows, cols] = slots.to(torch.int32)
-    exc_val = as_int16(bits[rows, cols])
-    out = B12Tensor((n, k), sm.to(torch.uint8), _pack(code).to(torch.uint8), base, exc_off, exc_val)
-    if not torch.equal(_bits(decode(out)), _bits(t)):
+    counts = torch.bincount(segment, minlength=groups * blocks * per_group)
+    most = _most(counts)
+    if most > MAX_BLOCK_ESCAPES:
+        raise TooManyEscapes(f"{name}: {most} weights of one {GROUP} x {BLOCK} block fall outside their rows' "
+                             f"exponent windows and blocks' second exponents (B12 lists at most "
+                             f"{MAX_BLOCK_ESCAPES}); keep it bf16")
+    entries = (bits[rows, cols].long() << 16) | ((rows % GROUP) << 8) | (cols % BLOCK)
+    code = torch.where(inside, offset, ESCAPE)
+    out = B12Tensor(
+        (n, k), sm.to(torch.uint8), _pack(code).to(torch.uint8), base.to(torch.uint8),
+        alt.t().contiguous().to(torch.uint8), torch.nn.functional.pad(counts.cumsum(0), (1, 0)).to(torch.int32),
+        torch.where(entries >= 1 << 31, entries - (1 << 32), entries).to(torch.int32), most)
+    if not torch.equal(_bits(decode(out)), bits):
         raise AssertionError(f"{name}: B12 round trip is not exact")  # a codec bug, never the data
     return out
 
@@ -161,4 +202,4 @@ def _pack(code: torch.Tensor) -> torch.Tensor:
 
 def decode(b: B12Tensor) -> torch.Tensor:
     """The bf16 [N, K] matrix, bit for bit (kernels/b12_gemm.py's plain-torch reference)."""
-    return b12_decode_reference(b.sm, b.code, b.base, b.exc_off, b.exc_val, b.shape[1])
+    return b12_decode_reference(b)

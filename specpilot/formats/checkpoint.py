@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from specpilot.formats.b12 import B12Tensor, decode
+from specpilot.formats.b12 import FORMAT_VERSION, B12Tensor, decode
 
 FORMAT_KEY = "specpilot_weight_format"
 
@@ -25,8 +25,9 @@ def format_note(config: dict[str, Any]) -> dict[str, Any] | None:
     note = config.get(FORMAT_KEY)
     if note is None:
         return None
-    if note.get("format") != "b12" or note.get("version") != 1:
-        raise ValueError(f"unknown weight format {note!r} in config.json (this build reads b12 version 1)")
+    if note.get("format") != "b12" or note.get("version") != FORMAT_VERSION:
+        raise ValueError(f"unknown weight format {note!r} in config.json (this build reads b12 version "
+                         f"{FORMAT_VERSION}; convert the bf16 checkpoint again)")
     return note
 
 

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specpilot.formats.b12 import TooManyEscapes, encode
+from specpilot.formats.b12 import FORMAT_VERSION, TooManyEscapes, encode
 from specpilot.formats.checkpoint import FORMAT_KEY, format_note, is_b12_matrix
 from specpilot.models.hf_loader import WEIGHTS_INDEX, weight_files
 
@@ -51,7 +51,7 @@ def convert_to_b12(model_dir: str | Path, out_dir: str | Path) -> dict[str, Any]
         stored.update(b.tensors(name))
         stats[name] = b.stats()
     weights = sum(s["weights"] for s in stats.values())
-    note = {"format": "b12", "version": 1, "tensors": sorted(stats),
+    note = {"format": "b12", "version": FORMAT_VERSION, "tensors": sorted(stats),
             "bits_per_weight": sum(s["bits_per_weight"] * s["weights"] for s in stats.values()) / max(weights, 1),
             "escape_rate": sum(s["escapes"] for s in stats.values()) / max(weights, 1), "kept_bf16": kept}
     dst.mkdir(parents=True, exist_ok=True)

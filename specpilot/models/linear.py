@@ -54,7 +54,7 @@ class Linear(nn.Module):
         if x.is_cuda and HAS_TRITON and x.dtype == torch.bfloat16:
             # invariant_gemm's tiles at every M: bitwise the bf16 weight's invariant path
             flat = x.reshape(-1, x.shape[-1]).contiguous()
-            y = b12_gemm(flat, p.sm, p.code, p.base, p.exc_off, p.exc_val, self.bias)
+            y = b12_gemm(flat, p, self.bias)
             return y.reshape(*x.shape[:-1], self.out_features)
         w = self.dense_weight()
         if w.device.type == "cpu":
@@ -85,8 +85,7 @@ class Linear(nn.Module):
 
     def _apply(self, fn, recurse: bool = True):  # .to() / .cuda() move the planes with the module
         if self.b12 is not None:
-            b = self.b12
-            self.b12 = B12Tensor(b.shape, *(fn(t) for t in (b.sm, b.code, b.base, b.exc_off, b.exc_val)))
+            self.b12 = self.b12.map(fn)
         return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
