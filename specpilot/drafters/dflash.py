@@ -109,6 +109,16 @@ class DFlashDrafter(Drafter):
         self._write_context(feats, to_device(positions, self.device), to_device(rows, self.device))
 
     def commit(self, reqs: list[Request], committed: list[int], verify_taps: list[torch.Tensor | None]) -> None:
+        """The committed rows' context is written by the next draft pass; rows a pass never took (a second
+        commit with no draft between: AR steps while speculation is paused) are written now, eagerly."""
+        held = [(r, *self.pending[r.rid], n) for r, n in zip(reqs, committed)
+                if r.rid in self.pending and self.pending[r.rid][0] is not None and self.pending[r.rid][1]]
+        if held:  # their tokens end where this commit's begin (req.cached_len - n)
+            spans = [(r, range(r.cached_len - n - c, r.cached_len - n)) for r, _, c, n in held]
+            positions = [p for _, span in spans for p in span]
+            rows = [r.slot * self.cache.max_len + p for r, span in spans for p in span]
+            self._write_context(torch.cat([taps[:c] for _, taps, c, _ in held]), to_device(positions, self.device),
+                                to_device(rows, self.device))
         for req, n, taps in zip(reqs, committed, verify_taps):
             self.pending[req.rid] = (taps, n)
 

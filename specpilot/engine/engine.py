@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections import deque
 from itertools import accumulate
 from collections.abc import Callable, Iterator, Sequence
@@ -18,6 +19,7 @@ from specpilot.config import SamplingParams
 from specpilot.drafters.base import DrafterContext
 from specpilot.engine.config import EngineConfig, resolve_device, resolve_dtype
 from specpilot.engine.memory import KVPlan, kv_bytes_per_token, plan_kv, return_freed_memory
+from specpilot.engine.budget import SpeculationBudget
 from specpilot.engine.registry import Deployment, check_tunables, resolve_mechanisms
 from specpilot.engine.sampling import choose_tokens, suppress
 from specpilot.engine.spec_stats import SpecStats
@@ -31,9 +33,7 @@ from specpilot.kernels.triton_support import HAS_TRITON
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import Checkpoint, load_checkpoint
 from specpilot.models.linear import iter_linears, to_b12, weight_bytes
-from specpilot.models.runner import (
-    ModelRunner,
-)
+from specpilot.models.runner import ModelRunner, RunOutput
 from specpilot.models.transformer import Transformer
 from specpilot.progress import phase
 from specpilot.state.cache import KVCache
@@ -174,6 +174,7 @@ class Engine:
         if self.weights_info()["format"] == "b12":  # weights shared with a twin that asked for them
             self.mechanisms |= {"b12"}
         self.speculation = SpeculativeStep(self) if self._drafter else None
+        self.budget = SpeculationBudget() if "budget" in self.mechanisms else None
 
     def _capture_graphs(self) -> None:
         q_lens = (1,) if self.drafter is None else (1, self.drafter.block_size)
@@ -328,11 +329,32 @@ class Engine:
         return self._sample_and_commit(reqs, out.logits[rows])
 
     def _decode(self, reqs: list[Request]) -> list[Request]:
-        if self.drafter is not None:
+        if self.drafter is None:
+            return self._sample_and_commit(reqs, self._decode_pass(reqs).logits)
+        if self.budget is None:
             return self.speculation(reqs)
-        out = self.runner.forward([r.slot for r in reqs], [r.cached_len for r in reqs],
-                                  [[r.output_ids[-1]] for r in reqs])
-        return self._sample_and_commit(reqs, out.logits)
+        n, before, start = len(reqs), sum(len(r.output_ids) for r in reqs), time.perf_counter()
+        speculate = self.budget.speculate(n)
+        finished = self.speculation(reqs) if speculate else self._decode_beside_drafter(reqs)
+        self.budget.record(n, speculate, sum(len(r.output_ids) for r in reqs) - before, time.perf_counter() - start)
+        return finished
+
+    def _decode_pass(self, reqs: list[Request]) -> RunOutput:
+        return self.runner.forward([r.slot for r in reqs], [r.cached_len for r in reqs],
+                                   [[r.output_ids[-1]] for r in reqs])
+
+    def _decode_beside_drafter(self, reqs: list[Request]) -> list[Request]:
+        """An AR step while speculation is paused (`budget`): what the device prepared for a next verify no
+        longer holds, and the drafter is told of each request's one committed token (with its row's taps,
+        copied: a graph's outputs are overwritten by the next pass) as after a verify pass."""
+        self.speculation.invalidate()
+        out = self._decode_pass(reqs)
+        taps = None if out.taps is None else out.taps[: len(reqs)].clone()
+        finished = {id(r) for r in self._sample_and_commit(reqs, out.logits)}
+        going = [i for i, r in enumerate(reqs) if id(r) not in finished]
+        self.drafter.commit([reqs[i] for i in going], [1] * len(going),
+                            [None if taps is None else taps[i : i + 1] for i in going])
+        return [r for r in reqs if id(r) in finished]
 
     def mask_as_decoded(self, params: SamplingParams, output: list[int], logits: torch.Tensor) -> torch.Tensor:
         """The rows [len(output), V] that decided `output` (a teacher-forced pass's), masked in place as a

@@ -158,6 +158,10 @@ MECHANISMS: tuple[Mechanism, ...] = (
               "whose batch did not change skips the host's fill", ("accept", "plan"), _layout_ahead),
     Mechanism("device-lookup", "prompt lookup for draft trees runs on the device, inside the early launch",
               ("propose",), _device_lookup),
+    # off unless asked for: its AR probes cost a little where speculation always wins (the optimizer picks it)
+    Mechanism("budget", "each decode step speculates or runs AR, whichever its batch size's measured tokens per "
+              "second favour (hysteresis, periodic probes), so a busy server is never slower than AR",
+              ("propose", "verify"), _device_acceptance, by_default=False),
     # off unless asked for (or the checkpoint is B12): converting the weights takes time at load
     Mechanism("b12", "the target's matrices held as B12 (12 bits a weight) and multiplied by a kernel that decodes "
               "them in registers: bf16's bits, three quarters of its bytes", ("propose", "verify"), _bf16_weights,

@@ -301,11 +301,11 @@ class Scheduler:
             del self._live[rid]
         self._release(len(done))
         self._measure()
-        stats = self.engine.spec_stats
+        stats, budget = self.engine.spec_stats, self.engine.budget
         self.snapshot = Snapshot(
             running=len(self.engine.running), waiting=len(self.engine.waiting), rids=tuple(self._live),
             avg_spec_accept_length=stats.tau, last_gen_throughput=self._throughput,
-            spec_stats=stats.as_dict() if stats.steps else {},
+            spec_stats=(stats.as_dict() if stats.steps else {}) | ({"budget": budget.as_dict()} if budget else {}),
             step_time=self._step_time())
 
     def _measure(self) -> None:
