@@ -1,0 +1,419 @@
+"""SpecPilot as an SGLang plugin (specpilot/sglang_ext/).
+
+In this process: the conversions to SGLang's verify inputs and back, round-tripped against our engine's
+verifier (its host walk, greedy and keyed sampling).
+
+Under SGLang: the module runs itself in a child process with SGLang 0.5.17 and what its import needs on
+the path (<venv>/sglang-cpu from `make install`, sglang-cpu.txt: apart from this virtualenv, whose
+transformers they clash with) and TRITON_INTERPRET=1, so SGLang's tree kernels run in Triton's CPU
+interpreter. It reports one JSON object: SGLang's own load_plugins() finding our entry point and
+registering SPECPILOT, its server-argument parsing running our checks, its worker base class and data
+classes, and its tree-build and greedy-verify kernels on our layouts. Nothing of SGLang is faked; the tests
+skip when that directory is missing.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from specpilot.config import SamplingParams
+from specpilot.drafters import EMBEDDED_DRAFTER
+from specpilot.drafters.draft_tree import TreeBuilder
+from specpilot.engine.verify import Verifier
+from specpilot.sglang_ext.accept import keyed_seed, row_decisions, to_sglang
+from specpilot.sglang_ext.layout import VerifyTensors, tree_links, verify_tensors
+from specpilot.state.request import Request
+from specpilot.state.tree import TreeLayout
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SGLANG_DIR = Path(sys.prefix) / "sglang-cpu"
+VOCAB = 40
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    rows: int
+    nodes: int  # draft nodes K; the block is K + 1
+    topk: int  # 1: a chain
+
+
+CASES = [Case("chain", 3, 7, 1), Case("tree-top4", 4, 15, 4), Case("tree-top2", 2, 7, 2), Case("one-draft", 1, 1, 1)]
+
+
+def make_case(case: Case) -> tuple[torch.Tensor, torch.Tensor, TreeLayout | None, torch.Tensor, torch.Tensor]:
+    """(newest [bs], drafts [bs, K], tree or None, seq_lens [bs], decisions [bs, K + 1]) with the target's
+    decisions mostly steered into drafted children, so walks go deep."""
+    g = torch.Generator().manual_seed(len(case.name) * 31 + case.nodes)
+    n, k = case.rows, case.nodes
+    if case.topk == 1:
+        tree, drafts = None, torch.randint(0, VOCAB, (n, k), generator=g)
+        parents = torch.arange(k).expand(n, k)
+    else:
+        probs = torch.rand(n, k, case.topk, generator=g).sort(-1, descending=True).values
+        ids = torch.rand(n * k, VOCAB, generator=g).argsort(-1)[:, : case.topk].reshape(n, k, case.topk)
+        tree = TreeBuilder(case.topk, k, k, torch.device("cpu")).build(probs, ids)
+        drafts, parents = tree.tokens, tree.parents
+    decisions = torch.randint(0, VOCAB, (n, k + 1), generator=g)
+    steer = torch.rand(n, k, generator=g) < 0.8
+    for r in range(n):
+        for j in range(k):
+            if steer[r, j]:
+                decisions[r, parents[r, j]] = drafts[r, j]
+    newest = torch.randint(0, VOCAB, (n,), generator=g)
+    seq_lens = torch.randint(1, 30, (n,), generator=g)
+    return newest, drafts, tree, seq_lens, decisions
+
+
+def layout_of(case: Case, full: bool) -> VerifyTensors:
+    newest, drafts, tree, seq_lens, _ = make_case(case)
+    return verify_tensors(newest, drafts, tree, seq_lens, int(seq_lens.sum()) if full else None)
+
+
+def ours_accepted(case: Case) -> list[list]:
+    """(predict, accept_index, accept_lens) of our verifier in SGLang's layout."""
+    _, drafts, tree, seq_lens, decisions = make_case(case)
+    return [t.tolist() for t in to_sglang(Verifier().greedy(decisions, drafts, seq_lens, tree))]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# This process: the conversions against our own verifier
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_links_enumerate_each_nodes_children_in_order(case: Case) -> None:
+    _, drafts, tree, _, _ = make_case(case)
+    parents = torch.arange(case.nodes).expand_as(drafts) if tree is None else tree.parents
+    next_token, next_sibling = tree_links(parents)
+    for r in range(case.rows):
+        for p in range(case.nodes + 1):
+            children, j = [], int(next_token[r, p])
+            while j != -1:
+                children.append(j)
+                j = int(next_sibling[r, j])
+            assert children == [j for j in range(1, case.nodes + 1) if parents[r, j - 1] == p]
+        assert next_sibling[r, 0] == -1
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_acceptance_round_trips_the_engines_verifier(case: Case, greedy: bool) -> None:
+    """Logits of SGLang's verify pass -> row decisions -> the verifier's walk -> SGLang's predict /
+    accept_index / accept_lens; the tokens they commit are those of the engine's host walk (Verifier.accept)
+    over the same rows, and the accepted rows its path."""
+    newest, drafts, tree, seq_lens, steered = make_case(case)
+    bs, d = steered.shape
+    g = torch.Generator().manual_seed(d)
+    logits = torch.randn(bs * d, VOCAB, generator=g)
+    logits[torch.arange(bs * d), steered.flatten()] += 6.0  # peaked, so sampled walks go deep as well
+    params = SamplingParams(temperature=0.0) if greedy else SamplingParams(temperature=0.8, top_p=0.95)
+    reqs = [Request(prompt_ids=[1] * 4, params=params, output_ids=[2] * (r + 1), rid=f"r{r}") for r in range(bs)]
+    for req in reqs:
+        req.sampling_seed = keyed_seed(req.rid, None)
+    layout = verify_tensors(newest, drafts, tree, seq_lens)
+    depths = layout.positions.view(bs, d) - seq_lens[:, None]
+    decisions = row_decisions(logits, [r.params for r in reqs], [r.sampling_seed for r in reqs],
+                              torch.tensor([len(r.output_ids) for r in reqs]), depths)
+    predict, accept_index, accept_lens = to_sglang(Verifier().greedy(decisions, drafts, seq_lens, tree))
+    deep = 0
+    for b, req in enumerate(reqs):
+        rows = logits[b * d : (b + 1) * d]
+        parents = None if tree is None else tree.parents[b].tolist()
+        want, path = Verifier().accept(req, rows, drafts[b].tolist(), rows.argmax(-1).tolist(), parents)
+        n = int(accept_lens[b])
+        assert predict[accept_index[b, :n].long()].tolist() == want
+        assert (accept_index[b, :n] - b * d).tolist() == [0, *path]
+        assert accept_index[b, n:].eq(-1).all()
+        deep += n > 2
+    assert deep or case.nodes == 1
+
+
+def test_keyed_seed_is_the_requests_or_its_ids() -> None:
+    assert keyed_seed("a", 7) == 7
+    assert keyed_seed("a", None) == keyed_seed("a", None) != keyed_seed("b", None)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Under SGLang (child process)
+# --------------------------------------------------------------------------------------------------------------------
+
+TARGET = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+          "num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30, "vocab_size": 49152,
+          "max_position_embeddings": 8192, "rms_norm_eps": 1e-5}  # SmolLM2-135M's shapes: the shipped drafter's target
+# argument cases: extra flags after --model-path, --device cpu and the algorithm (DRAFT: the shipped drafter;
+# TARGET / SMALL: the target's and a too-small model's directories), and the environment's n-gram assist
+TRITON = ["--speculative-draft-model-path", "DRAFT", "--attention-backend", "triton"]
+ARG_CASES: dict[str, tuple[list[str], str | None]] = {
+    "chain": (TRITON, None),
+    "tree": ([*TRITON, "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"], None),
+    "no-draft": ([], None),
+    "not-dflash": (["--speculative-draft-model-path", "TARGET"], None),
+    "other-target": ([*TRITON, "--model-path", "SMALL"], None),
+    "block-too-long": ([*TRITON, "--speculative-num-draft-tokens", "17"], None),
+    "block-flags-differ": ([*TRITON, "--speculative-num-draft-tokens", "8", "--speculative-dflash-block-size", "4"],
+                           None),
+    "num-steps": ([*TRITON, "--speculative-num-steps", "3"], None),
+    "topk": ([*TRITON, "--speculative-eagle-topk", "0"], None),
+    "cpu-backend": (["--speculative-draft-model-path", "DRAFT"], None),
+    "paged-tree": ([*TRITON, "--speculative-eagle-topk", "4", "--page-size", "16"], None),
+    "ngram-assist": (TRITON, "9"),
+}
+# draft paths SGLang's own parsing fails on before ours runs (it reads the draft's config first): our check
+# then runs on the valid case's ServerArgs with only the path changed (NO_WEIGHTS: a config.json alone)
+PATH_CASES = {"not-a-directory": "/nonexistent/drafter", "no-weights": "NO_WEIGHTS"}
+
+
+def _define_torchvision_ops() -> torch.library.Library:
+    """torchvision's PyPI wheel is built against CUDA torch: on our CPU torch its native ops do not load, and
+    its import then fails registering fake kernels for nms and qnms, never defined. SGLang imports torchvision
+    (decode_jpeg) at its top, so those two schemas are defined first; torchvision's ops stay unusable, and
+    nothing here calls them. The definitions last as long as the returned library object."""
+    lib = torch.library.Library("torchvision", "DEF")
+    for op in ("nms", "qnms"):
+        lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    return lib
+
+
+def _eagle_encoding(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Our tree in the form SGLang's EAGLE tree builder reads (parent_list, top_scores_index, topk): node j
+    is candidate parent(j) * topk + its rank among its siblings; candidate group p's parent is node p."""
+    bs, k = parents.shape
+    topk = k + 1  # more than any node's children
+    selected = torch.zeros(bs, k, dtype=torch.int64)
+    parent_list = torch.full((bs, k + 1), -1, dtype=torch.int64)
+    for b in range(bs):
+        seen: dict[int, int] = {}
+        for j, p in enumerate(parents[b].tolist(), start=1):
+            selected[b, j - 1] = p * topk + seen.get(p, 0)
+            seen[p] = seen.get(p, 0) + 1
+            parent_list[b, j] = selected[b, j - 1]
+    return parent_list, selected, topk
+
+
+def _kernel_results(case: Case) -> dict[str, Any]:
+    from sglang.srt.speculative.eagle_utils import TreeMaskMode, sgl_build_tree_kernel_triton, verify_tree_greedy_triton
+    from sglang.srt.speculative.spec_utils import GrammarTree
+
+    newest, drafts, tree, seq_lens, decisions = make_case(case)
+    bs, k = drafts.shape
+    d = k + 1
+    parents = torch.arange(k).expand(bs, k) if tree is None else tree.parents
+    parent_list, selected, topk = _eagle_encoding(parents)
+    built = {}
+    for mode, size in ((TreeMaskMode.FULL_MASK, int(seq_lens.sum()) * d + bs * d * d),
+                       (TreeMaskMode.QLEN_ONLY, bs * d * d)):
+        mask, positions = torch.ones(size, dtype=torch.bool), torch.empty(bs * d, dtype=torch.int64)
+        retrieve = torch.full((3, bs, d), -1, dtype=torch.int64)
+        sgl_build_tree_kernel_triton(parent_list, selected, seq_lens, mask, positions, *retrieve, topk, k, d, mode)
+        built[mode.name] = [mask.tolist(), positions.tolist(), *(t.tolist() for t in retrieve)]
+    ours = verify_tensors(newest, drafts, tree, seq_lens)
+    predict = torch.zeros(bs * d, dtype=torch.int32)
+    accept_index = torch.full((bs, d), -1, dtype=torch.int32)
+    accepted_drafts = torch.empty(bs, dtype=torch.int32)
+    verify_tree_greedy_triton(predict, accept_index, accepted_drafts, ours.draft_token.view(bs, d), ours.retrieve_index,
+                              ours.retrieve_next_token, ours.retrieve_next_sibling, decisions)
+    result = {"built": built, "verified": [predict.tolist(), accept_index.tolist(), (accepted_drafts + 1).tolist()]}
+    if tree is None:
+        chain = GrammarTree.from_linear_chain(ours.draft_token.view(bs, d)).resolve()
+        result["grammar_chain"] = [t.tolist() for t in chain]
+    return result
+
+
+def _argument_results(model_dirs: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(per case the error or the resolved fields, the ServerArgs of the cases SGLang accepted)."""
+    from sglang.srt.server_args import prepare_server_args
+
+    from specpilot.sglang_ext import args
+
+    out: dict[str, Any] = {}
+    accepted: dict[str, Any] = {}
+    for name, (flags, assist) in ARG_CASES.items():
+        argv = ["--model-path", model_dirs["TARGET"], "--device", "cpu", "--skip-tokenizer-init",
+                "--speculative-algorithm", "specpilot", *(model_dirs.get(f, f) for f in flags)]
+        if assist is not None:
+            os.environ["SPECPILOT_NGRAM_ASSIST"] = assist
+        try:
+            sa = prepare_server_args(argv)
+        except ValueError as err:
+            out[name] = {"error": str(err)}
+            continue
+        finally:
+            os.environ.pop("SPECPILOT_NGRAM_ASSIST", None)
+        out[name] = {f: getattr(sa, f) for f in ("speculative_algorithm", "speculative_num_draft_tokens",
+                                                  "speculative_eagle_topk", "speculative_num_steps",
+                                                  "disable_overlap_schedule", "enable_mixed_chunk",
+                                                  "max_running_requests")}
+        accepted[name] = sa
+    for name, path in PATH_CASES.items():
+        sa = copy.deepcopy(accepted["chain"])
+        sa.override("test", speculative_draft_model_path=model_dirs.get(path, path))  # resolved args are read-only
+        try:
+            args.validate(sa)
+        except ValueError as err:
+            out[name] = {"error": str(err)}
+    return out, accepted
+
+
+def _under_sglang() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins
+    from sglang.srt.sampling.sampling_params import SamplingParams as SGLangSamplingParams
+    from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from specpilot.sglang_ext.accept import sampling_params
+    from specpilot.sglang_ext.worker import to_verify_input
+
+    report: dict[str, Any] = {"entry_points": {ep.name: ep.value for ep in entry_points(group=GENERAL_PLUGINS_GROUP)}}
+    load_plugins()  # SGLANG_PLUGINS=specpilot: ours is selected by its entry point's name
+    algo = SpeculativeAlgorithm.from_string("specpilot")
+    report["algorithm"] = {"repr": repr(algo), "class": type(algo).__name__, "has_draft_kv": algo.has_draft_kv(),
+                           "supports_overlap": algo.supports_overlap,
+                           "validator": f"{algo.validate_server_args.__module__}.{algo.validate_server_args.__name__}"}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = {"DRAFT": str(EMBEDDED_DRAFTER), "TARGET": f"{tmp}/target", "SMALL": f"{tmp}/small",
+                "NO_WEIGHTS": f"{tmp}/no-weights"}
+        small = TARGET | {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
+        drafter = json.loads((EMBEDDED_DRAFTER / "config.json").read_text())
+        for name, config in (("TARGET", TARGET), ("SMALL", small), ("NO_WEIGHTS", drafter)):
+            Path(dirs[name]).mkdir()
+            Path(dirs[name], "config.json").write_text(json.dumps(config))
+        report["arguments"], accepted = _argument_results(dirs)
+        valid = accepted["chain"]
+        worker = algo.create_worker(valid)
+        report["worker"] = {"class": f"{worker.__module__}.{worker.__name__}",
+                            "is_base_spec_worker": issubclass(worker, BaseSpecWorker)}
+        try:
+            worker(server_args=valid, gpu_id=0, nccl_port=0, target_worker=None, ps=None)
+        except NotImplementedError as err:
+            report["worker"]["construction"] = str(err)
+
+    report["kernels"] = {case.name: _kernel_results(case) for case in CASES}
+    verify = to_verify_input(layout_of(CASES[1], full=True))
+    report["verify_input"] = {
+        "type": verify.spec_input_type.name, "is_verify_input": verify.is_verify_input(),
+        "num_tokens_per_req": verify.num_tokens_per_req, "max_tree_depth": verify.max_tree_depth,
+        "tensors": [t.tolist() for t in (verify.draft_token, verify.custom_mask, verify.positions,
+                                         verify.retrieve_index, verify.retrieve_next_token,
+                                         verify.retrieve_next_sibling)],
+    }
+    report["sampling"] = {}
+    for name, kwargs in {"greedy": {"temperature": 0.0}, "default": {},
+                         "sampled": {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "sampling_seed": 7}
+                         }.items():
+        ours = sampling_params(SGLangSamplingParams(**kwargs))
+        report["sampling"][name] = [ours.greedy, ours.temperature, ours.top_p, ours.top_k, ours.min_p, ours.seed]
+    return report
+
+
+@pytest.fixture(scope="module")
+def sglang() -> dict[str, Any]:
+    if not SGLANG_DIR.is_dir():
+        pytest.skip(f"SGLang's CPU test set is not installed at {SGLANG_DIR} (make install)")
+    env = {**os.environ, "PYTHONPATH": str(SGLANG_DIR), "TRITON_INTERPRET": "1", "SGLANG_PLUGINS": "specpilot"}
+    proc = subprocess.run([sys.executable, __file__], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_load_plugins_finds_our_entry_point_and_registers_specpilot(sglang: dict[str, Any]) -> None:
+    assert sglang["entry_points"]["specpilot"] == "specpilot.sglang_ext.plugin:register"
+    assert sglang["algorithm"] == {"repr": "CustomSpecAlgo('SPECPILOT')", "class": "SpecPilotAlgorithm",
+                                   "has_draft_kv": False, "supports_overlap": False,
+                                   "validator": "specpilot.sglang_ext.args.validate"}
+
+
+def test_valid_arguments_are_resolved_for_sglang(sglang: dict[str, Any]) -> None:
+    common = {"speculative_algorithm": "SPECPILOT", "speculative_num_steps": 1, "disable_overlap_schedule": True,
+              "enable_mixed_chunk": False, "max_running_requests": 48}
+    arguments = sglang["arguments"]
+    assert arguments["chain"] == common | {"speculative_num_draft_tokens": 16, "speculative_eagle_topk": 1}
+    assert arguments["tree"] == common | {"speculative_num_draft_tokens": 8, "speculative_eagle_topk": 4}
+
+
+@pytest.mark.parametrize("name,says", [
+    ("no-draft", "SPECPILOT needs --speculative-draft-model-path: a SpecPilot DFlash checkpoint directory"),
+    ("not-a-directory", "--speculative-draft-model-path /nonexistent/drafter is not a directory"),
+    ("no-weights", "no-weights has no model.safetensors; SPECPILOT needs a SpecPilot DFlash checkpoint directory"),
+    ("not-dflash", "do not include DFlashDraftModel"),
+    ("other-target", "does not fit --model-path"),
+    ("block-too-long", "--speculative-num-draft-tokens (the block size) must be 2..16, the drafter's trained block, "
+                       "got 17"),
+    ("block-flags-differ", "--speculative-num-draft-tokens (8) and --speculative-dflash-block-size (4)"),
+    ("num-steps", "leave --speculative-num-steps unset, got 3"),
+    ("topk", "--speculative-eagle-topk (SPECPILOT's tree top-k) must be an integer >= 1"),
+    ("cpu-backend", "set --attention-backend to one of flashinfer, triton (the verify pass's backend is "
+                    "'torch_native')"),
+    ("paged-tree", "with --page-size 16 need the flashinfer attention backend"),
+    ("ngram-assist", "SPECPILOT_NGRAM_ASSIST must be 0 (off) or the n-gram length 1..4"),
+])
+def test_unsupported_arguments_are_refused_naming_the_flag(sglang: dict[str, Any], name: str, says: str) -> None:
+    assert says in sglang["arguments"][name]["error"]
+
+
+def test_the_worker_is_sglangs_and_says_what_is_missing(sglang: dict[str, Any]) -> None:
+    worker = sglang["worker"]
+    assert worker["class"] == "specpilot.sglang_ext.worker.SpecPilotWorker" and worker["is_base_spec_worker"]
+    assert "device half is not implemented" in worker["construction"]
+    assert "block size 16, tree top-k 1" in worker["construction"]
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["FULL_MASK", "QLEN_ONLY"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_layout_is_what_sglangs_tree_builder_builds(sglang: dict[str, Any], case: Case, full: bool) -> None:
+    mask, positions, retrieve_index, next_token, next_sibling = sglang["kernels"][case.name]["built"][
+        "FULL_MASK" if full else "QLEN_ONLY"]
+    ours = layout_of(case, full)
+    assert ours.custom_mask.tolist() == mask
+    assert ours.positions.tolist() == positions
+    assert ours.retrieve_index.tolist() == retrieve_index
+    assert ours.retrieve_next_token.tolist() == next_token
+    assert ours.retrieve_next_sibling.tolist() == next_sibling
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_sglangs_greedy_verify_on_our_layout_accepts_what_our_verifier_accepts(sglang: dict[str, Any],
+                                                                                case: Case) -> None:
+    assert sglang["kernels"][case.name]["verified"] == ours_accepted(case)
+
+
+def test_chain_links_are_sglangs_linear_chain(sglang: dict[str, Any]) -> None:
+    ours = layout_of(CASES[0], full=False)
+    next_token, next_sibling, draft_token = sglang["kernels"]["chain"]["grammar_chain"]
+    assert [ours.retrieve_next_token.tolist(), ours.retrieve_next_sibling.tolist()] == [next_token, next_sibling]
+    assert ours.draft_token.view(CASES[0].rows, -1).tolist() == draft_token
+
+
+def test_verify_input_is_sglangs_tree_verify_input(sglang: dict[str, Any]) -> None:
+    verify, ours = sglang["verify_input"], layout_of(CASES[1], full=True)
+    assert (verify["type"], verify["is_verify_input"], verify["num_tokens_per_req"], verify["max_tree_depth"]) == (
+        "NGRAM_VERIFY", True, 16, 16)
+    assert verify["tensors"] == [t.tolist() for t in (ours.draft_token, ours.custom_mask, ours.positions,
+                                                      ours.retrieve_index, ours.retrieve_next_token,
+                                                      ours.retrieve_next_sibling)]
+
+
+def test_sglangs_sampling_params_become_ours(sglang: dict[str, Any]) -> None:
+    assert sglang["sampling"] == {"greedy": [True, 1.0, 1.0, 1, 0.0, None],
+                                  "default": [False, 1.0, 1.0, 1 << 30, 0.0, None],
+                                  "sampled": [False, 0.7, 0.9, 20, 0.05, 7]}
+
+
+if __name__ == "__main__":
+    TORCHVISION_OPS = _define_torchvision_ops()  # before SGLang's import; a global, so they stay defined
+    print(json.dumps(_under_sglang()))
