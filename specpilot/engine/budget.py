@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 SMOOTHING = 0.5  # weight of a step in its mode's moving averages
 MARGIN = 0.05  # the mode not in use must be this much faster to take over
 PROBE_EVERY = 64  # steps of a bucket between probes of the mode not in use
+WARM_STEPS = 4  # speculative steps of a bucket before its first AR step (a batch's first drafts run cold)
 
 
 def bucket(batch_size: int) -> int:
@@ -33,11 +34,16 @@ class _Rate:
 
     tokens: float = 0.0
     seconds: float = 0.0
-    measured: bool = False
+    count: int = 0
+
+    @property
+    def measured(self) -> bool:
+        return self.count > 0
 
     def add(self, tokens: int, seconds: float) -> None:
-        if not self.measured:
-            self.tokens, self.seconds, self.measured = float(tokens), seconds, True
+        self.count += 1
+        if self.count == 1:
+            self.tokens, self.seconds = float(tokens), seconds
             return
         self.tokens += SMOOTHING * (tokens - self.tokens)
         self.seconds += SMOOTHING * (seconds - self.seconds)
@@ -65,9 +71,9 @@ class SpeculationBudget:
         """Whether the next decode step of `batch_size` requests speculates."""
         b = self.buckets.setdefault(bucket(batch_size), _Bucket())
         b.steps += 1
-        if b.spec.measured and not b.ar.measured:  # a first AR step, once speculation has a rate to beat
+        if b.spec.count >= WARM_STEPS and not b.ar.measured:  # a first AR step, once speculation has a rate
             return False
-        if b.steps % self.probe_every == 0:
+        if b.steps % self.probe_every == 0 and b.ar.measured:
             return not b.speculate
         if b.spec.measured and b.ar.measured:
             spec, ar = b.spec.per_second, b.ar.per_second

@@ -333,10 +333,12 @@ class Engine:
             return self._sample_and_commit(reqs, self._decode_pass(reqs).logits)
         if self.budget is None:
             return self.speculation(reqs)
-        n, before, start = len(reqs), sum(len(r.output_ids) for r in reqs), time.perf_counter()
-        speculate = self.budget.speculate(n)
+        batch = list(reqs)  # `reqs` is the running list, which the step's retirements shrink
+        before, start = sum(len(r.output_ids) for r in batch), time.perf_counter()
+        speculate = self.budget.speculate(len(batch))
         finished = self.speculation(reqs) if speculate else self._decode_beside_drafter(reqs)
-        self.budget.record(n, speculate, sum(len(r.output_ids) for r in reqs) - before, time.perf_counter() - start)
+        self.budget.record(len(batch), speculate, sum(len(r.output_ids) for r in batch) - before,
+                           time.perf_counter() - start)
         return finished
 
     def _decode_pass(self, reqs: list[Request]) -> RunOutput:
