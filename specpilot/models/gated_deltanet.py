@@ -1,5 +1,5 @@
-"""The Gated DeltaNet layer of hybrid targets (Qwen3-Next, Qwen3.5), over one request's tokens and its
-recurrent state, with the published checkpoints' parameter names.
+"""The Gated DeltaNet layer of hybrid targets (Qwen3-Next, Qwen3.5), with the published checkpoints' parameter
+names: over one request's tokens and its recurrent state, or over every request of a pass at once.
 
 Per token, projections give each key head's query and key (Dk each), each value head's value and output gate
 z (Dv each), its write strength b and decay input a: Qwen3-Next fuses them in two projections grouped by key
@@ -7,14 +7,20 @@ head (in_proj_qkvz, in_proj_ba), Qwen3.5 keeps four (in_proj_qkv, in_proj_z, in_
 and values pass a depthwise causal convolution (width 4, over the last 3 inputs kept as the conv state) and
 SiLU; queries and keys are L2-normalised, queries scaled by Dk^-1/2; beta = sigmoid(b), g = -exp(A_log) *
 softplus(a + dt_bias). The gated delta rule (kernels/gated_delta.py) turns them into one output per value head,
-RMS-normalised per head and gated by SiLU(z), then projected back. A pass of several tokens takes the chunked
-form, a single token the recurrent one: both carry (conv state, recurrent state) from one call to the next.
+RMS-normalised per head and gated by SiLU(z), then projected back. One request's pass (`forward`) of several
+tokens takes the chunked form, a single token the recurrent one: both carry (conv state, recurrent state) from
+one call to the next.
 
-A draft tree (`verify_tree`) is one pass too: each node's convolution reads its own ancestors' inputs (then
-the committed conv state), the delta rule's tree form gives every node's output from the committed state, and
-nothing is written per node; `commit` then makes the one state of the accepted path. `verify_snapshots` is
-the way SGLang and vLLM verify, kept for comparison: node by node from its parent's state, each node's state
-kept until the commit picks the accepted leaf's.
+A model's pass (`forward_spans`) takes all its requests' tokens at once, their states rows of per-slot tables:
+the projections over every token, each token's convolution as a gather of its window's inputs (laid out once
+per pass in `Spans`), then one call of the rule over every request's span (kernels/gated_delta.py: the Triton
+kernel on CUDA, each span's reference form elsewhere).
+
+A draft tree is one pass too (`verify_tree` for one request, `forward_spans` for a pass's): each node's
+convolution reads its own ancestors' inputs (then the committed conv state), the delta rule's tree form gives
+every node's output from the committed state, and nothing is written per node; `commit` then makes the one
+state of the accepted path. `verify_snapshots` is the way SGLang and vLLM verify, kept for comparison: node by
+node from its parent's state, each node's state kept until the commit picks the accepted leaf's.
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from specpilot.kernels.gated_delta import (
+    ancestor_bits,
     gated_delta_chunked,
     gated_delta_commit,
+    gated_delta_prefill,
     gated_delta_recurrent,
-    gated_delta_tree,
+    gated_delta_verify,
 )
 
 
@@ -83,6 +91,55 @@ class TreePass:
     u: torch.Tensor  # [Hv, T, Dv]
     G: torch.Tensor  # [Hv, T]
 
+    def part(self, start: int, n: int) -> TreePass:
+        """One request's nodes, rows start : start + n of a pass's."""
+        rows = slice(start, start + n)
+        return TreePass(self.mixed[rows], self.k[rows], self.u[:, rows], self.G[:, rows])
+
+
+@dataclass(frozen=True)
+class Spans:
+    """A pass's requests as its DeltaNet layers read them, laid out once for all of them: request b's tokens are
+    rows starts[b] : starts[b] + lens[b] (the spans tile the rows in order), its states row slots[b] of each
+    layer's tables. A verify's spans are trees (`tree`: each node's ancestor bits within its span, the engine's
+    tree_mask) or chains (None)."""
+
+    slots: torch.Tensor  # [B] int64
+    starts: torch.Tensor  # [B] int
+    lens: torch.Tensor  # [B] int
+    host: list[tuple[int, int, int]]  # (slot, start, length) per request
+    # [T, K]: each token's convolution inputs, oldest first, as rows of [the pass's inputs; each request's K - 1
+    # conv state rows]: its conv state's newest where its path (parents in a tree) is shorter than K, then the path's
+    windows: torch.Tensor
+    verify: bool = False
+    tree: torch.Tensor | None = None  # [T] int64
+
+    @property
+    def max_len(self) -> int:
+        return max((n for _, _, n in self.host), default=0)
+
+    @classmethod
+    def build(cls, slots: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, width: int, verify: bool = False,
+              parents: torch.Tensor | None = None, tree: torch.Tensor | None = None) -> Spans:
+        """`width`: the convolution's; `parents` [T]: each tree node's parent within its span (negative, or any
+        value for a span's first node: the committed state), None for chains; `tree` their ancestor bits."""
+        host = list(zip(*(x.tolist() for x in (slots, starts, lens))))
+        device, b, t = starts.device, len(host), sum(n for _, _, n in host)
+        rows = torch.arange(t, device=device)
+        req = torch.repeat_interleave(torch.arange(b, device=device), lens.to(device), output_size=t)
+        first = starts.to(device).long()[req]
+        if parents is None:
+            prev, root = rows - 1, rows == first
+        else:
+            prev, root = first + parents.long(), (rows == first) | (parents < 0)
+        # a root's predecessor is its request's newest conv state row, and each conv row's the one before it
+        prev = torch.where(root, t + req * (width - 1) + width - 2, prev)
+        graph = torch.cat([prev, torch.arange(t - 1, t - 1 + b * (width - 1), device=device)])
+        cols = [rows]
+        for _ in range(width - 1):
+            cols.append(graph[cols[-1]])
+        return cls(slots.long(), starts, lens, host, torch.stack(cols[::-1], 1), verify, tree)
+
 
 class GatedRMSNorm(nn.Module):
     """RMS norm over each value head's output (weights as published, not 1 + w), then the SiLU(z) gate."""
@@ -115,6 +172,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(cfg.num_value_heads))
         self.norm = GatedRMSNorm(cfg.value_head_dim, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(cfg.value_dim, cfg.hidden_size, bias=False)
+        self.backend = "auto"  # the delta rule's over a pass's spans (kernels/triton_support.pick_backend)
         self._split = [cfg.key_head_dim, cfg.key_head_dim, per_key * cfg.value_head_dim, per_key * cfg.value_head_dim]
 
     def _projections(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -155,29 +213,36 @@ class GatedDeltaNet(nn.Module):
         o, ssm = rule(q, k, v, g, beta, state.ssm)
         return self.out_proj(self.norm(o, z, x.dtype).reshape(x.shape[0], -1)), RecurrentState(conv_state, ssm)
 
-    def _tree_windows(self, mixed: torch.Tensor, state: RecurrentState, parents: list[int]) -> torch.Tensor:
-        """[T, K, conv_dim]: each node's convolution inputs, its last K - 1 ancestors' (then the committed conv
-        state's, for a path shorter than that) and its own."""
-        width = self.cfg.conv_kernel
-        rows = []
-        for node in range(len(parents)):
-            chain = [node]
-            while len(chain) < width and parents[chain[-1]] >= 0:
-                chain.append(parents[chain[-1]])
-            older = state.conv.to(mixed.dtype)[len(state.conv) - (width - len(chain)):]
-            rows.append(torch.cat([older, mixed[chain[::-1]]]))
-        return torch.stack(rows)
+    def forward_spans(self, x: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
+                      spans: Spans) -> tuple[torch.Tensor, TreePass | None]:
+        """Every request of a pass at once: x [T, hidden] (rows as `spans` lays them out), conv [S, K - 1,
+        conv_dim] and ssm [S, Hv, Dk, Dv] this layer's states by slot. A prefill or decode moves each request's
+        states on to its last token in place; a verify writes none and returns its TreePass (a request's part:
+        its span's rows). Returns (outputs [T, hidden], that TreePass or None)."""
+        mixed, z, b, a = self._projections(x)
+        source = torch.cat([mixed, conv[spans.slots].flatten(0, 1).to(mixed.dtype)])
+        weight = self.conv1d.weight[:, 0].float()
+        # tap by tap, float32: no [T, K, conv_dim] copy of the windows
+        taps = sum(source[spans.windows[:, i]].float() * weight[:, i] for i in range(self.cfg.conv_kernel))
+        q, k, v, g, beta = self._rule_inputs(F.silu(taps.to(mixed.dtype)), b, a)
+        rule = (q, k, v, g, beta, ssm, spans.slots, spans.starts, spans.lens)
+        tree = None
+        if spans.verify:
+            o, u, G = gated_delta_verify(*rule, spans.tree, spans.max_len, self.backend)
+            tree = TreePass(mixed, k, u, G)
+        else:
+            o = gated_delta_prefill(*rule, spans.max_len, self.backend)
+            last = spans.starts.long() + spans.lens.long() - 1
+            conv.index_copy_(0, spans.slots, source[spans.windows[last, 1:]].to(conv.dtype))
+        return self.out_proj(self.norm(o, z, x.dtype).reshape(x.shape[0], -1)), tree
 
     def verify_tree(self, x: torch.Tensor, state: RecurrentState, parents: list[int]) -> tuple[torch.Tensor, TreePass]:
-        """Every node of a draft tree after the committed `state` (x [T, hidden] in topological order, node i
-        continuing parents[i], -1: the committed state): (outputs [T, hidden], what `commit` takes)."""
-        mixed, z, b, a = self._projections(x)
-        windows = self._tree_windows(mixed, state, parents)
-        conv_out = F.silu((windows.transpose(1, 2) * self.conv1d.weight[:, 0]).sum(-1))
-        q, k, v, g, beta = self._rule_inputs(conv_out, b, a)
-        o, u, G = gated_delta_tree(q, k, v, g, beta, state.ssm, parents)
-        out = self.out_proj(self.norm(o, z, x.dtype).reshape(x.shape[0], -1))
-        return out, TreePass(mixed, k, u, G)
+        """Every node of one request's draft tree after the committed `state` (x [T, hidden] in topological order,
+        node i continuing parents[i], -1: the committed state): (outputs [T, hidden], what `commit` takes)."""
+        one = torch.tensor([0, 0, len(parents)], device=x.device)
+        spans = Spans.build(one[:1], one[1:2], one[2:], self.cfg.conv_kernel, True,
+                            torch.tensor(parents, device=x.device), ancestor_bits(parents).to(x.device))
+        return self.forward_spans(x, state.conv[None], state.ssm[None], spans)
 
     def verify_snapshots(self, x: torch.Tensor, state: RecurrentState,
                          parents: list[int]) -> tuple[torch.Tensor, list[RecurrentState]]:

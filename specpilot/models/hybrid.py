@@ -7,8 +7,9 @@ projection also gives a per-channel output gate (sigmoid), its q/k norms are per
 first `partial_rotary_factor` of each head; an MoE MLP routes each token to its top-k experts (softmax over
 all, renormalised where `norm_topk_prob`) and adds a shared expert scaled by sigmoid(its gate). Parameters carry
 the names Hugging Face's Qwen3-Next module holds (experts fused per layer as gate_up_proj [E, 2I, H] and
-down_proj [E, H, I]; published checkpoints' per-expert tensors are fused on load). The plain-torch path:
-DeltaNet layers run request by request. In the engine the model runs AR (prefill and decode) over a
+down_proj [E, H, I]; published checkpoints' per-expert tensors are fused on load). A DeltaNet layer takes every
+request of a pass at once (`GatedDeltaNet.forward_spans`: the delta rule's Triton kernel on CUDA, each request's
+plain-torch form elsewhere); the rest is plain torch. In the engine the model runs AR (prefill and decode) over a
 HybridCache: the paged KV cache of its attention layers with the DeltaNet layers' states beside it.
 """
 
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specpilot.kernels.slot_attention import slot_attention
-from specpilot.models.gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, RecurrentState, commit_state
+from specpilot.models.gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, RecurrentState, Spans, commit_state
 from specpilot.models.rope import RotaryTable
 from specpilot.state.batch import ForwardBatch
 from specpilot.models.checkpoint import Checkpoint
@@ -193,22 +194,12 @@ class SparseMoE(nn.Module):
         return self.experts(x, weights, experts) + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
 
 
-# A request's part of a pass, as every DeltaNet layer walks it: (slot, first row, rows, the verify's tree as
-# parents, node 0 on the committed state, or None for a prefill or decode)
-Segment = tuple[int, int, int, list[int] | None]
-
-
-def segments_of(batch: ForwardBatch, verify: bool) -> list[Segment]:
-    """The pass's requests, read from the device once for all its layers. A verify's tree comes from
-    batch.tree_parents; a chain's node j hangs under j - 1."""
-    parents = batch.tree_parents.tolist() if verify and batch.tree_parents is not None else None
-    out: list[Segment] = []
-    for slot, start, n in zip(*(t.tolist() for t in (batch.slot_ids, batch.q_starts, batch.q_lens))):
-        tree = None
-        if verify:
-            tree = [-1, *(parents[start + 1 : start + n] if parents is not None else range(n - 1))]
-        out.append((slot, start, n, tree))
-    return out
+def spans_of(batch: ForwardBatch, verify: bool, conv_width: int) -> Spans:
+    """The pass's requests as every DeltaNet layer reads them, laid out once for all its layers. A verify's tree
+    comes from batch.tree_parents and tree_mask; a chain's node j hangs under j - 1."""
+    tree = verify and batch.tree_parents is not None
+    return Spans.build(batch.slot_ids, batch.q_starts, batch.q_lens, conv_width, verify,
+                       batch.tree_parents if tree else None, batch.tree_mask if tree else None)
 
 
 class HybridLayer(nn.Module):
@@ -225,23 +216,19 @@ class HybridLayer(nn.Module):
         self.post_attention_layernorm = CenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def _mix(self, h: torch.Tensor, batch: ForwardBatch, cache: KVCache, states: RecurrentCache,
-             rope: RotaryTable, segments: list[Segment]) -> torch.Tensor:
+             rope: RotaryTable, spans: Spans) -> torch.Tensor:
         if not self.deltanet:
             return self.self_attn(h, batch, cache, rope)
-        out = torch.empty_like(h)
-        for slot, start, n, tree in segments:
-            state = RecurrentState(*states.get(slot, self.state_slot))
-            if tree is not None:
-                out[start : start + n], states.pending[slot, self.state_slot] = self.linear_attn.verify_tree(
-                    h[start : start + n], state, tree)
-            else:
-                out[start : start + n], after = self.linear_attn(h[start : start + n], state)
-                states.put(slot, self.state_slot, after.conv, after.ssm)
+        layer = self.state_slot
+        out, tree = self.linear_attn.forward_spans(h, states.conv[:, layer], states.ssm[:, layer], spans)
+        if tree is not None:
+            for slot, start, n in spans.host:
+                states.pending[slot, layer] = tree.part(start, n)
         return out
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, states: RecurrentCache,
-                rope: RotaryTable, segments: list[Segment]) -> torch.Tensor:
-        x = x + self._mix(self.input_layernorm(x), batch, cache, states, rope, segments)
+                rope: RotaryTable, spans: Spans) -> torch.Tensor:
+        x = x + self._mix(self.input_layernorm(x), batch, cache, states, rope, spans)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -342,11 +329,11 @@ class HybridTransformer(nn.Module):
         tree: batch.tree_mask and tree_parents) writes its nodes' K/V at their own rows and no recurrent state:
         the cache's commit_paths then keeps the accepted path's."""
         batch = cache.paged(batch)
-        segments = segments_of(batch, verify)
+        spans = spans_of(batch, verify, self.config.deltanet.conv_kernel)
         x = self.model.embed_tokens(batch.input_ids)
         taps = []
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, batch, cache, states, self.rope, segments)
+            x = layer(x, batch, cache, states, self.rope, spans)
             if i in tap_layers:
                 taps.append(x)
         return self.model.norm(x), (torch.cat(taps, dim=-1) if taps else None)
