@@ -127,3 +127,19 @@ def test_server_info_reports_the_budget(tiny_dir):
         assert reply.status_code == 200
         budget = server.info()["internal_states"][0]["spec_stats"]["budget"]
     assert budget["spec_steps"] >= 1 and budget["ar_steps"] >= 1 and "1" in budget["buckets"]
+
+
+def test_steps_return_the_requests_they_finish_in_either_mode(tiny):  # noqa: F811
+    """An AR step while speculation is paused reports its finished requests (the running list it was handed
+    shrinks as they retire) and hands the drafter the rows of those still running."""
+    ckpt, paths = tiny
+    engine = _engine(ckpt, paths, mechanisms=frozenset({"budget"}))
+    _alternating(engine, (False, False, True))
+    prompts = mixed_prompts(ckpt.config.vocab_size, 6, seed=7)
+    reqs = [engine.add_request(p, SamplingParams(max_new_tokens=n, ignore_eos=True))
+            for p, n in zip(prompts, (3, 9, 4, 12, 5, 7))]
+    finished = []
+    while engine.has_work:
+        finished += engine.step()
+    assert sorted(id(r) for r in finished) == sorted(id(r) for r in reqs)
+    assert all(len(r.output_ids) == n for r, n in zip(reqs, (3, 9, 4, 12, 5, 7)))

@@ -38,6 +38,10 @@ def test_rows_sampled_together_equal_each_row_alone():
     together = keyed_sample_rows(logits, params, seeds, positions)
     alone = torch.cat([keyed_sample(logits[i : i + 1], params[i], seeds[i], positions[i : i + 1]) for i in range(12)])
     assert torch.equal(together, alone)
+    # an entry per 3 rows (a request's verify rows): as if each row were given its entry's settings and seed
+    per_request = keyed_sample_rows(logits, params[::3], seeds[::3], positions, repeats=3)
+    assert torch.equal(per_request, keyed_sample_rows(logits, [params[i - i % 3] for i in range(12)],
+                                                      [seeds[i - i % 3] for i in range(12)], positions))
 
 
 def test_keyed_sample_follows_the_distribution():
@@ -92,8 +96,8 @@ def test_planted_other_stream_sampler_fails_forcing(tiny, monkeypatch):  # noqa:
 
     monkeypatch.setattr(verify, "keyed_sample",
                         lambda logits, params, seed, positions: keyed_sample(logits, params, seed + 1, positions))
-    monkeypatch.setattr(step, "keyed_sample_rows", lambda logits, params, seeds, positions: keyed_sample_rows(
-        logits, params, [s + 1 for s in seeds], positions))
+    monkeypatch.setattr(step, "keyed_sample_rows", lambda logits, params, seeds, positions, repeats=1: keyed_sample_rows(
+        logits, params, [s + 1 for s in seeds], positions, repeats))
     ckpt, _ = tiny
     verdict = run_forcing(engine_for(ckpt), engine_for(ckpt, "ngram", block=4),
                           mixed_prompts(ckpt.config.vocab_size, 4), SAMPLED, "hack")

@@ -349,6 +349,7 @@ class Engine:
         """An AR step while speculation is paused (`budget`): what the device prepared for a next verify no
         longer holds, and the drafter is told of each request's one committed token (with its row's taps,
         copied: a graph's outputs are overwritten by the next pass) as after a verify pass."""
+        reqs = list(reqs)  # the running list, which retiring the finished shrinks
         self.speculation.invalidate()
         out = self._decode_pass(reqs)
         taps = None if out.taps is None else out.taps[: len(reqs)].clone()
@@ -374,30 +375,28 @@ class Engine:
         return self._grammars.matcher(params)
 
     def _sample_and_commit(self, reqs: list[Request], logits: torch.Tensor) -> list[Request]:
-        logits = suppress(logits, [self.stops.banned(r, 1)[0] for r in reqs])
+        if self.stops.bans(reqs):
+            logits = suppress(logits, [self.stops.banned(r, 1)[0] for r in reqs])
         for i, r in enumerate(reqs):
             if r.grammar is not None:
                 constrain(logits[i : i + 1], r.grammar.bitmask([]))
         tokens = choose_tokens(logits, reqs)
-        finished = []
+        finished, forcing = [], self.forcing is not None
         for i, (r, t) in enumerate(zip(reqs, tokens)):
-            n, done = self.commit_tokens(r, [t], logits[i : i + 1])
+            n, done = self.commit_tokens(r, [t], logits[i : i + 1] if forcing or r.params.return_logprob else None)
             r.token_origins += ["target"] * n
             if done:
                 finished.append(r)
         self.retire(finished)
         return finished
 
-    def commit_tokens(self, req: Request, tokens: list[int], rows: torch.Tensor) -> tuple[int, bool]:
+    def commit_tokens(self, req: Request, tokens: list[int], rows: torch.Tensor | None) -> tuple[int, bool]:
         """Append decided tokens until the request finishes; returns (appended, finished). `rows` are the
-        target logits the tokens were decided from (row j for tokens[j])."""
+        target logits the tokens were decided from (row j for tokens[j]); None where nothing reads them
+        (no token forcing, no logprobs)."""
         if self.forcing is not None:
             tokens = self.forcing.observe(req, tokens, rows)
-        n, done = len(tokens), False
-        for n, token in enumerate(tokens, start=1):
-            if self.stops.append(req, token):
-                done = True
-                break
+        n, done = self.stops.extend(req, tokens)
         if req.params.return_logprob:
             req.logprobs += token_logprobs(rows[:n], tokens[:n], req.params)
         return n, done

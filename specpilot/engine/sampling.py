@@ -91,18 +91,21 @@ def _distribution(params: SamplingParams) -> tuple[float, int, float, float]:
 
 
 def keyed_sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequence[int],
-                      positions: torch.Tensor) -> torch.Tensor:
-    """[N] row i's keyed sample under params[i] and seeds[i] at output position positions[i]: bitwise
-    keyed_sample of that row alone, in a few launches for all rows. Rows of the same distribution settings
-    share one target_probs call (every op in it is row-wise), the noise is one hash over all rows."""
-    probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+                      positions: torch.Tensor, repeats: int = 1) -> torch.Tensor:
+    """[N] row r's keyed sample under params[i] and seeds[i], i = r // repeats (`repeats` rows an entry: a
+    request's verify rows), at output position positions[r]: bitwise keyed_sample of that row alone, in a few
+    launches for all rows. Rows of the same distribution settings share one target_probs call (every op in it
+    is row-wise), the noise is one hash over all rows; the host's work is per entry, not per row."""
+    device = logits.device
+    probs = torch.empty(logits.shape, dtype=torch.float32, device=device)
     groups: dict[tuple[float, int, float, float], list[int]] = {}
     for i, p in enumerate(params):
         groups.setdefault(_distribution(p), []).append(i)
-    for rows in groups.values():
-        index = torch.tensor(rows, device=logits.device)
-        probs[index] = target_probs(logits[index], params[rows[0]])
-    return keyed_argmax(probs, as_seeds(seeds, logits.device), positions)
+    within = torch.arange(repeats, device=device)  # a row's place among its entry's
+    for entries in groups.values():
+        index = (torch.tensor(entries, device=device)[:, None] * repeats + within).flatten()
+        probs[index] = target_probs(logits[index], params[entries[0]])
+    return keyed_argmax(probs, as_seeds(seeds, device).repeat_interleave(repeats), positions)
 
 
 def choose_tokens(logits: torch.Tensor, reqs: Sequence[Request]) -> list[int]:

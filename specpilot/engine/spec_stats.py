@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -39,15 +40,20 @@ class SpecStats:
         self.clocks = pending
         return dict(self.times)
 
-    def record(self, committed: int) -> None:
-        if len(self.histogram) <= committed:  # sized by the block; stats reset while AR have block 0
-            self.histogram += [0] * (max(self.block_size, committed) + 1 - len(self.histogram))
+    def record(self, committed: list[int]) -> None:
+        """One step's verify passes: the tokens each committed (work per distinct count, not per pass)."""
+        if not committed:
+            return
+        top = max(committed)
+        if len(self.histogram) <= top:  # sized by the block; stats reset while AR have block 0
+            self.histogram += [0] * (max(self.block_size, top) + 1 - len(self.histogram))
             self.position_accepted += [0] * (len(self.histogram) - 2 - len(self.position_accepted))
-        self.steps += 1
-        self.committed += committed
-        self.histogram[committed] += 1
-        for j in range(committed - 1):
-            self.position_accepted[j] += 1
+        self.steps += len(committed)
+        self.committed += sum(committed)
+        for n, passes in Counter(committed).items():
+            self.histogram[n] += passes
+            for j in range(n - 1):
+                self.position_accepted[j] += passes
 
     @property
     def tau(self) -> float:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
@@ -67,6 +67,11 @@ class VerifyPlan:
     def uniform(self) -> bool:
         """Every request verifies as many rows (what graphs and device acceptance take)."""
         return len(set(self.widths)) == 1
+
+    @cached_property
+    def constrained(self) -> list[int]:
+        """The requests with a grammar, by index (most steps have none: their grammar work is skipped whole)."""
+        return [i for i, r in enumerate(self.reqs) if r.grammar is not None]
 
 
 @dataclass
@@ -131,7 +136,7 @@ class SpeculativeStep:
 
     def plan(self, reqs: list[Request], draft: Draft) -> VerifyPlan:
         plan = self._plan(reqs, draft)
-        if any(r.grammar is not None and not self._checked_after(r) for r in reqs):
+        if any(not self._checked_after(reqs[i]) for i in plan.constrained):
             plan.host_drafts = (draft.tokens.tolist(),
                                 draft.tree.parents.tolist() if draft.tree is not None else None)
         return plan
@@ -139,11 +144,10 @@ class SpeculativeStep:
     def _plan(self, reqs: list[Request], draft: Draft) -> VerifyPlan:
         widths = draft.widths()
         q, n = max(widths), len(reqs)
-        slots, starts = [r.slot for r in reqs], [r.cached_len for r in reqs]
-        firsts = [r.output_ids[-1] for r in reqs]
         laid, self._laid_out = self._laid_out, None
         graph = self.runner.graph_for(q, n) if len(set(widths)) == 1 else None  # a graph takes uniform widths
         if graph is None:
+            slots, starts, firsts = _heads(reqs)
             lists = [[t, *d[: w - 1]] for t, d, w in zip(firsts, draft.tokens.tolist(), widths)]
             batch = ForwardBatch.build(slots, starts, lists, self.cache.max_len, self.device)
             batch.verify = True
@@ -155,6 +159,7 @@ class SpeculativeStep:
             raise RuntimeError(f"the verify graphs for {q} tokens were captured without tree masks")
         b, inputs = graph.batch.batch_size, self.runner.static[q]
         if laid is None or (laid.rids, laid.bucket, laid.fills) != ([r.rid for r in reqs], b, inputs.fills):
+            slots, starts, firsts = _heads(reqs)
             inputs.fill(slots, starts, [[t] * q for t in firsts], b)
         if draft.bucket == b and b in self.placement:  # the drafter's graph outputs: one replay lays them in
             self.placement[b].replay()
@@ -179,7 +184,7 @@ class SpeculativeStep:
         banned = self._banned_rows(plan)
         if plan.host_drafts is not None:
             self._constrain(plan, out.logits)
-        on_device = "device-acceptance" in self.mechanisms and plan.uniform and not any(banned)
+        on_device = "device-acceptance" in self.mechanisms and plan.uniform and banned is None
         if on_device:
             accepted, taps, host, graphed = self._accept_on_device(plan, out)
             clock.mark()
@@ -191,7 +196,7 @@ class SpeculativeStep:
             decisions = Accepted.unpack(host.tolist(), out.batch.batch_size, plan.widths[0], len(reqs))
             corrected = self._check_grammars(plan, out.logits, decisions, compacted=tree is not None)
             return Acceptance(decisions, taps, launched, graphed, corrected)
-        logits = suppress(out.logits, banned)
+        logits = out.logits if banned is None else suppress(out.logits, banned)
         decisions = self._walk(plan, logits)  # syncs
         corrected = self._check_grammars(plan, logits, decisions)
         clock.mark()
@@ -204,25 +209,24 @@ class SpeculativeStep:
         return Acceptance(decisions, taps, corrected=corrected)
 
     def commit(self, plan: VerifyPlan, out: RunOutput, acceptance: Acceptance) -> Commits:
-        engine, offsets = self.engine, plan.offsets
+        engine, forcing, assisted = self.engine, self.engine.forcing, plan.draft.assisted
         self.cache.commit_paths([r.slot for r in plan.reqs], [d.rows for d in acceptance.decisions])
         committed, finished, redraft = [], [], acceptance.corrected
         for i, (req, decision) in enumerate(zip(plan.reqs, acceptance.decisions)):
-            rows = out.logits[offsets[i] : offsets[i + 1]]
-            if engine.forcing is not None or req.params.return_logprob:  # the rows that decided each token
-                rows = rows[decision.rows]
+            rows = None
+            if forcing is not None or req.params.return_logprob:  # the rows that decided each token
+                rows = out.logits[plan.offsets[i] : plan.offsets[i + 1]][decision.rows]
                 if self._checked_after(req):  # unmasked until now: masked as AR's rows are
                     constrain(rows, req.grammar.masks_along(decision.tokens))
             n, done = engine.commit_tokens(req, decision.tokens, rows)
             # token forcing may commit stock's tokens instead: a draft launched for ours no longer fits
-            redraft |= not done and req.output_ids[-n:] != decision.tokens
+            redraft |= forcing is not None and not done and req.output_ids[-n:] != decision.tokens
             req.accept_lengths.append(n)
-            assisted = plan.draft.assisted is not None and plan.draft.assisted[i]
-            req.token_origins += origins(n, len(decision.tokens), assisted)
-            engine.spec_stats.record(n)
+            req.token_origins += origins(n, len(decision.tokens), assisted is not None and assisted[i])
             committed.append(n)
             if done:
                 finished.append(req)
+        engine.spec_stats.record(committed)
         return Commits(committed, finished, redraft)
 
     def prepare(self, plan: VerifyPlan, acceptance: Acceptance, commits: Commits) -> None:
@@ -282,8 +286,8 @@ class SpeculativeStep:
             depths = positions[index] - positions[index, :1]
             outputs = torch.tensor([len(reqs[i].output_ids) for i in sampled], device=logits.device)
             decided[index] = keyed_sample_rows(
-                logits.view(b, q, -1)[index].flatten(0, 1), [reqs[i].params for i in sampled for _ in range(q)],
-                [reqs[i].sampling_seed for i in sampled for _ in range(q)], (outputs[:, None] + depths).flatten(),
+                logits.view(b, q, -1)[index].flatten(0, 1), [reqs[i].params for i in sampled],
+                [reqs[i].sampling_seed for i in sampled], (outputs[:, None] + depths).flatten(), repeats=q,
             ).view(len(sampled), q)
         accepted = self.engine.verifier.greedy(decided, ids[:, 1:], starts, tree)
         taps = verify_taps
@@ -335,7 +339,8 @@ class SpeculativeStep:
         already moved a tree's accepted K/V (`compacted`): then the decision ends at that token. Returns
         whether any changed (what the device prepared for the next step assumed the old decisions)."""
         corrected = False
-        for i, (req, decision, lo) in enumerate(zip(plan.reqs, decisions, plan.offsets)):
+        for i in plan.constrained:
+            req, decision, lo = plan.reqs[i], decisions[i], plan.offsets[i]
             if not self._checked_after(req):
                 continue
 
@@ -371,12 +376,14 @@ class SpeculativeStep:
                 masks[lo : lo + w] = mask
         constrain(logits, masks)
 
-    def _banned_rows(self, plan: VerifyPlan) -> list[list[int]]:
-        """Ids banned per verify row: row j decides the token at depth (its node's depth) + 1."""
+    def _banned_rows(self, plan: VerifyPlan) -> list[list[int]] | None:
+        """Ids banned per verify row: row j decides the token at depth (its node's depth) + 1; None: none is."""
         stops = self.engine.stops
+        if not stops.bans(plan.reqs):
+            return None
         per_req = [stops.banned(r, w) for r, w in zip(plan.reqs, plan.widths)]
         tree = plan.draft.tree
-        if tree is None or not any(row for rows in per_req for row in rows):
+        if tree is None:
             return [row for rows in per_req for row in rows]
         depths = tree.depths.tolist()  # rare (min_new_tokens not reached yet): worth a sync
         return [rows[d] for rows, ds in zip(per_req, depths) for d in (0, *ds)]
@@ -423,11 +430,17 @@ class SpeculativeStep:
         GraphBackend.synchronize(self.device)
 
 
-def origins(committed: int, decided: int, assisted: bool) -> list[str]:
+def _heads(reqs: list[Request]) -> tuple[list[int], list[int], list[int]]:
+    """Per request its slot, cached length and newest token (the first of its verify block)."""
+    return [r.slot for r in reqs], [r.cached_len for r in reqs], [r.output_ids[-1] for r in reqs]
+
+
+@cache  # a few block-bounded keys, met by every request every step
+def origins(committed: int, decided: int, assisted: bool) -> tuple[str, ...]:
     """How a verify pass's `committed` tokens came, of the `decided` its acceptance chose (accepted drafts,
     then the bonus; a stop may end the pass before its bonus)."""
     drafts = min(committed, decided - 1)
-    return ["ngram" if assisted else "draft"] * drafts + ["bonus"] * (committed - drafts)
+    return ("ngram" if assisted else "draft",) * drafts + ("bonus",) * (committed - drafts)
 
 
 def _place(batch: ForwardBatch, draft: Draft) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from specpilot.state.request import Request
@@ -22,6 +23,11 @@ class StopChecker:
             req.stop_ids = ids if req.params.ignore_eos else ids | self.eos_token_ids
         return req.stop_ids
 
+    def bans(self, reqs: Iterable[Request]) -> bool:
+        """Whether some request bans an id at its next position (stop ids, min_new_tokens not reached): else every
+        `banned` row is empty, which a batch learns without a list per request."""
+        return any(r.params.min_new_tokens > len(r.output_ids) and self.stop_ids(r) for r in reqs)
+
     def banned(self, req: Request, rows: int) -> list[list[int]]:
         """For output positions len(output) + j, j < rows: the ids that may not be chosen there (the stop
         ids, until min_new_tokens)."""
@@ -30,6 +36,37 @@ class StopChecker:
             return [[]] * rows
         stop = sorted(self.stop_ids(req))
         return [stop if j < short else [] for j in range(rows)]
+
+    def extend(self, req: Request, tokens: list[int]) -> tuple[int, bool]:
+        """Append tokens until the request finishes; returns (appended, finished) as `append` token by token
+        would. Without a grammar or stop strings (what needs each prefix) the finishing token is found with
+        set and length arithmetic instead of a Python step per token."""
+        if req.grammar is not None or (req.params.stop and self.tokenizer is not None):
+            for n, token in enumerate(tokens, start=1):
+                if self.append(req, token):
+                    return n, True
+            return len(tokens), False
+        out, params = req.output_ids, req.params
+        before, reason = len(out), None
+        # tokens[j] makes the output before + j + 1 long: the first j that reaches a length limit ends it, unless
+        # a stop id (counted from min_new_tokens on) ends it first or there
+        end = max(min(params.max_new_tokens, self.max_len - len(req.prompt_ids)) - before - 1, 0)
+        if end < len(tokens):
+            reason = {"type": "length", "length": before + end + 1}
+            tokens = tokens[: end + 1]
+        stop_ids = self.stop_ids(req)
+        if stop_ids and not stop_ids.isdisjoint(tokens):
+            for j in range(max(params.min_new_tokens - before - 1, 0), len(tokens)):
+                if tokens[j] in stop_ids:
+                    reason, tokens = {"type": "stop", "matched": tokens[j]}, tokens[: j + 1]
+                    break
+        out += tokens
+        if req.first_token_time is None and tokens:
+            req.first_token_time = time.perf_counter()
+        if reason is not None:
+            req.finish_reason = reason
+            req.finished_time = time.perf_counter()
+        return len(tokens), reason is not None
 
     def append(self, req: Request, token: int) -> bool:
         """Append one token; returns True (and sets finish_reason) when the request is finished."""

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate, chain
+from operator import add
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
+
+from specpilot.state.transfer import host_tensor
 
 if TYPE_CHECKING:
     from specpilot.state.tree import TreeLayout
@@ -62,33 +67,31 @@ class ForwardBatch:
         """Request b appends token_lists[b] to its slot, whose first start_lens[b] positions are kept."""
         if not (len(slots) == len(start_lens) == len(token_lists)):
             raise ValueError("slots, start_lens and token_lists must have one entry per request")
-        ids: list[int] = []
-        positions: list[int] = []
-        writes: list[int] = []
-        q_starts: list[int] = []
-        for slot, start, tokens in zip(slots, start_lens, token_lists):
-            if not tokens:
-                raise ValueError("every request in a forward pass needs at least one new token")
-            if start + len(tokens) > max_len:
-                raise ValueError(f"request needs {start + len(tokens)} cache positions; the slot holds {max_len}")
-            q_starts.append(len(ids))
-            ids.extend(tokens)
-            pos = range(start, start + len(tokens))
-            positions.extend(pos)
-            writes.extend(slot * max_len + p for p in pos)
         q_lens = [len(t) for t in token_lists]
+        for start, n in zip(start_lens, q_lens):
+            if not n:
+                raise ValueError("every request in a forward pass needs at least one new token")
+            if start + n > max_len:
+                raise ValueError(f"request needs {start + n} cache positions; the slot holds {max_len}")
+        q_starts = [0, *accumulate(q_lens)][:-1]
+        # numpy over the flat tokens (a prefill's thousands of positions as Python ints cost milliseconds): token
+        # t of request b sits at start_lens[b] + t - q_starts[b]
+        lens = np.array(q_lens, dtype=np.int64)
+        positions = np.arange(lens.sum(), dtype=np.int64) + np.repeat(
+            np.subtract(start_lens, q_starts, dtype=np.int64), lens)
+        writes = positions + np.repeat(np.multiply(slots, max_len, dtype=np.int64), lens)
 
-        def as_tensor(values: list[int], dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+        def on_device(host: torch.Tensor) -> torch.Tensor:
+            return host.to(device, non_blocking=True)
 
         return cls(
-            input_ids=as_tensor(ids, torch.int64),
-            positions=as_tensor(positions, torch.int64),
-            write_index=as_tensor(writes, torch.int64),
-            slot_ids=as_tensor(slots, torch.int32),
-            q_starts=as_tensor(q_starts, torch.int32),
-            q_lens=as_tensor(q_lens, torch.int32),
-            kv_lens=as_tensor([s + n for s, n in zip(start_lens, q_lens)], torch.int32),
+            input_ids=on_device(host_tensor(chain.from_iterable(token_lists))),
+            positions=on_device(torch.from_numpy(positions)),
+            write_index=on_device(torch.from_numpy(writes)),
+            slot_ids=on_device(host_tensor(slots, torch.int32)),
+            q_starts=on_device(host_tensor(q_starts, torch.int32)),
+            q_lens=on_device(host_tensor(q_lens, torch.int32)),
+            kv_lens=on_device(host_tensor(map(add, start_lens, q_lens), torch.int32)),
             max_q_len=max(q_lens),
             causal=causal,
         )

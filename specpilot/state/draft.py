@@ -75,4 +75,4 @@ class Accepted:
     def unpack(values: list[int], b: int, q: int, n: int) -> list[Decision]:
         """The first n requests' decisions from `pack`'s values for b requests of q rows."""
         counts, tokens, nodes = values[:b], values[b : b + b * q], values[b + b * q :]
-        return [Decision(tokens[i * q : i * q + c], nodes[i * q : i * q + c]) for i, c in enumerate(counts[:n])]
+        return [Decision(tokens[s : s + c], nodes[s : s + c]) for s, c in zip(range(0, n * q, q), counts[:n])]

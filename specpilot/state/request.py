@@ -22,7 +22,8 @@ class TokenLogprob:
     named: list[tuple[float, int]]
 
 
-@dataclass
+# eq=False: a request is itself, not its fields (finding one among the running compared prompts token by token)
+@dataclass(eq=False)
 class Request:
     prompt_ids: list[int]
     params: SamplingParams

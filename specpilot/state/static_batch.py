@@ -8,6 +8,7 @@ fills them from the host (one copy from pinned memory); the drafter's graphs lay
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from specpilot.state.batch import ForwardBatch
@@ -26,7 +27,8 @@ class StaticBatch:
         self.q_lens.fill_(q)
         self.q_starts = torch.arange(0, n, q, dtype=torch.int32, device=device)
         self.host: torch.Tensor | None = None  # pinned, on the first host fill
-        self._rows: dict[int, torch.Tensor] = {}
+        self._views: list[np.ndarray] = []  # the host buffer's ids, positions, ... as arrays (sharing its memory)
+        self._offsets = np.arange(q, dtype=np.int64)  # a token's position in its request's q
         # tree graphs: every fill restores chain masks and parents; a verify step then lays its tree over them
         self.chain = self.tree_mask = self.tree_parents = None
         if tree:
@@ -55,31 +57,28 @@ class StaticBatch:
     def fill(self, slots: list[int], start_lens: list[int], token_lists: list[list[int]], b: int) -> None:
         """From the host: request i appends token_lists[i] (q tokens) at start_lens[i]; b - len(slots)
         padding rows aim at the scratch slot."""
-        q, L = self.q, self.max_len
-        pad = b - len(slots)
-        starts = [*start_lens, *[0] * pad]
-        slots_all = [*slots, *[self.scratch] * pad]
-        ids = [t for toks in token_lists for t in toks] + [0] * (pad * q)
-        pos = [s + i for s in starts for i in range(q)]
-        writes = [slot * L + p for slot, s in zip(slots_all, starts) for p in range(s, s + q)]
-        # one host tensor and one indexed write into the pinned buffer (small tensors cost more to make
-        # than to fill: this was the largest host cost of a speculative step)
         if self.host is None:
             self.host = torch.zeros(self.dev.shape, dtype=torch.int64, pin_memory=self.dev.is_cuda)
             self.host.copy_(self.dev)
-        values = torch.tensor(ids + pos + writes + slots_all + [q] * b + [s + q for s in starts])
-        self.host.index_copy_(0, self._bucket_rows(b), values)
+            n, m = self.n, self.max_b
+            self._views = [v.numpy() for v in self.host.split([n, n, n, m, m, m])]
+        # numpy writes into the pinned buffer's views: a few array operations whatever the batch (values built as
+        # Python lists, then one tensor, cost a step's largest host time at large batches), then one copy
+        q, k = self.q, len(slots)
+        ids, pos, writes = (v[: b * q].reshape(b, q) for v in self._views[:3])
+        slot_ids, q_lens, kv_lens = (v[:b] for v in self._views[3:])
+        ids[:k] = token_lists
+        ids[k:] = 0
+        slot_ids[:k] = slots
+        slot_ids[k:] = self.scratch
+        kv_lens[:k] = start_lens
+        kv_lens[k:] = 0
+        np.add(kv_lens[:, None], self._offsets, out=pos)
+        np.add(pos, slot_ids[:, None] * self.max_len, out=writes)
+        kv_lens += q
+        q_lens[:] = q
         self.dev.copy_(self.host, non_blocking=self.dev.is_cuda)
         if self.tree_mask is not None:
             self.tree_mask.copy_(self.chain[0])
             self.tree_parents.copy_(self.chain[1])
         self.fills += 1
-
-    def _bucket_rows(self, b: int) -> torch.Tensor:
-        """Where a bucket of b requests' values go in the buffer."""
-        rows = self._rows.get(b)
-        if rows is None:
-            n, m, q = self.n, self.max_b, self.q
-            spans = ((0, b * q), (n, b * q), (2 * n, b * q), (3 * n, b), (3 * n + m, b), (3 * n + 2 * m, b))
-            rows = self._rows[b] = torch.cat([torch.arange(start, start + size) for start, size in spans])
-        return rows
