@@ -31,6 +31,9 @@ run tree-assist --speculative-algorithm dflash --speculative-num-draft-tokens 16
 run pard --speculative-algorithm pard --speculative-draft-model-path $pard --speculative-num-draft-tokens 8
 run pard-assist --speculative-algorithm pard --speculative-draft-model-path $pard --speculative-num-draft-tokens 8 --speculative-ngram-assist 2
 run ngram --speculative-algorithm ngram --speculative-num-draft-tokens 8
+# speculation or AR per step by measured rates (budget), beside every mechanism a tree takes
+run tree-assist-budget --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 4 \
+    --speculative-ngram-assist 2 --mechanisms budget,device-acceptance,early-launch,layout-ahead,device-lookup
 # the target's weights as B12 (against a bf16 reference of its own), with every mechanism a tree takes
 if [ "$dtype" = bfloat16 ]; then
     run tree-assist-b12 --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 4 \
