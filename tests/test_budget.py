@@ -58,6 +58,13 @@ def test_each_bucket_decides_on_its_own():
     assert budget.speculate(1) and not budget.speculate(32)
 
 
+def test_a_new_bucket_starts_in_its_nearest_measured_bucket_s_mode():
+    budget = SpeculationBudget(probe_every=1000)
+    _feed(budget, 32, 10, spec_rate=500, ar_rate=1000)
+    assert not budget.speculate(16)  # as busy as 32's: AR, whose rate the bucket then measures
+    assert budget.speculate(1) is False  # nearest measured is still 32 (16 has one mode's rate only)
+
+
 def _engine(ckpt, paths, **changes) -> Engine:
     config = EngineConfig(device=TEST_DEVICE, dtype=TEST_DTYPE, max_running_requests=4, context_length=256,
                           speculative_algorithm="dflash", speculative_draft_model_path=str(paths["dflash"]))

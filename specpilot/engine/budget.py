@@ -3,7 +3,8 @@
 A decode step of B requests either speculates (draft + verify, τ tokens per request) or runs one AR pass
 (one token per request). Which is faster depends on B, the requests' acceptance and the device, and shifts
 as requests come and go; so the engine measures both as it serves: per batch-size bucket (powers of two),
-the tokens committed per second of wall time of each mode's recent steps. A step speculates unless
+the tokens committed per second of wall time of each mode's recent steps. A bucket not seen yet starts in the
+mode of the nearest one measured. A step speculates unless
 AR's rate beats speculation's, with hysteresis (the other mode must win by `margin` to switch) and a
 probe of the mode not in use every `probe_every` steps of a bucket, so both rates stay current.
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 SMOOTHING = 0.5  # weight of a step in its mode's moving averages
 MARGIN = 0.05  # the mode not in use must be this much faster to take over
 PROBE_EVERY = 64  # steps of a bucket between probes of the mode not in use
-WARM_STEPS = 4  # speculative steps of a bucket before its first AR step (a batch's first drafts run cold)
+WARM_STEPS = 4  # steps of a bucket in its first mode before the other's first (a batch's first drafts run cold)
 
 
 def bucket(batch_size: int) -> int:
@@ -69,10 +70,14 @@ class SpeculationBudget:
 
     def speculate(self, batch_size: int) -> bool:
         """Whether the next decode step of `batch_size` requests speculates."""
-        b = self.buckets.setdefault(bucket(batch_size), _Bucket())
+        key = bucket(batch_size)
+        b = self.buckets.get(key)
+        if b is None:  # a batch size not seen yet starts in the mode its nearest measured bucket chose
+            b = self.buckets[key] = _Bucket(speculate=self._nearest_mode(key))
         b.steps += 1
-        if b.spec.count >= WARM_STEPS and not b.ar.measured:  # a first AR step, once speculation has a rate
-            return False
+        in_use, other = (b.spec, b.ar) if b.speculate else (b.ar, b.spec)
+        if in_use.count >= WARM_STEPS and not other.measured:  # the other mode's first step, once this has a rate
+            return not b.speculate
         if b.steps % self.probe_every == 0 and b.ar.measured:
             return not b.speculate
         if b.spec.measured and b.ar.measured:
@@ -82,6 +87,12 @@ class SpeculationBudget:
             elif not b.speculate and spec > ar * (1 + self.margin):
                 b.speculate = True
         return b.speculate
+
+    def _nearest_mode(self, key: int) -> bool:
+        measured = [k for k, b in self.buckets.items() if b.spec.measured and b.ar.measured]
+        if not measured:
+            return True
+        return self.buckets[min(measured, key=lambda k: (abs(k.bit_length() - key.bit_length()), k))].speculate
 
     def record(self, batch_size: int, speculated: bool, tokens: int, seconds: float) -> None:
         """A decode step's outcome: tokens committed over all its requests, and its wall time."""
