@@ -336,7 +336,7 @@ class Engine:
         batch = list(reqs)  # `reqs` is the running list, which the step's retirements shrink
         before, start = sum(len(r.output_ids) for r in batch), time.perf_counter()
         speculate = self.budget.speculate(len(batch))
-        finished = self.speculation(reqs) if speculate else self._decode_beside_drafter(reqs)
+        finished = self.speculation(reqs) if speculate else self._decode_beside_drafter(batch)
         self.budget.record(len(batch), speculate, sum(len(r.output_ids) for r in batch) - before,
                            time.perf_counter() - start)
         return finished
@@ -348,8 +348,8 @@ class Engine:
     def _decode_beside_drafter(self, reqs: list[Request]) -> list[Request]:
         """An AR step while speculation is paused (`budget`): what the device prepared for a next verify no
         longer holds, and the drafter is told of each request's one committed token (with its row's taps,
-        copied: a graph's outputs are overwritten by the next pass) as after a verify pass."""
-        reqs = list(reqs)  # the running list, which retiring the finished shrinks
+        copied: a graph's outputs are overwritten by the next pass) as after a verify pass. `reqs`: a list of
+        the caller's, not the running list, which retiring the finished shrinks."""
         self.speculation.invalidate()
         out = self._decode_pass(reqs)
         taps = None if out.taps is None else out.taps[: len(reqs)].clone()

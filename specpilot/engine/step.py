@@ -330,7 +330,7 @@ class SpeculativeStep:
         allows it (masking only removes ids, and the first of equal maxima stays first among the allowed ones),
         so one accept per decided token replaces a mask per draft node; the rows that decided are masked
         afterwards where something reads them (`commit`)."""
-        return req.grammar is not None and req.params.greedy and not self.engine.stops.banned(req, 1)[0]
+        return req.grammar is not None and req.params.greedy and not self.engine.stops.bans((req,))
 
     def _check_grammars(self, plan: VerifyPlan, logits: torch.Tensor, decisions: list[Decision],
                         compacted: bool = False) -> bool:
@@ -368,8 +368,9 @@ class SpeculativeStep:
         acceptance are left unmasked."""
         tokens, parents = plan.host_drafts
         masks = None
-        for i, (req, w, lo) in enumerate(zip(plan.reqs, plan.widths, plan.offsets)):
-            if req.grammar is not None and not self._checked_after(req):
+        for i in plan.constrained:
+            req, w, lo = plan.reqs[i], plan.widths[i], plan.offsets[i]
+            if not self._checked_after(req):
                 mask = req.grammar.bitmask(tokens[i][: w - 1], parents[i][: w - 1] if parents else None)
                 if masks is None:  # every row of the pass (graph padding included), unmasked until set
                     masks = mask.new_full((logits.shape[0], mask.shape[1]), -1)
