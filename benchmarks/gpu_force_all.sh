@@ -34,6 +34,12 @@ run ngram --speculative-algorithm ngram --speculative-num-draft-tokens 8
 # speculation or AR per step by measured rates (budget), beside every mechanism a tree takes
 run tree-assist-budget --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 4 \
     --speculative-ngram-assist 2 --mechanisms budget,device-acceptance,early-launch,layout-ahead,device-lookup
+# each request verifies the drafts worth their rows (two-level: the cost table profiled first), with the budget and
+# every mechanism a chain takes
+python3 -m specpilot bench --profile-cost-table --device cuda --dtype $dtype --cost-batch-sizes 1 2 4 8 \
+    --cost-tokens 1 2 4 8 16 --output-dir "$out/cost-table" > "$out/cost-table.log" 2>&1
+run chain-assist-two-level --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 1 \
+    --speculative-ngram-assist 2 --mechanisms two-level,budget,device-acceptance,early-launch,layout-ahead
 # the target's weights as B12 (against a bf16 reference of its own), with every mechanism a tree takes
 if [ "$dtype" = bfloat16 ]; then
     run tree-assist-b12 --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 4 \

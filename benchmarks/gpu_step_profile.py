@@ -120,7 +120,7 @@ def profile(topk: int, assist: int, invariant: bool, prompts: list[list[int]], p
     draft = drafter.graphs[1]
     step = engine.speculation
     graphs = {"ar_graph": engine.runner.graphs[(1, 1)].graph, "verify_graph": engine.runner.graphs[(BLOCK, 1)].graph,
-              "acceptance_graph": step.acceptance[1].graph, "draft_prep_graph": draft.prep,
+              "acceptance_graph": step.acceptance[(BLOCK, 1)].graph, "draft_prep_graph": draft.prep,
               "draft_body_graph": draft.graph, "draft_tree_graph": draft.tree_graph,
               "tree_placement_graph": step.placement.get(1)}
     bare = {k: replay_ms(g) if g is not None else 0.0 for k, g in graphs.items()}

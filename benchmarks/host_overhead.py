@@ -58,7 +58,7 @@ def build(mode: str, ckpt: Checkpoint, drafter: Path, args: argparse.Namespace) 
     engine = Engine(ckpt, EngineConfig(device="cpu", max_running_requests=max(args.batch), context_length=context,
                                        max_total_tokens=max(args.batch) * (context + 128), **spec))
     if engine.speculation is not None:  # every request commits --accept tokens a step (verify rows 0.., ids 5..)
-        for b, graph in engine.speculation.acceptance.items():
+        for (_, b), graph in engine.speculation.acceptance.items():
             counts = torch.full((b,), args.accept, dtype=torch.int64)
             nodes = torch.arange(args.block).repeat(b, 1)
             with torch.inference_mode():

@@ -52,7 +52,7 @@ def test_graph_paths_decode_like_eager(tiny, replays, topk, assist):  # noqa: F8
 
     def early(reqs, verify, accepted, taps):  # must take the graphs: verify batch and acceptance are theirs
         launches["early"] += 1
-        assert graphed.speculation.acceptance[verify.batch_size].batch is verify
+        assert graphed.speculation.acceptance[(6, verify.batch_size)].batch is verify
         launch_next(reqs, verify, accepted, taps)
         assert drafter._launched[1] is drafter.graphs[verify.batch_size]
 

@@ -8,20 +8,11 @@ import random
 from pathlib import Path
 
 from specpilot.costmodel.calibrate import median_seconds
-from specpilot.engine.cost_table import CostTable, table_key
+from specpilot.engine.cost_table import CostTable, key_for
 from specpilot.engine.engine import Engine
 from specpilot.models.runner import ModelRunner
 from specpilot.progress import bar
 from specpilot.state.graphs import GraphBackend
-
-
-def key_of(engine: Engine) -> str:
-    device = engine.device.type
-    if device == "cuda":
-        import torch
-
-        device = torch.cuda.get_device_name(engine.device)
-    return table_key(device, engine.checkpoint.source, str(engine.dtype).removeprefix("torch."), engine.exact)
 
 
 def profile_cost_table(engine: Engine, batch_sizes: list[int], tokens: list[int], context: int = 512,
@@ -58,7 +49,7 @@ def profile_cost_table(engine: Engine, batch_sizes: list[int], tokens: list[int]
     finally:
         for slot in slots:
             engine.cache.free(slot)
-    return CostTable(key_of(engine), tuple(batch_sizes), tuple(tokens), tuple(ms), context, graphs)
+    return CostTable(key_for(engine.device, engine.checkpoint.source, engine.dtype, engine.exact), tuple(batch_sizes), tuple(tokens), tuple(ms), context, graphs)
 
 
 def cost_chart(table: CostTable, path: Path, footer: str) -> Path:

@@ -245,8 +245,9 @@ class DFlashDrafter(Drafter):
         """On the device, from a verify batch of b requests and its acceptance: the next pass's inputs,
         and with a device lookup, the accepted tokens appended to its history and the lookup's hint."""
         self._lay_out(inputs, b, accepted.starts, verify.slot_ids, accepted.counts, accepted.bonus())
-        if verify_taps is not None:
-            inputs.feats[: b * self.block_size].copy_(verify_taps)
+        if verify_taps is not None:  # q rows per request (fewer than the block where `two-level` trimmed it)
+            q = verify_taps.shape[0] // b
+            inputs.feats[: b * self.block_size].view(b, self.block_size, -1)[:, :q].copy_(verify_taps.view(b, q, -1))
         if self.device_lookup is None or self.tree is None:
             return None
         return self.device_lookup.append_and_lookup(verify.slot_ids, accepted)

@@ -5,11 +5,13 @@ start by what chooses verify lengths. Between and past the measured points the t
 
 from __future__ import annotations
 
-import bisect
 import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
+import torch
 
 from specpilot.config import cache_root
 
@@ -29,19 +31,17 @@ class CostTable:
         if len(self.ms) != len(self.batch_sizes) or any(len(row) != len(self.tokens) for row in self.ms):
             raise ValueError(f"a cost table of {len(self.batch_sizes)} x {len(self.tokens)} points needs that many times")
 
-    def at(self, batch: int, tokens: int) -> float:
+    def at(self, batch: int, tokens: float) -> float:
         """Milliseconds of one pass of `batch` requests with `tokens` rows each (bilinear in the grid)."""
-        def along(points: tuple[int, ...], x: float) -> tuple[int, int, float]:
-            if len(points) == 1:
-                return 0, 0, 0.0
-            i = min(max(bisect.bisect_right(points, x) - 1, 0), len(points) - 2)
-            return i, i + 1, (x - points[i]) / (points[i + 1] - points[i])
+        return float(self.along_tokens(batch, np.array([tokens], dtype=np.float64))[0])
 
-        i0, i1, u = along(self.batch_sizes, batch)
-        j0, j1, v = along(self.tokens, tokens)
-        lo = self.ms[i0][j0] + v * (self.ms[i0][j1] - self.ms[i0][j0])
-        hi = self.ms[i1][j0] + v * (self.ms[i1][j1] - self.ms[i1][j0])
-        return lo + u * (hi - lo)
+    def along_tokens(self, batch: float, tokens: np.ndarray) -> np.ndarray:
+        """`at` for one batch size and many row counts at once (what level 1 of two-level verification asks)."""
+        ms = np.asarray(self.ms, dtype=np.float64)
+        i0, i1, u = _bracket(self.batch_sizes, np.array([batch], dtype=np.float64))
+        row = ms[i0[0]] + u[0] * (ms[i1[0]] - ms[i0[0]])
+        j0, j1, v = _bracket(self.tokens, np.asarray(tokens, dtype=np.float64))
+        return row[j0] + v * (row[j1] - row[j0])
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -53,10 +53,26 @@ class CostTable:
                    raw["context"], raw["graphs"])
 
 
+def _bracket(points: tuple[int, ...], x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per value of x the grid points it lies between (the last segment past either end) and its fraction."""
+    grid = np.asarray(points, dtype=np.float64)
+    if len(grid) == 1:
+        zero = np.zeros(len(x), dtype=np.int64)
+        return zero, zero, np.zeros(len(x))
+    i = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
+    return i, i + 1, (x - grid[i]) / (grid[i + 1] - grid[i])
+
+
 def table_key(device_name: str, model_source: str, dtype: str, exact: bool) -> str:
     """A file-name-safe key of what a table's times depend on: the device, the model, its dtype, its kernels."""
     raw = f"{device_name}-{Path(model_source).name or model_source}-{dtype}-{'invariant' if exact else 'fastest'}"
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw)
+
+
+def key_for(device: torch.device, model_source: str, dtype: torch.dtype, exact: bool) -> str:
+    """table_key of an engine's target on `device` (a CUDA device by its name: tables do not travel between GPUs)."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return table_key(name, model_source, str(dtype).removeprefix("torch."), exact)
 
 
 def cache_path(key: str) -> Path:

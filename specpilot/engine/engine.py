@@ -20,6 +20,7 @@ from specpilot.drafters.base import DrafterContext
 from specpilot.engine.config import EngineConfig, resolve_device, resolve_dtype
 from specpilot.engine.memory import KVPlan, kv_bytes_per_token, plan_kv, return_freed_memory
 from specpilot.engine.budget import SpeculationBudget
+from specpilot.engine.cost_table import CostTable, cache_path, key_for, load_cost_table
 from specpilot.engine.registry import Deployment, check_tunables, resolve_mechanisms
 from specpilot.engine.sampling import choose_tokens, suppress
 from specpilot.engine.spec_stats import SpecStats
@@ -27,6 +28,7 @@ from specpilot.engine.step import SpeculativeStep
 from specpilot.engine.grammar import GrammarCompiler, RequestGrammar, constrain
 from specpilot.engine.logprobs import prompt_logprobs, token_logprobs, wants_prompt_logprobs
 from specpilot.engine.stops import StopChecker
+from specpilot.engine.two_level import VerifyLengths, verify_widths
 from specpilot.engine.verify import Verifier
 from specpilot.kernels.slot_attention import MAX_TREE_Q_LEN
 from specpilot.kernels.triton_support import HAS_TRITON
@@ -175,9 +177,19 @@ class Engine:
             self.mechanisms |= {"b12"}
         self.speculation = SpeculativeStep(self) if self._drafter else None
         self.budget = SpeculationBudget() if "budget" in self.mechanisms else None
+        self.verify_lengths = VerifyLengths(self._cost_table()) if "two-level" in self.mechanisms else None
+
+    def _cost_table(self) -> CostTable:
+        key = key_for(self.device, self.checkpoint.source, self.dtype, self.exact)
+        table = load_cost_table(key)
+        if table is None:
+            raise ValueError(f"--mechanisms: two-level needs this device and model's cost table ({cache_path(key)}): "
+                             "run `specpilot bench --profile-cost-table` with the same --model-path, --device and "
+                             "--dtype first")
+        return table
 
     def _capture_graphs(self) -> None:
-        q_lens = (1,) if self.drafter is None else (1, self.drafter.block_size)
+        q_lens = (1,) if self.drafter is None else (1, *verify_widths(self.drafter.block_size, self.mechanisms))
         tree_q = self.drafter.block_size if self.drafter and self.config.speculative_eagle_topk > 1 else None
         self.runner.capture(q_lens=q_lens, batch_sizes=self.config.cuda_graph_batch_sizes, tree_q=tree_q,
                             num_kv_splits=self.config.attention_kv_splits)

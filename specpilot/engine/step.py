@@ -21,6 +21,7 @@ step runs eagerly and accepts on the host.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property
@@ -95,6 +96,7 @@ class _LaidOut:
     """The next verify of these requests is laid out in their bucket's static inputs (until a host fill)."""
 
     rids: list[str]
+    q: int  # rows per request
     bucket: int
     fills: int
 
@@ -111,23 +113,27 @@ class SpeculativeStep:
         self.engine = engine
         self.runner, self.cache, self.device = engine.runner, engine.cache, engine.device
         self.mechanisms = engine.mechanisms
-        self.acceptance: dict[int, _AcceptanceGraph] = {}  # verify bucket -> its acceptance graph
+        self.acceptance: dict[tuple[int, int], _AcceptanceGraph] = {}  # a verify graph's (q, bucket) -> its acceptance graph
         self.placement: dict[int, CapturedPass | EagerReplay] = {}  # bucket -> lays the drafter's static tree in
         self._laid_out: _LaidOut | None = None
 
     def __call__(self, reqs: list[Request]) -> list[Request]:
-        clock = StepClock(self.device)
+        clock, start = StepClock(self.device), time.perf_counter()
         draft = self.propose(reqs)
         clock.mark()
         plan = self.plan(reqs, draft)
         out = self.verify(plan)
         acceptance = self.accept(plan, out, clock)
         clock.synced()
+        if self.engine.verify_lengths is not None:
+            self.engine.verify_lengths.learn([len(d.tokens) - 1 for d in acceptance.decisions])
         commits = self.commit(plan, out, acceptance)
         self.prepare(plan, acceptance, commits)
         self.engine.retire(commits.finished)
         clock.done()
         self.engine.spec_stats.add_clock(clock)
+        if self.engine.verify_lengths is not None:
+            self.engine.verify_lengths.observe(1e3 * (time.perf_counter() - start), len(plan.widths), plan.offsets[-1])
         return commits.finished
 
     # ---- stages -------------------------------------------------------------------------------
@@ -135,6 +141,9 @@ class SpeculativeStep:
         return self.engine.drafter.propose(reqs)
 
     def plan(self, reqs: list[Request], draft: Draft) -> VerifyPlan:
+        if self.engine.verify_lengths is not None:  # level 1 of `two-level`: the drafts worth verifying
+            widths = [q for q in self.runner.static if q > 1 and self.runner.graph_for(q, len(reqs)) is not None]
+            draft.lengths = self.engine.verify_lengths.choose(draft.confidences.float().cpu().numpy(), widths or None)
         plan = self._plan(reqs, draft)
         if any(not self._checked_after(reqs[i]) for i in plan.constrained):
             plan.host_drafts = (draft.tokens.tolist(),
@@ -158,13 +167,13 @@ class SpeculativeStep:
         if draft.tree is not None and graph.batch.tree_mask is None:
             raise RuntimeError(f"the verify graphs for {q} tokens were captured without tree masks")
         b, inputs = graph.batch.batch_size, self.runner.static[q]
-        if laid is None or (laid.rids, laid.bucket, laid.fills) != ([r.rid for r in reqs], b, inputs.fills):
+        if laid is None or (laid.rids, laid.q, laid.bucket, laid.fills) != ([r.rid for r in reqs], q, b, inputs.fills):
             slots, starts, firsts = _heads(reqs)
             inputs.fill(slots, starts, [[t] * q for t in firsts], b)
         if draft.bucket == b and b in self.placement:  # the drafter's graph outputs: one replay lays them in
             self.placement[b].replay()
         else:
-            graph.batch.input_ids[: n * q].view(n, q)[:, 1:].copy_(draft.tokens, non_blocking=True)
+            graph.batch.input_ids[: n * q].view(n, q)[:, 1:].copy_(draft.tokens[:, : q - 1], non_blocking=True)
             if draft.tree is not None:
                 graph.batch.place_tree(draft.tree)
         return VerifyPlan(reqs, draft, widths, graph.batch, graph)
@@ -240,7 +249,7 @@ class SpeculativeStep:
             drafter.cancel_launch()
         if acceptance.graphed and "layout-ahead" in self.mechanisms and not (commits.finished or commits.redraft):
             q = plan.widths[0]
-            self._laid_out = _LaidOut([r.rid for r in plan.reqs], plan.batch.batch_size, self.runner.static[q].fills)
+            self._laid_out = _LaidOut([r.rid for r in plan.reqs], q, plan.batch.batch_size, self.runner.static[q].fills)
 
     def invalidate(self) -> None:
         """What the device prepared for the next step no longer holds (a rollback changed a length)."""
@@ -254,7 +263,7 @@ class SpeculativeStep:
         `_acceptance` eagerly over the whole batch (a graph's bucket included). Returns the acceptance,
         the verify taps with accepted rows first, the packed values on their way to the host, and
         whether the graph ran."""
-        graph = self.acceptance.get(out.batch.batch_size)
+        graph = self.acceptance.get((out.batch.max_q_len, out.batch.batch_size))
         sampled = [r for r in plan.reqs if not r.params.greedy]
         if graph is not None and graph.batch is out.batch and not sampled:
             graph.graph.replay()
@@ -410,11 +419,11 @@ class SpeculativeStep:
         q = drafter.block_size
         if "device-acceptance" in self.mechanisms:
             for (gq, b), g in self.runner.graphs.items():
-                if gq != q:
+                if gq == 1:  # AR's decode graphs
                     continue
-                host = torch.zeros(Accepted.packed_size(b, q), dtype=torch.int64, pin_memory=self.device.type == "cuda")
+                host = torch.zeros(Accepted.packed_size(b, gq), dtype=torch.int64, pin_memory=self.device.type == "cuda")
                 graph = GraphBackend.capture(lambda g=g, host=host: self._acceptance(g.batch, g.logits, g.taps, host), pool)
-                self.acceptance[b] = _AcceptanceGraph(graph, g.batch, host)
+                self.acceptance[(gq, b)] = _AcceptanceGraph(graph, g.batch, host)
                 # a graph's outputs hold nothing until it runs, and the drafter's graphs are captured
                 # over these: run both once (the static inputs aim at the scratch slot)
                 g.graph.replay()
@@ -422,8 +431,9 @@ class SpeculativeStep:
             GraphBackend.synchronize(self.device)
         if not drafter.capabilities.graphs:
             return
+        # the drafter's graphs follow the whole block's verify (a narrower one, `two-level`'s, launches eagerly)
         drafter.capture(self.engine.config.cuda_graph_batch_sizes,
-                        {b: (g.batch, *g.graph.outputs[:2]) for b, g in self.acceptance.items()})
+                        {b: (g.batch, *g.graph.outputs[:2]) for (gq, b), g in self.acceptance.items() if gq == q})
         for (gq, b), g in self.runner.graphs.items():
             static = drafter.static_draft(b) if gq == q and g.batch.tree_mask is not None else None
             if static is not None and static.tree is not None:

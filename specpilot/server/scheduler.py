@@ -301,11 +301,12 @@ class Scheduler:
             del self._live[rid]
         self._release(len(done))
         self._measure()
-        stats, budget = self.engine.spec_stats, self.engine.budget
+        stats, budget, lengths = self.engine.spec_stats, self.engine.budget, self.engine.verify_lengths
         self.snapshot = Snapshot(
             running=len(self.engine.running), waiting=len(self.engine.waiting), rids=tuple(self._live),
             avg_spec_accept_length=stats.tau, last_gen_throughput=self._throughput,
-            spec_stats=(stats.as_dict() if stats.steps else {}) | ({"budget": budget.as_dict()} if budget else {}),
+            spec_stats=(stats.as_dict() if stats.steps else {}) | ({"budget": budget.as_dict()} if budget else {})
+            | ({"two_level": lengths.as_dict()} if lengths else {}),
             step_time=self._step_time())
 
     def _measure(self) -> None:

@@ -1,0 +1,116 @@
+"""What a step mechanism that can be switched per run (`budget`, `two-level`) does to offline throughput: one
+engine (the embedded model and its DFlash drafter, the device's default mechanisms), a batch of ShareGPT prompts
+decoded AR, with speculation as the defaults run it, and with the mechanism on; the three interleaved per
+repeat, output ids checked equal. Reports tokens per second (median and range), accept length, and the
+mechanism's own report at the end. `two-level` reads the cost table of this device and model, profiled first
+where none is cached (`specpilot bench --profile-cost-table`'s grid).
+
+    python benchmarks/mechanism_cost.py [--mechanism budget|two-level] [--device cpu] [--batch-size 32]
+        [--max-new-tokens 48] [--repeats 2] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import out_dir, write_json  # noqa: E402
+
+from specpilot.bench.datasets import apply_chat_template, load_prompts  # noqa: E402
+from specpilot.bench.harness import spread  # noqa: E402
+from specpilot.bench.provenance import collect  # noqa: E402
+from specpilot.config import SamplingParams  # noqa: E402
+from specpilot.costmodel.cost_table import profile_cost_table  # noqa: E402
+from specpilot.engine.budget import SpeculationBudget  # noqa: E402
+from specpilot.engine.cost_table import key_for, load_cost_table, save_cost_table  # noqa: E402
+from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
+from specpilot.engine.two_level import VerifyLengths  # noqa: E402
+
+COST_GRID = ([1, 2, 4, 8, 16, 32], [1, 2, 4, 8, 16])  # batch sizes, rows per request
+
+
+def _engine(args: argparse.Namespace) -> Engine:
+    """The device's default mechanisms, plus `two-level` (its graphs of every width) when it is measured; the
+    mechanism is switched on and off between runs by setting its engine attribute, so all modes share one
+    engine, its weights and graphs."""
+    config = EngineConfig(device=args.device, speculative_algorithm="dflash", max_running_requests=args.batch_size,
+                          context_length=args.context)
+    engine = Engine.from_config(config)
+    if args.mechanism == "two-level":
+        key = key_for(engine.device, engine.checkpoint.source, engine.dtype, engine.exact)
+        if load_cost_table(key) is None:
+            sizes = [b for b in COST_GRID[0] if b <= args.batch_size]
+            print(f"profiling the cost table {key} (batch sizes {sizes}, rows {COST_GRID[1]})", flush=True)
+            save_cost_table(profile_cost_table(engine, sizes, COST_GRID[1], context=args.context // 2))
+        engine = Engine(engine.checkpoint, replace(engine.config, mechanisms=engine.mechanisms | {"two-level"}),
+                        model=engine.model, cache=engine.cache)
+    return engine
+
+
+def _switch(engine: Engine, mechanism: str, on: bool) -> dict | None:
+    """Sets the mechanism's state for the next run; returns the state of the run before (its report)."""
+    if mechanism == "budget":
+        before, engine.budget = engine.budget, SpeculationBudget() if on else None
+    else:
+        table = load_cost_table(key_for(engine.device, engine.checkpoint.source, engine.dtype, engine.exact))
+        before, engine.verify_lengths = engine.verify_lengths, VerifyLengths(table) if on else None
+    return None if before is None else before.as_dict()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mechanism", choices=("budget", "two-level"), default="budget")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--context", type=int, default=1024, help="KV positions a request may reach")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    engine = _engine(args)
+    engine.warm_up()
+    prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts("sharegpt", args.batch_size)]
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
+    on = args.mechanism
+    rates: dict[str, list[float]] = {"ar": [], "spec": [], on: []}
+    tau: dict[str, list[float]] = {"spec": [], on: []}
+    ids, reports = {}, []
+    for r in range(args.repeats):
+        for mode in rates:
+            report = _switch(engine, on, mode == on)
+            if report is not None:
+                reports.append(report)
+            engine.reset_spec_stats()
+            start = time.perf_counter()
+            if mode == "ar":
+                with engine.autoregressive():
+                    reqs = engine.generate(prompts, params)
+            else:
+                reqs = engine.generate(prompts, params)
+                tau[mode].append(engine.spec_stats.tau)
+            rates[mode].append(sum(len(q.output_ids) for q in reqs) / (time.perf_counter() - start))
+            ids[mode] = [q.output_ids for q in reqs]
+        print(f"repeat {r + 1}: " + ", ".join(f"{m} {v[-1]:.1f} tok/s" for m, v in rates.items()), flush=True)
+    reports.append(_switch(engine, on, False))
+    same = ids["spec"] == ids["ar"] and ids[on] == ids["ar"]
+    result = {"provenance": collect(engine.device, str(engine.dtype)), "command": " ".join(sys.argv),
+              "mechanism": on, "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens,
+              "mechanisms": sorted(engine.mechanisms | {on}), "tok_s": {m: spread(v) for m, v in rates.items()},
+              "accept_length": {m: spread(v) for m, v in tau.items()}, "ids_equal_ar": same, "reports": reports}
+    write_json(out_dir(args.out) / f"{on.replace('-', '_')}_cost.json", result)
+    med = {m: statistics.median(v) for m, v in rates.items()}
+    print(f"tok/s median: AR {med['ar']:.1f}, speculation {med['spec']:.1f} ({med['spec'] / med['ar']:.2f}x), "
+          f"{on} {med[on]:.1f} ({med[on] / med['ar']:.2f}x); accept length spec "
+          f"{statistics.median(tau['spec']):.2f}, {on} {statistics.median(tau[on]):.2f}; ids equal AR's: {same}; "
+          f"last report: {reports[-1]}")
+
+
+if __name__ == "__main__":
+    main()

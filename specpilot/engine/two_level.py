@@ -1,0 +1,111 @@
+"""Two-level verification (`two-level`): level 1 chooses how many of each request's drafts the target
+verifies; level 2 is the one exact target pass over what level 1 kept.
+
+A chain's draft j is accepted only if drafts 1..j all are, so with the drafter's confidences c (its
+probability of each drafted token) draft j survives with probability s_j = c_1 ··· c_j, and a request that
+verifies L drafts commits 1 + s_1 + ... + s_L tokens in expectation. The step costs the cost table's
+T(B, rows per request) for the verify pass plus the rest of the step (drafting, acceptance, the host's
+work), which the step measures as it runs. Level 1 keeps the drafts that maximise expected tokens per
+millisecond: survivals do not increase along a chain, so the best k drafts kept overall are the k largest
+survivals (each request a prefix of its chain), and one pass over k = 0 .. B*K finds the best k. Where the
+verify pass runs as a CUDA graph every request verifies as many rows, so level 1 picks the best of the
+captured widths instead.
+
+A drafter's confidence is not the chance its token is accepted (the embedded DFlash drafter is far too sure of
+itself), so level 1 calibrates it as it runs: per confidence bin, how often a verified draft whose parent was
+accepted was accepted itself, with the drafter's own confidence as a prior worth a few drafts, both forgotten
+slowly (recent steps count most).
+
+Lossless by construction: level 1 only drops proposals; the target decides every committed token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from specpilot.engine.cost_table import CostTable
+
+SMOOTHING = 0.2  # weight of a step in the moving average of the step's time beside its verify pass
+BINS = 10  # confidence bins of the calibration
+PRIOR = 4.0  # drafts' worth of the drafter's own confidence in each bin
+DECAY = 0.995  # per step, of the calibration's counts
+
+
+def verify_widths(block_size: int, mechanisms: frozenset[str]) -> tuple[int, ...]:
+    """The verify widths given CUDA graphs: the whole block, and with `two-level` the powers of two below it too."""
+    if "two-level" not in mechanisms:
+        return (block_size,)
+    return (*(1 << i for i in range(1, (block_size - 1).bit_length())), block_size)
+
+
+class VerifyLengths:
+    def __init__(self, table: CostTable) -> None:
+        self.table = table
+        self.other_ms: float | None = None  # unknown until a step is measured: the first steps verify everything
+        self.kept = self.offered = 0  # drafts verified, drafts proposed (what /get_server_info reports)
+        self.tried, self.accepted = np.zeros(BINS), np.zeros(BINS)  # per confidence bin: drafts reached, accepted
+        self._last: tuple[np.ndarray, list[int]] | None = None  # the latest choice's bins and lengths
+
+    def choose(self, confidences: np.ndarray, widths: Sequence[int] | None = None) -> list[int]:
+        """Per request the number of its drafts to verify, from `confidences` [B, K]; `widths`: the verify
+        widths (rows per request, the newest token included) that graphs offer for this batch, one for all
+        requests; None: any number per request (a ragged pass)."""
+        n, k = confidences.shape
+        confidences = np.clip(confidences, 0.0, 1.0)
+        bins = np.minimum((confidences * BINS).astype(np.int64), BINS - 1)
+        survival = np.cumprod((self.accepted[bins] + PRIOR * confidences) / (self.tried[bins] + PRIOR), axis=1)
+        if self.other_ms is None:
+            lengths = [k] * n
+        elif widths is None:
+            lengths = self._ragged(survival)
+        else:
+            lengths = self._uniform(survival, widths)
+        self._last = (bins, lengths)
+        self.kept += sum(lengths)
+        self.offered += n * k
+        return lengths
+
+    def _ragged(self, survival: np.ndarray) -> list[int]:
+        n, k = survival.shape
+        # largest first; among equal survivals the earlier (a chain's shallower draft first: prefixes stay prefixes)
+        order = np.argsort(-survival, axis=None, kind="stable")
+        tokens = n + np.concatenate([[0.0], np.cumsum(survival.ravel()[order])])
+        ms = self.other_ms + self.table.along_tokens(n, 1 + np.arange(n * k + 1) / n)
+        best = int(np.argmax(tokens / ms))
+        return np.bincount(order[:best] // k, minlength=n).tolist()
+
+    def _uniform(self, survival: np.ndarray, widths: Sequence[int]) -> list[int]:
+        n, k = survival.shape
+        options = sorted(w for w in set(widths) if 1 <= w <= k + 1)
+        if not options:
+            raise ValueError(f"no verify width of 1..{k + 1} rows among {sorted(widths)}")
+        per_width = np.concatenate([[0.0], survival.sum(axis=0).cumsum()])  # expected accepted drafts, all requests
+        tokens = n + per_width[np.array(options) - 1]
+        ms = self.other_ms + self.table.along_tokens(n, np.array(options, dtype=np.float64))
+        return [options[int(np.argmax(tokens / ms))] - 1] * n
+
+    def learn(self, accepted: list[int]) -> None:
+        """The latest choice's outcome: drafts accepted per request. Its drafts 1..accepted were accepted, and
+        the next one it verified (if any) was refused; deeper drafts were never reached."""
+        if self._last is None:
+            return
+        bins, lengths = self._last
+        self._last = None
+        self.tried *= DECAY
+        self.accepted *= DECAY
+        for row, a, n in zip(bins, accepted, lengths):
+            np.add.at(self.tried, row[: min(a + 1, n)], 1.0)
+            np.add.at(self.accepted, row[:a], 1.0)
+
+    def observe(self, step_ms: float, batch: int, rows: int) -> None:
+        """A step's wall time, its batch size and its verify rows: what it spent beside the table's pass time."""
+        other = max(step_ms - self.table.at(batch, rows / batch), 0.0)
+        self.other_ms = other if self.other_ms is None else self.other_ms + SMOOTHING * (other - self.other_ms)
+
+    def as_dict(self) -> dict:
+        rate = (self.accepted + PRIOR * (np.arange(BINS) + 0.5) / BINS) / (self.tried + PRIOR)
+        return {"table": self.table.key, "drafts_verified": self.kept, "drafts_offered": self.offered,
+                "acceptance_by_confidence": [round(float(r), 3) for r in rate],
+                "other_ms": None if self.other_ms is None else round(self.other_ms, 3)}

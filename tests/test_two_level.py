@@ -1,0 +1,218 @@
+"""`two-level` verification: level 1 keeps the drafts that maximise expected tokens per millisecond (the
+drafter's confidences, the cost table), level 2 verifies them in one pass; output never depends on it."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_graph_paths import replays  # noqa: F401  (fixture)
+from test_server_support import LiveServer
+from test_speculative import GREEDY, TEST_DEVICE, TEST_DTYPE, mixed_prompts, tiny  # noqa: F401  (module fixture)
+
+from specpilot.config import SamplingParams
+from specpilot.engine.config import resolve_device, resolve_dtype
+from specpilot.engine.cost_table import CostTable, key_for, save_cost_table
+from specpilot.engine.engine import Engine, EngineConfig
+from specpilot.engine.two_level import VerifyLengths, verify_widths
+from specpilot.forcing import run_forcing
+
+# a pass costs 1 ms plus 0.25 ms a row per request: deep drafts pay only when likely
+SLOPED = CostTable("t", (1, 8), (1, 16), ((1.0, 4.75), (1.0, 4.75)), context=0, graphs=False)
+FLAT = CostTable("t", (1, 8), (1, 16), ((1.0, 1.0), (1.0, 1.0)), context=0, graphs=False)
+
+
+def _chooser(table: CostTable, other_ms: float) -> VerifyLengths:
+    lengths = VerifyLengths(table)
+    lengths.other_ms = other_ms
+    return lengths
+
+
+def _rate(confidences: np.ndarray, lengths: list[int], table: CostTable, other_ms: float) -> float:
+    survival = np.cumprod(confidences, axis=1)
+    tokens = len(lengths) + sum(survival[i, :n].sum() for i, n in enumerate(lengths))
+    return tokens / (other_ms + table.at(len(lengths), 1 + sum(lengths) / len(lengths)))
+
+
+def test_the_first_step_verifies_everything():
+    assert VerifyLengths(SLOPED).choose(np.full((3, 5), 0.01)) == [5, 5, 5]
+
+
+def test_free_rows_keep_every_draft_and_dear_rows_keep_the_likely():
+    confident = np.array([[0.99, 0.98, 0.97, 0.9], [0.2, 0.1, 0.1, 0.1]])
+    assert _chooser(FLAT, 1.0).choose(confident) == [4, 4]
+    assert _chooser(SLOPED, 0.5).choose(confident) == [4, 0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 4), st.data())
+def test_ragged_lengths_are_the_best_of_every_choice(n, k, data):
+    """Against brute force over every per-request length vector (the expected rate it maximises)."""
+    conf = np.array(data.draw(st.lists(st.lists(st.floats(0.0, 1.0), min_size=k, max_size=k), min_size=n, max_size=n)))
+    other = data.draw(st.floats(0.0, 5.0))
+    chosen = _chooser(SLOPED, other).choose(conf)
+    best = max(_rate(conf, list(ls), SLOPED, other) for ls in itertools.product(range(k + 1), repeat=n))
+    assert _rate(conf, chosen, SLOPED, other) >= best * (1 - 1e-9)
+
+
+def test_uniform_lengths_are_one_of_the_widths_graphs_offer():
+    conf = np.array([[0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9], [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]])
+    lengths = _chooser(SLOPED, 0.5).choose(conf, widths=[2, 4, 8])
+    assert len(set(lengths)) == 1 and lengths[0] + 1 in (2, 4, 8)
+    best = max((2, 4, 8), key=lambda w: _rate(conf, [w - 1] * 2, SLOPED, 0.5))
+    assert lengths == [best - 1] * 2
+    with pytest.raises(ValueError, match="no verify width"):
+        _chooser(SLOPED, 0.5).choose(conf, widths=[9, 16])
+
+
+def test_widths_captured_for_graphs():
+    assert verify_widths(16, frozenset()) == (16,)
+    assert verify_widths(16, frozenset({"two-level"})) == (2, 4, 8, 16)
+    assert verify_widths(6, frozenset({"two-level"})) == (2, 4, 6)
+
+
+def test_confidences_are_calibrated_by_what_was_accepted():
+    """A drafter sure of drafts the target refuses: level 1 learns it and stops verifying them."""
+    lengths = _chooser(SLOPED, 0.5)
+    sure = np.full((4, 6), 0.95)
+    assert lengths.choose(sure) == [6] * 4
+    for _ in range(30):
+        lengths.choose(sure)
+        lengths.learn([0, 0, 0, 0])  # every first draft refused
+    assert lengths.choose(sure) == [0] * 4
+    assert lengths.as_dict()["acceptance_by_confidence"][9] < 0.2
+    for _ in range(200):  # now they are accepted: level 1 comes back to them
+        lengths.choose(sure)
+        lengths.learn([6, 6, 6, 6])
+    assert lengths.choose(sure) == [6] * 4
+
+
+def test_the_step_beside_the_pass_is_a_moving_average():
+    lengths = VerifyLengths(SLOPED)
+    lengths.observe(5.0, 2, 2 * 5)  # the pass of 5 rows per request costs 2 ms: 3 ms beside it
+    assert lengths.other_ms == pytest.approx(3.0)
+    lengths.observe(1.0, 2, 2)  # shorter than the table's pass: nothing beside it
+    assert lengths.other_ms == pytest.approx(3.0 * 0.8)
+
+
+# ---- in the engine -------------------------------------------------------------------------------------
+@pytest.fixture
+def cost_tables(tmp_path, monkeypatch):
+    """Writes a cost table for an engine's key into a cache of its own."""
+    monkeypatch.setenv("SPECPILOT_CACHE_DIR", str(tmp_path))
+
+    def write(ckpt, table: CostTable = SLOPED, device: str = TEST_DEVICE) -> None:
+        dev = resolve_device(device)
+        exact = dev.type == "cuda"  # the batch-invariant kernels run there (the engine's default)
+        save_cost_table(replace(table, key=key_for(dev, ckpt.source, resolve_dtype(TEST_DTYPE, dev), exact)))
+
+    return write
+
+
+def _engine(ckpt, paths, algorithm="dflash", **changes) -> Engine:
+    config = EngineConfig(device=TEST_DEVICE, dtype=TEST_DTYPE, max_running_requests=4, context_length=256,
+                          speculative_algorithm=algorithm,
+                          speculative_draft_model_path=None if algorithm is None else str(paths[algorithm]))
+    return Engine(ckpt, replace(config, **changes))
+
+
+def _any_confidences(engine: Engine, seed: int = 0) -> None:
+    """The drafter's confidences replaced by random ones (a random drafter's are all alike), so level 1 trims
+    requests differently: whatever it keeps, the output must stay AR's."""
+    gen, propose = torch.Generator().manual_seed(seed), engine.drafter.propose
+
+    def varied(reqs):
+        draft = propose(reqs)
+        shape = draft.confidences.shape
+        draft.confidences = (torch.rand(shape, generator=gen) ** 0.3).to(draft.confidences.device)
+        return draft
+
+    engine.drafter.propose = varied
+
+
+@pytest.mark.parametrize("algorithm,assist", [("dflash", 0), ("dflash", 2), ("pard", 0)])
+def test_output_is_ar_s_with_trimmed_ragged_drafts(tiny, cost_tables, algorithm, assist):  # noqa: F811
+    ckpt, paths = tiny
+    cost_tables(ckpt)
+    prompts = mixed_prompts(ckpt.config.vocab_size, 6, seed=4)  # 6 requests in 4 slots: joins mid-run
+    params = [GREEDY, SamplingParams(max_new_tokens=40, temperature=0.8, seed=3, ignore_eos=True)] * 3
+    ar = [r.output_ids for r in _engine(ckpt, paths, None).generate(prompts, params)]
+    engine = _engine(ckpt, paths, algorithm, speculative_ngram_assist=assist, mechanisms=frozenset({"two-level"}),
+                     cuda_graphs=False)  # ragged passes (graphs verify one width: the test below)
+    _any_confidences(engine)
+    widths = []
+    plan = engine.speculation._plan
+    engine.speculation._plan = lambda reqs, draft: widths.append(draft.widths()) or plan(reqs, draft)
+    assert [r.output_ids for r in engine.generate(prompts, params)] == ar
+    stats = engine.verify_lengths.as_dict()
+    assert 0 < stats["drafts_verified"] < stats["drafts_offered"]  # level 1 trimmed, and kept some
+    assert any(len(set(w)) > 1 for w in widths)  # ragged passes ran
+
+
+def test_graphs_verify_one_captured_width(tiny, cost_tables, replays):  # noqa: F811
+    """With (stand-in) graphs a step's requests verify one of the captured widths, through the graph of that
+    width and its acceptance graph; the drafter's early launch follows any width."""
+    ckpt, paths = tiny
+    cost_tables(ckpt, FLAT, device="cpu")
+    prompts = mixed_prompts(ckpt.config.vocab_size, 5, seed=6)
+    ar = [r.output_ids for r in _engine(ckpt, paths, None, device="cpu").generate(prompts, GREEDY)]
+    engine = _engine(ckpt, paths, device="cpu", cuda_graphs=True, speculative_num_draft_tokens=6,
+                     mechanisms=frozenset({"two-level", "device-acceptance", "early-launch", "layout-ahead"}))
+    assert {(q, b) for q, b in engine.speculation.acceptance} >= {(2, 4), (4, 4), (6, 4)}
+    engine.verify_lengths.table = SLOPED  # graphs were captured; now narrow widths pay
+    _any_confidences(engine, seed=1)
+    widths = []
+    plan = engine.speculation._plan
+    engine.speculation._plan = lambda reqs, draft: widths.append(draft.widths()) or plan(reqs, draft)
+    assert [r.output_ids for r in engine.generate(prompts, GREEDY)] == ar
+    assert all(len(set(w)) == 1 and w[0] in (2, 4, 6) for w in widths)
+    assert len({w[0] for w in widths}) > 1
+
+
+def test_forcing_passes_with_two_level_and_the_budget(tiny, cost_tables):  # noqa: F811
+    ckpt, paths = tiny
+    cost_tables(ckpt)
+    stock = _engine(ckpt, paths, None)
+    cand = _engine(ckpt, paths, speculative_ngram_assist=2, mechanisms=frozenset({"two-level", "budget"}))
+    _any_confidences(cand, seed=2)
+    modes = itertools.cycle((True, True, False))
+    cand.budget.speculate = lambda batch_size: next(modes)
+    verdict = run_forcing(stock, cand, mixed_prompts(ckpt.config.vocab_size, 4, seed=3), GREEDY, "two-level")
+    assert verdict.passed, verdict.as_dict()
+    assert cand.verify_lengths.kept < cand.verify_lengths.offered
+
+
+def test_two_level_needs_confidences_and_a_cost_table(tiny, cost_tables):  # noqa: F811
+    ckpt, paths = tiny
+    with pytest.raises(ValueError, match="two-level needs this device and model's cost table.*--profile-cost-table"):
+        _engine(ckpt, paths, mechanisms=frozenset({"two-level"}))
+    cost_tables(ckpt)
+    with pytest.raises(ValueError, match="two-level needs a drafter whose drafts carry confidences"):
+        _engine(ckpt, paths, speculative_eagle_topk=3, mechanisms=frozenset({"two-level"}))
+    with pytest.raises(ValueError, match="two-level needs a drafter whose drafts carry confidences"):
+        _engine(ckpt, paths, speculative_algorithm="ngram", speculative_draft_model_path=None,
+                mechanisms=frozenset({"two-level"}))
+
+
+def test_server_info_reports_level_one(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPILOT_CACHE_DIR", str(tmp_path))
+    from specpilot.models.checkpoint import load_checkpoint
+    from spec_fixtures import write_random_pard
+
+    ckpt = load_checkpoint(tiny_dir)
+    save_cost_table(replace(SLOPED, key=key_for(torch.device("cpu"), ckpt.source, resolve_dtype("auto", torch.device("cpu")),
+                                                False)))
+    pard = write_random_pard(tmp_path / "pard", pard_token=ckpt.config.vocab_size - 1)
+    with LiveServer(tiny_dir, speculative_algorithm="pard", speculative_draft_model_path=str(pard),
+                    mechanisms=frozenset({"two-level"}), max_running_requests=2, context_length=256) as server:
+        reply = httpx.post(f"{server.url}/generate", json={"input_ids": [5, 6, 7, 5, 6, 7, 5, 6],
+                                                             "sampling_params": {"max_new_tokens": 24}}, timeout=60)
+        assert reply.status_code == 200
+        level_one = server.info()["internal_states"][0]["spec_stats"]["two_level"]
+    assert level_one["drafts_offered"] > 0 and level_one["table"].endswith("-fastest")
