@@ -6,7 +6,7 @@ mechanism's own report at the end. `two-level` reads the cost table of this devi
 where none is cached (`specpilot bench --profile-cost-table`'s grid).
 
     python benchmarks/mechanism_cost.py [--mechanism budget|two-level] [--device cpu] [--batch-size 32]
-        [--max-new-tokens 48] [--repeats 2] [--out DIR]
+        [--max-new-tokens 48] [--topk K] [--repeats 2] [--out DIR]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from specpilot.costmodel.cost_table import profile_cost_table  # noqa: E402
 from specpilot.engine.budget import SpeculationBudget  # noqa: E402
 from specpilot.engine.cost_table import key_for, load_cost_table, save_cost_table  # noqa: E402
 from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
+from specpilot.engine.registry import open_defaults  # noqa: E402
 from specpilot.engine.two_level import VerifyLengths  # noqa: E402
 
 COST_GRID = ([1, 2, 4, 8, 16, 32], [1, 2, 4, 8, 16])  # batch sizes, rows per request
@@ -41,7 +42,8 @@ def _engine(args: argparse.Namespace) -> Engine:
     mechanism is switched on and off between runs by setting its engine attribute, so all modes share one
     engine, its weights and graphs."""
     config = EngineConfig(device=args.device, speculative_algorithm="dflash", max_running_requests=args.batch_size,
-                          context_length=args.context)
+                          speculative_eagle_topk=args.topk or open_defaults(args.device, "dflash")["speculative_eagle_topk"],
+                          context_length=args.context, max_total_tokens=args.batch_size * args.context)
     engine = Engine.from_config(config)
     if args.mechanism == "two-level":
         key = key_for(engine.device, engine.checkpoint.source, engine.dtype, engine.exact)
@@ -71,6 +73,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--context", type=int, default=1024, help="KV positions a request may reach")
+    ap.add_argument("--topk", type=int, default=None, help="draft tree top-k (default: the device's; 1: chains)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

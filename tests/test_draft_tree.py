@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from specpilot.drafters.draft_tree import MAX_DEVIATIONS, TreeBuilder, merge_lookup
+from specpilot.drafters.draft_tree import MAX_DEVIATIONS, TreeBuilder, merge_lookup, node_confidences
 from specpilot.state.tree import chain_layout
 
 
@@ -127,3 +127,23 @@ def test_device_greedy_acceptance_equals_the_walk(topk):
         assert acc.nodes[r, :count].tolist() == [0, *path]
         deep += count > 2
     assert deep > n // 4
+
+
+@pytest.mark.parametrize("with_hint", [False, True])
+def test_node_confidences_are_each_node_s_probability_in_its_slot(with_hint):
+    """What `two-level` reads of a tree: node j's token's probability at slot depth(j) - 1 of the lists the
+    tree was built from (the lookup's merge included)."""
+    g = torch.Generator().manual_seed(11)
+    n, depth, k = 3, 5, 3
+    probs = torch.rand(n, depth, k, generator=g).sort(-1, descending=True).values
+    ids = torch.stack([torch.randperm(40, generator=g)[:k] for _ in range(n * depth)]).view(n, depth, k)
+    hint = torch.cat([torch.tensor([[1], [0], [1]]), torch.randint(0, 40, (n, depth), generator=g)], 1) if with_hint else None
+    builder = TreeBuilder(k, 7, depth, torch.device("cpu"))
+    tree = builder.build_merged(probs, ids, hint, 0.9)
+    merged_p, merged_ids = merge_lookup(probs, ids, hint, 0.9) if with_hint else (probs, ids)
+    conf = node_confidences(probs, ids, hint, 0.9, tree)
+    for r in range(n):
+        for j in range(7):
+            slot = int(tree.depths[r, j]) - 1
+            where = (merged_ids[r, slot] == tree.tokens[r, j]).nonzero()[0]
+            assert float(conf[r, j]) == pytest.approx(float(merged_p[r, slot, where]))

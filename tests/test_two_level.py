@@ -22,6 +22,7 @@ from specpilot.engine.cost_table import CostTable, key_for, save_cost_table
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.engine.two_level import VerifyLengths, verify_widths
 from specpilot.forcing import run_forcing
+from specpilot.state.tree import TreeLayout
 
 # a pass costs 1 ms plus 0.25 ms a row per request: deep drafts pay only when likely
 SLOPED = CostTable("t", (1, 8), (1, 16), ((1.0, 4.75), (1.0, 4.75)), context=0, graphs=False)
@@ -84,13 +85,67 @@ def test_confidences_are_calibrated_by_what_was_accepted():
     assert lengths.choose(sure) == [6] * 4
     for _ in range(30):
         lengths.choose(sure)
-        lengths.learn([0, 0, 0, 0])  # every first draft refused
+        lengths.learn([[0]] * 4)  # every first draft refused
     assert lengths.choose(sure) == [0] * 4
     assert lengths.as_dict()["acceptance_by_confidence"][9] < 0.2
     for _ in range(200):  # now they are accepted: level 1 comes back to them
         lengths.choose(sure)
-        lengths.learn([6, 6, 6, 6])
+        lengths.learn([list(range(7))] * 4)
     assert lengths.choose(sure) == [6] * 4
+
+
+def _random_tree(n: int, k: int, seed: int) -> TreeLayout:
+    gen = torch.Generator().manual_seed(seed)
+    parents = torch.stack([torch.tensor([int(torch.randint(0, j + 1, (), generator=gen)) for j in range(k)])
+                           for _ in range(n)])
+    depths, ancestors = torch.zeros(n, k, dtype=torch.long), torch.ones(n, k + 1, dtype=torch.long)
+    for j in range(k):
+        p = parents[:, j]
+        depths[:, j] = torch.where(p > 0, depths.gather(1, (p - 1).clamp(min=0)[:, None])[:, 0] + 1, 1)
+        ancestors[:, j + 1] = ancestors.gather(1, p[:, None])[:, 0] | (1 << (j + 1))
+    return TreeLayout(torch.randint(3, 300, (n, k), generator=gen), parents, depths, ancestors)
+
+
+def test_a_narrowed_tree_is_the_subtree_of_the_kept_nodes():
+    tree = _random_tree(3, 9, seed=0)
+    keep = []
+    for i in range(3):  # a random parent-closed set of 4 nodes: grow from the root
+        chosen: set[int] = set()
+        while len(chosen) < 4:
+            options = [j for j in range(9) if j not in chosen and (tree.parents[i, j] == 0 or int(tree.parents[i, j]) - 1 in chosen)]
+            chosen.add(options[(7 * i + len(chosen)) % len(options)])
+        keep.append(sorted(chosen))
+    narrow = tree.narrow(torch.tensor(keep))
+    for i, nodes in enumerate(keep):
+        number = {old + 1: new + 1 for new, old in enumerate(nodes)} | {0: 0}
+        assert narrow.tokens[i].tolist() == [int(tree.tokens[i, j]) for j in nodes]
+        assert narrow.depths[i].tolist() == [int(tree.depths[i, j]) for j in nodes]
+        assert narrow.parents[i].tolist() == [number[int(tree.parents[i, j])] for j in nodes]
+        for new, old in enumerate([-1, *nodes]):  # the root's row, then each kept node's ancestor set renumbered
+            bits = int(tree.ancestors[i, old + 1])
+            expect = sum(1 << number[b] for b in range(10) if bits >> b & 1)
+            assert int(narrow.ancestors[i, new]) == expect
+
+
+def test_trees_keep_the_likeliest_subtree_of_the_best_width():
+    tree = _random_tree(2, 6, seed=1)
+    conf = np.array([[0.9, 0.5, 0.8, 0.3, 0.7, 0.2], [0.2, 0.9, 0.1, 0.9, 0.4, 0.6]])
+    parents = tree.parents.numpy()
+    lengths = _chooser(SLOPED, 0.5)
+    survival = conf.copy()
+    for j in range(6):
+        survival[:, j] *= np.where(parents[:, j] > 0, survival[np.arange(2), np.maximum(parents[:, j] - 1, 0)], 1)
+    keep = lengths.choose_tree(conf, parents, widths=[2, 4, 7])
+    best = max((2, 4, 7), key=lambda w: (2 + np.sort(survival, 1)[:, ::-1][:, : w - 1].sum()) / (0.5 + SLOPED.at(2, w)))
+    if best == 7:
+        assert keep is None
+    else:
+        assert keep.shape == (2, best - 1)
+        for i in range(2):
+            assert set(keep[i]) == set(np.argsort(-survival[i], kind="stable")[: best - 1])
+    # calibration reads the tree's path: the root's children were reached, node 1 (and so its children) refused
+    lengths.learn([[0], [0, 2]])
+    assert lengths.tried.sum() > 0
 
 
 def test_the_step_beside_the_pass_is_a_moving_average():
@@ -155,6 +210,23 @@ def test_output_is_ar_s_with_trimmed_ragged_drafts(tiny, cost_tables, algorithm,
     assert any(len(set(w)) > 1 for w in widths)  # ragged passes ran
 
 
+@pytest.mark.parametrize("topk,assist", [(3, 0), (4, 2)])
+def test_output_is_ar_s_with_narrowed_trees(tiny, cost_tables, topk, assist):  # noqa: F811
+    ckpt, paths = tiny
+    cost_tables(ckpt)
+    prompts = mixed_prompts(ckpt.config.vocab_size, 6, seed=8)
+    params = [GREEDY, SamplingParams(max_new_tokens=40, temperature=0.8, seed=5, ignore_eos=True)] * 3
+    ar = [r.output_ids for r in _engine(ckpt, paths, None).generate(prompts, params)]
+    engine = _engine(ckpt, paths, speculative_eagle_topk=topk, speculative_ngram_assist=assist,
+                     mechanisms=frozenset({"two-level"}), cuda_graphs=False)
+    _any_confidences(engine)
+    widths = []
+    plan = engine.speculation._plan
+    engine.speculation._plan = lambda reqs, draft: widths.append(draft.widths()[0]) or plan(reqs, draft)
+    assert [r.output_ids for r in engine.generate(prompts, params)] == ar
+    assert len(set(widths)) > 1 and max(widths) <= engine.drafter.block_size
+
+
 def test_graphs_verify_one_captured_width(tiny, cost_tables, replays):  # noqa: F811
     """With (stand-in) graphs a step's requests verify one of the captured widths, through the graph of that
     width and its acceptance graph; the drafter's early launch follows any width."""
@@ -175,6 +247,26 @@ def test_graphs_verify_one_captured_width(tiny, cost_tables, replays):  # noqa: 
     assert len({w[0] for w in widths}) > 1
 
 
+def test_graphs_verify_narrowed_trees(tiny, cost_tables, replays):  # noqa: F811
+    """Trees with the device lookup and every mechanism a tree takes: the narrower widths' graphs take tree masks."""
+    ckpt, paths = tiny
+    cost_tables(ckpt, FLAT, device="cpu")
+    prompts = mixed_prompts(ckpt.config.vocab_size, 5, seed=9)
+    ar = [r.output_ids for r in _engine(ckpt, paths, None, device="cpu").generate(prompts, GREEDY)]
+    engine = _engine(ckpt, paths, device="cpu", cuda_graphs=True, speculative_num_draft_tokens=6,
+                     speculative_eagle_topk=3, speculative_ngram_assist=2,
+                     mechanisms=frozenset({"two-level", "device-acceptance", "early-launch", "layout-ahead",
+                                           "device-lookup"}))
+    assert all(engine.runner.static[q].tree_mask is not None for q in (2, 4, 6))
+    engine.verify_lengths.table = SLOPED
+    _any_confidences(engine, seed=3)
+    widths = []
+    plan = engine.speculation._plan
+    engine.speculation._plan = lambda reqs, draft: widths.append(draft.widths()[0]) or plan(reqs, draft)
+    assert [r.output_ids for r in engine.generate(prompts, GREEDY)] == ar
+    assert len(set(widths)) > 1
+
+
 def test_forcing_passes_with_two_level_and_the_budget(tiny, cost_tables):  # noqa: F811
     ckpt, paths = tiny
     cost_tables(ckpt)
@@ -193,8 +285,6 @@ def test_two_level_needs_confidences_and_a_cost_table(tiny, cost_tables):  # noq
     with pytest.raises(ValueError, match="two-level needs this device and model's cost table.*--profile-cost-table"):
         _engine(ckpt, paths, mechanisms=frozenset({"two-level"}))
     cost_tables(ckpt)
-    with pytest.raises(ValueError, match="two-level needs a drafter whose drafts carry confidences"):
-        _engine(ckpt, paths, speculative_eagle_topk=3, mechanisms=frozenset({"two-level"}))
     with pytest.raises(ValueError, match="two-level needs a drafter whose drafts carry confidences"):
         _engine(ckpt, paths, speculative_algorithm="ngram", speculative_draft_model_path=None,
                 mechanisms=frozenset({"two-level"}))

@@ -60,6 +60,8 @@ class Drafter(ABC):
     tap_layers: tuple[int, ...] = ()  # target layers whose outputs the drafter consumes
     source: str | None = None  # the checkpoint directory it was loaded from, if any
     capabilities = Capabilities()
+    # a tree drafter's drafts carry node confidences (set by the engine where `two-level` reads them)
+    tree_confidences = False
 
     def __init__(self, block_size: int) -> None:
         if block_size < 2:

@@ -19,7 +19,7 @@ from torch import nn
 from specpilot.drafters.base import Capabilities, Drafter, VerifySource
 from specpilot.drafters.device_lookup import DeviceLookup
 from specpilot.drafters.dflash_model import DFlashConfig, DFlashModel, load_dflash_model, read_dflash_config
-from specpilot.drafters.draft_tree import TreeBuilder
+from specpilot.drafters.draft_tree import TreeBuilder, node_confidences
 from specpilot.kernels.slot_attention import kv_splits
 from specpilot.kernels.softmax_topk import softmax_topk
 from specpilot.kernels.step_layout import lay_out_draft
@@ -50,8 +50,8 @@ class DFlashDrafter(Drafter):
         """`lookup_prob`: the probability a tree gives prompt lookup's tokens when it merges them into the
         slots' top-k; `num_kv_splits`: attention's key splits in the drafter's graphs (0: the kernel's)."""
         super().__init__(block_size or cfg.block_size)
-        self.capabilities = Capabilities(early_launch=True, trees=topk > 1, confidences=topk == 1,
-                                         device_lookup=topk > 1, graphs=True)
+        self.capabilities = Capabilities(early_launch=True, trees=topk > 1, confidences=True, device_lookup=topk > 1,
+                                         graphs=True)
         self.num_kv_splits = num_kv_splits
         tcfg = target.config
         if cfg.layers.hidden_size != tcfg.hidden_size:
@@ -76,12 +76,15 @@ class DFlashDrafter(Drafter):
                                 context_length + self.block_size, device)
         self.pending: dict[str, tuple[torch.Tensor, int]] = {}  # rid -> (verify-row taps, rows committed)
         self.graphs: dict[int, DraftGraph] = {}
-        # launch_next's draft: (its requests' ids, the graph that ran it or None, its outputs, its tree if built)
-        self._launched: tuple[list[str], DraftGraph | None, tuple[torch.Tensor, ...], TreeLayout | None] | None = None
+        # launch_next's draft: (its requests' ids, the graph that ran it or None, its outputs, its tree's parts if built)
+        self._launched: tuple[list[str], DraftGraph | None, tuple[torch.Tensor, ...], TreeParts | None] | None = None
         # topk > 1: the block's slots' top-k become a tree of block_size - 1 nodes (same verify width)
         k = self.num_proposals
         self.tree = TreeBuilder(topk, k, k, device) if topk > 1 else None
         self.lookup_prob = lookup_prob
+        # a tree's drafts carry each node's confidence (its token's probability at its slot) where asked for
+        # (`two-level`; before capture): a few more kernels in the tree pass
+        self.tree_confidences = False
         # `attach_lookup` (before capture): prompt lookup on the device, so an early launch builds the tree too
         self.device_lookup: DeviceLookup | None = None
 
@@ -145,7 +148,7 @@ class DFlashDrafter(Drafter):
             outputs = graph.outputs
             if early_tree:
                 graph.tree_graph.replay()
-                tree = TreeLayout(*graph.tree_graph.outputs)
+                tree = graph.tree_graph.outputs
         else:
             graph, inputs = None, DraftInputs(self, b)
             hint = self._prep(inputs, b, verify, accepted, verify_taps)
@@ -176,12 +179,11 @@ class DFlashDrafter(Drafter):
                 self.device_lookup.sync(reqs)
                 hint = self.device_lookup.lookup(reqs)
         if tree is None:
-            tree = self._tree_pass(*(t[:n] for t in outputs), hint) if graph is None else TreeLayout(*graph.replay_tree(hint, n))
-        tree = TreeLayout(*(t[:n] for t in vars(tree).values()))
-        return Draft(tree.tokens, tree=tree, bucket=None if graph is None else graph.bucket)
+            tree = self._tree_pass(*(t[:n] for t in outputs), hint) if graph is None else graph.replay_tree(hint, n)
+        return _tree_draft(tree, n, None if graph is None else graph.bucket)
 
     # ---- the pass -----------------------------------------------------------------------------
-    def _take_launched(self, reqs: list[Request]) -> tuple[DraftGraph | None, tuple[torch.Tensor, ...], TreeLayout | None] | None:
+    def _take_launched(self, reqs: list[Request]) -> tuple[DraftGraph | None, tuple[torch.Tensor, ...], TreeParts | None] | None:
         """The launched draft's outputs (and tree, if built) with rows for `reqs`, if it covered every one
         of them (requests that finished since are dropped: their rows are gathered out, in place)."""
         launched, self._launched = self._launched, None
@@ -196,7 +198,7 @@ class DFlashDrafter(Drafter):
             return None  # a new request joined: draft everyone anew (the launched pass wrote their context)
         if rows != list(range(len(rows))):
             index = to_device(rows, self.device)  # asynchronous: the launched draft may still run
-            for t in (*outputs, *(vars(tree).values() if tree is not None else ())):
+            for t in (*outputs, *(tree or ())):
                 t[: len(rows)] = t.index_select(0, index)
         return graph, outputs, tree
 
@@ -274,8 +276,12 @@ class DFlashDrafter(Drafter):
             return top.view(b, B - 1, -1), ids.view(b, B - 1, -1)
         return ids.view(b, B - 1), top.view(b, B - 1)
 
-    def _tree_pass(self, top: torch.Tensor, ids: torch.Tensor, hint: torch.Tensor | None) -> TreeLayout:
-        return self.tree.build_merged(top, ids, hint, self.lookup_prob)
+    def _tree_pass(self, top: torch.Tensor, ids: torch.Tensor, hint: torch.Tensor | None) -> TreeParts:
+        """The tree's tensors (TreeLayout's fields in order), then its nodes' confidences where asked for."""
+        tree = self.tree.build_merged(top, ids, hint, self.lookup_prob)
+        if not self.tree_confidences:
+            return tuple(vars(tree).values())
+        return (*vars(tree).values(), node_confidences(top, ids, hint, self.lookup_prob, tree))
 
     # ---- CUDA graphs --------------------------------------------------------------------------
     @torch.inference_mode()
@@ -294,8 +300,18 @@ class DFlashDrafter(Drafter):
         graph = self.graphs.get(bucket)
         if graph is None or graph.tree_graph is None:
             return None
-        tree = TreeLayout(*graph.tree_graph.outputs)
-        return Draft(tree.tokens, tree=tree, bucket=bucket)
+        return _tree_draft(graph.tree_graph.outputs, None, bucket)
+
+
+# a tree pass's outputs: TreeLayout's tensors in field order, then (where asked for) the nodes' confidences
+TreeParts = tuple[torch.Tensor, ...]
+
+
+def _tree_draft(parts: TreeParts, n: int | None, bucket: int | None) -> Draft:
+    """The first n requests' rows of a tree pass's outputs (all of them: None) as a Draft."""
+    rows = [t[:n] for t in parts]
+    tree = TreeLayout(*rows[:4])
+    return Draft(tree.tokens, rows[4] if len(rows) > 4 else None, tree=tree, bucket=bucket)
 
 
 class DraftInputs:
@@ -341,7 +357,7 @@ class DraftGraph:
         if drafter.tree is not None:
             # prompt lookup's hint rows (use flag + tokens), all unused unless a step fills them
             g.hint = torch.zeros(b, drafter.block_size, dtype=torch.int64, device=drafter.device)
-            g.tree_graph = GraphBackend.capture(lambda: tuple(vars(drafter._tree_pass(*g.outputs, g.hint)).values()), pool)
+            g.tree_graph = GraphBackend.capture(lambda: drafter._tree_pass(*g.outputs, g.hint), pool)
         if source is not None:
             g.source = source
             g.prep = GraphBackend.capture(lambda: g._prep(drafter, b, source), pool)
@@ -352,7 +368,7 @@ class DraftGraph:
         if hint is not None:
             self.hint.copy_(hint)
 
-    def replay_tree(self, hint: torch.Tensor | None, n: int) -> tuple[torch.Tensor, ...]:
+    def replay_tree(self, hint: torch.Tensor | None, n: int) -> TreeParts:
         """`hint`: the device lookup's rows for n requests (without one the hint rows stay unused)."""
         if hint is not None:  # rows past n are padding: their drafts are dropped, whatever they hold
             self.hint[:n].copy_(hint)

@@ -48,6 +48,17 @@ def merge_lookup(probs: torch.Tensor, token_ids: torch.Tensor, hint: torch.Tenso
     return torch.where(use, merged_p, probs), torch.where(use, merged_ids, token_ids)
 
 
+def node_confidences(probs: torch.Tensor, token_ids: torch.Tensor, hint: torch.Tensor | None, lookup_prob: float,
+                     tree: TreeLayout) -> torch.Tensor:
+    """[n, K]: each draft node's confidence, the probability its token had in its depth's slot (after prompt
+    lookup's merge, as the tree was built from). Fixed-shape tensor work (graph-capturable)."""
+    if hint is not None:
+        probs, token_ids = merge_lookup(probs, token_ids, hint, lookup_prob)
+    slot = (tree.depths - 1).long()[..., None].expand(-1, -1, probs.shape[-1])
+    match = token_ids.gather(1, slot) == tree.tokens[..., None]
+    return (probs.gather(1, slot).float() * match).sum(-1)
+
+
 class TreeBuilder:
     """Turns per-slot top-k ([n, D, k] probabilities and token ids, probabilities descending along k)
     into the `num_nodes` likeliest draft paths. Candidate tables are built once per (D, k), so a build

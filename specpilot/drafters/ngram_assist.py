@@ -42,6 +42,14 @@ class NgramAssistedDrafter(Drafter):
             self.device_lookup = model.attach_lookup(min_match, max_ngram)
         self.capabilities = replace(model.capabilities, device_lookup=self.device_lookup is not None)
 
+    @property
+    def tree_confidences(self) -> bool:
+        return self.model.tree_confidences
+
+    @tree_confidences.setter
+    def tree_confidences(self, on: bool) -> None:
+        self.model.tree_confidences = on
+
     def start(self, reqs: list[Request], prompt_taps: list[torch.Tensor | None]) -> None:
         self.model.start(reqs, prompt_taps)
 

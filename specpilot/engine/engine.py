@@ -178,6 +178,8 @@ class Engine:
         self.speculation = SpeculativeStep(self) if self._drafter else None
         self.budget = SpeculationBudget() if "budget" in self.mechanisms else None
         self.verify_lengths = VerifyLengths(self._cost_table()) if "two-level" in self.mechanisms else None
+        if self.verify_lengths is not None and self._drafter.capabilities.trees:
+            self._drafter.tree_confidences = True  # before its graphs are captured
 
     def _cost_table(self) -> CostTable:
         key = key_for(self.device, self.checkpoint.source, self.dtype, self.exact)
@@ -190,8 +192,9 @@ class Engine:
 
     def _capture_graphs(self) -> None:
         q_lens = (1,) if self.drafter is None else (1, *verify_widths(self.drafter.block_size, self.mechanisms))
-        tree_q = self.drafter.block_size if self.drafter and self.config.speculative_eagle_topk > 1 else None
-        self.runner.capture(q_lens=q_lens, batch_sizes=self.config.cuda_graph_batch_sizes, tree_q=tree_q,
+        trees = self.drafter is not None and self.config.speculative_eagle_topk > 1
+        self.runner.capture(q_lens=q_lens, batch_sizes=self.config.cuda_graph_batch_sizes,
+                            tree_qs=tuple(q for q in q_lens if q > 1) if trees else (),
                             num_kv_splits=self.config.attention_kv_splits)
         if self.speculation is not None:
             self.speculation.capture()

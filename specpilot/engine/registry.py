@@ -145,7 +145,7 @@ def _bf16_weights(d: Deployment) -> str | None:
 
 def _confidences(d: Deployment) -> str | None:
     if d.capabilities is None or not d.capabilities.confidences:
-        return "needs a drafter whose drafts carry confidences (dflash or pard chains: tree-topk 1)"
+        return "needs a drafter whose drafts carry confidences (dflash, pard)"
     return None
 
 
@@ -169,9 +169,10 @@ MECHANISMS: tuple[Mechanism, ...] = (
               "second favour (hysteresis, periodic probes), so a busy server is never slower than AR",
               ("propose", "verify"), _device_acceptance, by_default=False),
     # off unless asked for: it reads this device and model's cost table (`specpilot bench --profile-cost-table`)
-    Mechanism("two-level", "each request verifies the prefix of its draft chain that maximises the step's expected "
-              "tokens per second (the drafter's confidences, the cost table T(B, rows)); a graph's batch verifies one "
-              "width, the best captured", ("plan", "verify"), _confidences, by_default=False),
+    Mechanism("two-level", "each request verifies the prefix of its draft chain (or the subtree of its draft tree) "
+              "that maximises the step's expected tokens per second (the drafter's calibrated confidences, the cost "
+              "table T(B, rows)); trees and a graph's batch verify one width, the best captured", ("plan", "verify"),
+              _confidences, by_default=False),
     # off unless asked for (or the checkpoint is B12): converting the weights takes time at load
     Mechanism("b12", "the target's matrices held as B12 (12 bits a weight) and multiplied by a kernel that decodes "
               "them in registers: bf16's bits, three quarters of its bytes", ("propose", "verify"), _bf16_weights,

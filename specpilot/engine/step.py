@@ -28,6 +28,7 @@ from functools import cache, cached_property
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from specpilot.engine.grammar import constrain
@@ -126,7 +127,7 @@ class SpeculativeStep:
         acceptance = self.accept(plan, out, clock)
         clock.synced()
         if self.engine.verify_lengths is not None:
-            self.engine.verify_lengths.learn([len(d.tokens) - 1 for d in acceptance.decisions])
+            self.engine.verify_lengths.learn([d.rows for d in acceptance.decisions])
         commits = self.commit(plan, out, acceptance)
         self.prepare(plan, acceptance, commits)
         self.engine.retire(commits.finished)
@@ -141,14 +142,28 @@ class SpeculativeStep:
         return self.engine.drafter.propose(reqs)
 
     def plan(self, reqs: list[Request], draft: Draft) -> VerifyPlan:
-        if self.engine.verify_lengths is not None:  # level 1 of `two-level`: the drafts worth verifying
-            widths = [q for q in self.runner.static if q > 1 and self.runner.graph_for(q, len(reqs)) is not None]
-            draft.lengths = self.engine.verify_lengths.choose(draft.confidences.float().cpu().numpy(), widths or None)
+        if self.engine.verify_lengths is not None:
+            draft = self._level_one(reqs, draft)
         plan = self._plan(reqs, draft)
         if any(not self._checked_after(reqs[i]) for i in plan.constrained):
             plan.host_drafts = (draft.tokens.tolist(),
                                 draft.tree.parents.tolist() if draft.tree is not None else None)
         return plan
+
+    def _level_one(self, reqs: list[Request], draft: Draft) -> Draft:
+        """`two-level`: the drafts worth verifying. A chain's per request (ragged where the pass runs eagerly),
+        a tree's as a subtree of one width for all (a new draft of the narrower trees)."""
+        widths = [q for q in self.runner.static if q > 1 and self.runner.graph_for(q, len(reqs)) is not None]
+        if draft.tree is None:
+            draft.lengths = self.engine.verify_lengths.choose(draft.confidences.float().cpu().numpy(), widths or None)
+            return draft
+        k = draft.tokens.shape[1]
+        host = torch.stack([draft.confidences.float(), draft.tree.parents.float()]).cpu().numpy()  # one sync
+        keep = self.engine.verify_lengths.choose_tree(host[0], host[1].astype(np.int64), widths or range(2, k + 2))
+        if keep is None:
+            return draft
+        tree = draft.tree.narrow(torch.from_numpy(keep).to(self.device, non_blocking=True))
+        return Draft(tree.tokens, tree=tree, assisted=draft.assisted)
 
     def _plan(self, reqs: list[Request], draft: Draft) -> VerifyPlan:
         widths = draft.widths()

@@ -9,7 +9,9 @@ work), which the step measures as it runs. Level 1 keeps the drafts that maximis
 millisecond: survivals do not increase along a chain, so the best k drafts kept overall are the k largest
 survivals (each request a prefix of its chain), and one pass over k = 0 .. B*K finds the best k. Where the
 verify pass runs as a CUDA graph every request verifies as many rows, so level 1 picks the best of the
-captured widths instead.
+captured widths instead. A draft tree narrows the same way, to one width for all: a node survives with the
+product of its own and its ancestors' confidences, a child never more than its parent, so each request keeps
+its (width - 1) likeliest nodes, a subtree.
 
 A drafter's confidence is not the chance its token is accepted (the embedded DFlash drafter is far too sure of
 itself), so level 1 calibrates it as it runs: per confidence bin, how often a verified draft whose parent was
@@ -46,26 +48,58 @@ class VerifyLengths:
         self.other_ms: float | None = None  # unknown until a step is measured: the first steps verify everything
         self.kept = self.offered = 0  # drafts verified, drafts proposed (what /get_server_info reports)
         self.tried, self.accepted = np.zeros(BINS), np.zeros(BINS)  # per confidence bin: drafts reached, accepted
-        self._last: tuple[np.ndarray, list[int]] | None = None  # the latest choice's bins and lengths
+        # the latest choice: its nodes' confidence bins and parents ([B, K], 0 = the root) and drafts kept per request
+        self._last: tuple[np.ndarray, np.ndarray, list[int]] | None = None
 
     def choose(self, confidences: np.ndarray, widths: Sequence[int] | None = None) -> list[int]:
         """Per request the number of its drafts to verify, from `confidences` [B, K]; `widths`: the verify
         widths (rows per request, the newest token included) that graphs offer for this batch, one for all
         requests; None: any number per request (a ragged pass)."""
         n, k = confidences.shape
-        confidences = np.clip(confidences, 0.0, 1.0)
-        bins = np.minimum((confidences * BINS).astype(np.int64), BINS - 1)
-        survival = np.cumprod((self.accepted[bins] + PRIOR * confidences) / (self.tried[bins] + PRIOR), axis=1)
+        bins, calibrated = self._calibrated(confidences)
+        survival = np.cumprod(calibrated, axis=1)
         if self.other_ms is None:
             lengths = [k] * n
         elif widths is None:
             lengths = self._ragged(survival)
         else:
             lengths = self._uniform(survival, widths)
-        self._last = (bins, lengths)
-        self.kept += sum(lengths)
-        self.offered += n * k
+        self._remember(bins, np.broadcast_to(np.arange(k), (n, k)), lengths)
         return lengths
+
+    def choose_tree(self, confidences: np.ndarray, parents: np.ndarray, widths: Sequence[int]) -> np.ndarray | None:
+        """Draft trees ([B, K] node confidences and parents, 0 = the root, node j's parent before it): one verify
+        width of `widths` for all, and per request the nodes to keep ([B, width - 1] 0-based, ascending); None
+        where every node is kept."""
+        n, k = confidences.shape
+        bins, survival = self._calibrated(confidences)
+        for j in range(k):  # parents come first: a node's survival is its parent's times its own
+            parent = parents[:, j]
+            survival[:, j] *= np.where(parent > 0, survival[np.arange(n), np.maximum(parent - 1, 0)], 1.0)
+        # per request its nodes likeliest first; among equals the earlier (a parent before its child)
+        order = np.argsort(-survival, axis=1, kind="stable")
+        kept = k if self.other_ms is None else self._uniform(np.take_along_axis(survival, order, 1), widths)[0]
+        if kept == k:
+            self._remember(bins, parents, [k] * n)
+            return None
+        keep = np.sort(order[:, :kept], axis=1)
+        renumber = np.zeros((n, k + 1), dtype=np.int64)
+        np.put_along_axis(renumber, keep + 1, np.arange(1, kept + 1)[None].repeat(n, 0), 1)
+        self._remember(np.take_along_axis(bins, keep, 1),
+                       np.take_along_axis(renumber, np.take_along_axis(parents, keep, 1), 1), [kept] * n)
+        self.offered += n * (k - kept)  # _remember counted the kept nodes as offered
+        return keep
+
+    def _calibrated(self, confidences: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each draft's confidence bin, and its calibrated chance of acceptance once its parent is accepted."""
+        confidences = np.clip(confidences, 0.0, 1.0)
+        bins = np.minimum((confidences * BINS).astype(np.int64), BINS - 1)
+        return bins, (self.accepted[bins] + PRIOR * confidences) / (self.tried[bins] + PRIOR)
+
+    def _remember(self, bins: np.ndarray, parents: np.ndarray, lengths: list[int]) -> None:
+        self._last = (bins, parents, lengths)
+        self.kept += sum(lengths)
+        self.offered += bins.size
 
     def _ragged(self, survival: np.ndarray) -> list[int]:
         n, k = survival.shape
@@ -86,18 +120,23 @@ class VerifyLengths:
         ms = self.other_ms + self.table.along_tokens(n, np.array(options, dtype=np.float64))
         return [options[int(np.argmax(tokens / ms))] - 1] * n
 
-    def learn(self, accepted: list[int]) -> None:
-        """The latest choice's outcome: drafts accepted per request. Its drafts 1..accepted were accepted, and
-        the next one it verified (if any) was refused; deeper drafts were never reached."""
+    def learn(self, paths: list[list[int]]) -> None:
+        """The latest choice's outcome: per request its accepted path of verify rows (0, then the accepted draft
+        nodes). A verified draft whose parent is on the path was reached: accepted if on the path itself."""
         if self._last is None:
             return
-        bins, lengths = self._last
+        bins, parents, lengths = self._last
         self._last = None
+        n, k = bins.shape
+        on_path = np.zeros((n, k + 1), dtype=bool)
+        for i, path in enumerate(paths):
+            on_path[i, path] = True
+        verified = np.arange(k)[None] < np.array(lengths)[:, None]
+        reached = np.take_along_axis(on_path, parents, 1) & verified
         self.tried *= DECAY
         self.accepted *= DECAY
-        for row, a, n in zip(bins, accepted, lengths):
-            np.add.at(self.tried, row[: min(a + 1, n)], 1.0)
-            np.add.at(self.accepted, row[:a], 1.0)
+        np.add.at(self.tried, bins[reached], 1.0)
+        np.add.at(self.accepted, bins[on_path[:, 1:] & verified], 1.0)
 
     def observe(self, step_ms: float, batch: int, rows: int) -> None:
         """A step's wall time, its batch size and its verify rows: what it spent beside the table's pass time."""

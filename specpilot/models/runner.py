@@ -81,8 +81,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def capture(self, q_lens: tuple[int, ...] = (1,), batch_sizes: tuple[int, ...] = DEFAULT_GRAPH_BATCH_SIZES,
-                tree_q: int | None = None, num_kv_splits: int = 0) -> None:
-        """Capture one graph per (q, batch size). Graphs for `tree_q` tokens per request take tree masks
+                tree_qs: tuple[int, ...] = (), num_kv_splits: int = 0) -> None:
+        """Capture one graph per (q, batch size). Graphs for `tree_qs` tokens per request take tree masks
         (tree verification). `num_kv_splits`: attention's key splits (0: the kernel's choice per bucket)."""
         if not GraphBackend.available(self.device):
             raise RuntimeError("CUDA graphs need a CUDA device")
@@ -90,7 +90,7 @@ class ModelRunner:
         pool = GraphBackend.pool(self.device)
         for q in q_lens:
             self.static[q] = StaticBatch(max_b, q, self.device, self.cache.scratch_slot, self.cache.max_len,
-                                         tree=q == tree_q)
+                                         tree=q in tree_qs)
         buckets = capture_buckets(batch_sizes, max_b)
         for q, b in bar([(q, b) for q in q_lens for b in buckets], "capturing the target's CUDA graphs"):
             splits = num_kv_splits or kv_splits(self.device, b, self.cache.k[0].shape[2])
