@@ -47,6 +47,19 @@ def test_a_gap_moves_from_the_value_the_deployment_runs():
     assert {"mechanisms": "stock", "tunables": {"block-size": 8}} in between
 
 
+def test_a_verify_gap_adds_the_mechanisms_that_verify_less():
+    """Off by default, two-level and the budget answer a verify gap where the deployment can run them, added to
+    the mechanisms the best profile runs (its defaults where it leaves them open)."""
+    defaults = {"mechanisms": None, "tunables": {}}
+    moves = search.propose(_brief(best=defaults, gaps=[{"name": "verify"}], count=10, in_effect=["device-acceptance"],
+                                  optional=["two-level"]))
+    assert {"mechanisms": ["device-acceptance", "two-level"], "tunables": {}} in moves
+    assert not any("budget" in (p["mechanisms"] or []) for p in moves)  # not offered: it cannot run here
+    listed = {"mechanisms": ["budget"], "tunables": {}}
+    moves = search.propose(_brief(best=listed, gaps=[{"name": "verify"}], count=10, optional=["two-level"]))
+    assert {"mechanisms": ["budget", "two-level"], "tunables": {}} in moves
+
+
 def _request(tiny_dir, candidate) -> Request:
     config = EngineConfig(model_path=str(tiny_dir), device="cpu", max_running_requests=1,
                           speculative_algorithm="ngram")

@@ -25,7 +25,8 @@ from specpilot.costmodel import rank_gaps
 from specpilot.costmodel.measure import floors_of, measure
 from specpilot.engine.config import EngineConfig, resolve_device, resolve_dtype
 from specpilot.engine.engine import Engine
-from specpilot.engine.registry import TUNABLES, Deployment, Profile, check_tunables, open_defaults
+from specpilot.engine.cost_table import key_for, load_cost_table
+from specpilot.engine.registry import MECHANISMS, NEEDS, TUNABLES, Deployment, Profile, check_tunables, open_defaults
 from specpilot.memory import Memory
 from specpilot.optimizer import llm_agent, remote, report, search
 from specpilot.optimizer.verdicts import REPEATS, Request
@@ -148,15 +149,36 @@ def _agents(briefs: list[search.Brief], llm: llm_agent.LlmBrief | None, root: Pa
     return out
 
 
-def _measure_gaps(settings: Settings, profile: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The cost model on the current best profile: its gaps, ranked, and the values its engine runs the
-    search's tunables at."""
+@dataclass
+class Measured:
+    """What the cost model found on the current best profile: its gaps, ranked; the values its engine runs the
+    search's tunables at; the mechanisms it runs, and those off by default that could run beside them."""
+
+    gaps: list[dict[str, Any]] = field(default_factory=list)
+    current: dict[str, Any] = field(default_factory=dict)
+    in_effect: list[str] = field(default_factory=list)
+    optional: list[str] = field(default_factory=list)
+
+
+def _measure_gaps(settings: Settings, profile: dict[str, Any]) -> Measured:
     from specpilot.bench.datasets import apply_chat_template, load_prompts
 
     engine = Engine.from_config(Profile.parse(profile, "the best profile").apply(settings.config))
     prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts(settings.dataset, 1)]
     measured, context = measure(engine, prompts, settings.max_new_tokens)
-    return [g.as_dict() for g in rank_gaps(measured, floors_of(engine, context))], _running_values(engine)
+    return Measured([g.as_dict() for g in rank_gaps(measured, floors_of(engine, context))], _running_values(engine),
+                    sorted(engine.mechanisms), _optional_mechanisms(engine))
+
+
+def _optional_mechanisms(engine: Engine) -> list[str]:
+    """Mechanisms off by default that this engine's deployment can run beside its own (`two-level` only where the
+    cost table it reads was profiled)."""
+    deployment = Deployment(engine.device.type, engine.config, engine.drafter.capabilities if engine.drafter else None,
+                            graphs=bool(engine.runner.graphs))
+    names = [m.name for m in MECHANISMS if not m.by_default and m.name not in engine.mechanisms
+             and m.requires(deployment) is None and all(n in engine.mechanisms for n in NEEDS.get(m.name, ()))]
+    table = key_for(engine.device, engine.checkpoint.source, engine.dtype, engine.exact)
+    return [n for n in names if n != "two-level" or load_cost_table(table) is not None]
 
 
 def _running_values(engine: Engine) -> dict[str, Any]:
@@ -316,16 +338,19 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
     root = Path(settings.out)
     root.mkdir(parents=True, exist_ok=True)
     rounds: list[dict[str, Any]] = []
-    gaps, current = _measure_gaps(settings, best) if settings.rounds else ([], {})
+    measured = _measure_gaps(settings, best) if settings.rounds else Measured()
     for _ in range(settings.rounds):
         if loop.stopping:
             break
         round_id = memory.start_round(dep)
         work = root / f"round-{round_id}"
         work.mkdir(parents=True, exist_ok=True)
+        gaps = measured.gaps
         memory.add_gaps(round_id, _gap_rows(gaps))
         briefs = [search.Brief(space, best, gaps, priors, loop.tried, settings.per_agent, seed=1000 * round_id + i,
-                               index=i, agents=settings.agents, current=current) for i in range(settings.agents)]
+                               index=i, agents=settings.agents, current=measured.current,
+                               in_effect=measured.in_effect, optional=measured.optional)
+                  for i in range(settings.agents)]
         llm = None if settings.llm is None else llm_agent.LlmBrief(settings.llm, gaps, best, settings.llm_attempts,
                                                                      source_chars=settings.llm_source_chars)
         priors = []
@@ -355,7 +380,8 @@ def optimize(settings: Settings, console: Console | None = None) -> dict[str, An
         memory.finish_round(round_id)
         rounds.append({"round": round_id, "gaps": gaps, "results": results, "challenge": challenge, "best": best,
                        "best_speedup_over_stock": best_speedup})
-        gaps, current = _measure_gaps(settings, best)
+        measured = _measure_gaps(settings, best)
+        gaps = measured.gaps
         # the next round stores them as its own; the last round's would be lost without this
         memory.event("gaps after", {"gaps": [{"rank": i, **g} for i, g in enumerate(_gap_rows(gaps), start=1)]},
                      round_id)

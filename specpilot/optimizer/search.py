@@ -25,6 +25,8 @@ GAP_MOVES: dict[str, list[tuple[str, int]]] = {
     "acceptance (tau)": [("block-size", +1), ("tree-topk", +1), ("ngram-assist", +1)],
     "host and overhead": [("block-size", +1)],
 }
+# Which mechanisms off by default answer a gap: verifying fewer drafts (two-level), or none where AR is faster (budget).
+GAP_MECHANISMS: dict[str, list[str]] = {"verify": ["two-level", "budget"]}
 
 
 @dataclass
@@ -42,6 +44,8 @@ class Brief:
     agents: int = 1
     # each tunable's value where `best` leaves it open: what the deployment runs with (CPU DFlash: block 4)
     current: dict[str, Any] = field(default_factory=dict)
+    in_effect: list[str] = field(default_factory=list)  # the mechanisms the best profile runs
+    optional: list[str] = field(default_factory=list)  # mechanisms off by default that could run beside them
 
 
 def _key(profile: dict[str, Any]) -> str:
@@ -84,6 +88,11 @@ def propose(brief: Brief) -> list[dict[str, Any]]:
             moved = _step(brief.space, tunables, name, direction, brief.current)
             if moved is not None:
                 guided.append({"mechanisms": mechanisms, "tunables": moved})
+        if mechanisms != "stock":  # beside the mechanisms the best runs (its list, or the defaults in effect)
+            running = set(brief.in_effect if mechanisms is None else mechanisms)
+            for name in GAP_MECHANISMS.get(gap["name"], []):
+                if name in brief.optional and name not in running:
+                    guided.append({"mechanisms": sorted(running | {name}), "tunables": tunables})
     unique = list({_key(p): p for p in guided}.values())
     for profile in unique[brief.index :: brief.agents]:
         offer(profile)
