@@ -215,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--served-model-name", default=None, help="model name in the OpenAI API (default: the model path)")
     h.add_argument("--shutdown-grace-period", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on SIGTERM before they are aborted")
+    h.add_argument("--single-process", action="store_true",
+                   help="run the engine in the HTTP server's process (default: a process of its own, so HTTP, "
+                        "detokenizing and streaming never hold up the engine's steps)")
     serve.add_argument("--engine-config", default=None, metavar="FILE",
                        help="the engine's whole config as JSON fields (as the optimizer's sealed evaluator writes "
                             "it); the engine flags above are then not read")
@@ -608,7 +611,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return serve(config,
                  ServerArgs(host=args.host, port=args.port, max_queued_requests=args.max_queued_requests,
                             served_model_name=args.served_model_name,
-                            shutdown_grace_period=args.shutdown_grace_period))
+                            shutdown_grace_period=args.shutdown_grace_period,
+                            engine_process=not args.single_process))
 
 
 def _cmd_train_drafter(args: argparse.Namespace) -> int:

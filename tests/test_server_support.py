@@ -18,6 +18,7 @@ import uvicorn
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.server import ServerArgs, create_app
 from specpilot.server.context import ServerContext
+from specpilot.server.remote_scheduler import RemoteScheduler
 
 
 def free_port() -> int:
@@ -44,9 +45,16 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout: float) -> None:
 class LiveServer:
     """The app under uvicorn in a daemon thread, listening on a socket bound before start (no port race)."""
 
-    def __init__(self, model_dir: pathlib.Path, args: ServerArgs | None = None, **engine: Any) -> None:
+    def __init__(self, model_dir: pathlib.Path, args: ServerArgs | None = None, engine_process: bool = False,
+                 **engine: Any) -> None:
+        """`engine_process`: the engine in a process of its own, as `specpilot serve` runs it."""
         config = EngineConfig(model_path=str(model_dir), device="cpu", **engine)
-        self.app = create_app(Engine.from_config(config), args or ServerArgs())
+        args = args or ServerArgs()
+        if engine_process:
+            scheduler = RemoteScheduler(config, args.max_queued_requests)
+            self.app = create_app(scheduler.engine, args, scheduler)
+        else:
+            self.app = create_app(Engine.from_config(config), args)
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"

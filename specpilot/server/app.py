@@ -14,14 +14,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from specpilot.engine.engine import Engine
 from specpilot.server import native, openai_api
 from specpilot.server.context import APIError, ServerArgs, ServerContext
+from specpilot.server.remote_scheduler import RemoteEngine, RemoteScheduler
 from specpilot.server.stream import ClientDisconnected, EngineFailure
 
 MAX_LISTED_ERRORS = 5
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
 
 
-def create_app(engine: Engine, args: ServerArgs) -> FastAPI:
-    ctx = ServerContext(engine, args)
+def create_app(engine: Engine | RemoteEngine, args: ServerArgs, scheduler: RemoteScheduler | None = None) -> FastAPI:
+    """`engine` runs in this process, or with `scheduler` in its own (server/engine_process.py)."""
+    ctx = ServerContext(engine, args, scheduler)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -1,5 +1,5 @@
-"""What every handler shares: server arguments, the engine (read-only from the event loop), the
-scheduler, and the HTTP errors handlers raise."""
+"""What every handler shares: server arguments, the engine (read-only from the event loop; where it runs in a
+process of its own, the facts of it the handlers read), the scheduler, and the HTTP errors handlers raise."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine
 from specpilot.engine.registry import in_effect
 from specpilot.server.protocol import sample_params
+from specpilot.server.remote_scheduler import RemoteEngine, RemoteScheduler
 from specpilot.server.scheduler import (
     Item,
     NotAccepting,
     Overloaded,
     Scheduler,
     Submission,
+    queue_limit,
 )
 
 RETRY_AFTER_S = 1
@@ -43,15 +45,19 @@ class ServerArgs:
     max_queued_requests: int | None = None  # None: 4 x max_running_requests
     served_model_name: str | None = None
     shutdown_grace_period: float = 30.0  # seconds in-flight requests get to finish on shutdown
+    engine_process: bool = True  # `specpilot serve`: the engine in a process of its own (server/engine_process.py)
 
 
 class ServerContext:
-    def __init__(self, engine: Engine, args: ServerArgs) -> None:
+    def __init__(self, engine: Engine | RemoteEngine, args: ServerArgs, scheduler: RemoteScheduler | None = None) -> None:
+        """`engine`: the engine, or with `scheduler` the facts of the one in its own process."""
         self.engine = engine
         self.args = args
-        queued = args.max_queued_requests
-        self.max_queued_requests = 4 * engine.config.max_running_requests if queued is None else queued
-        self.scheduler = Scheduler(engine, self.max_queued_requests)
+        if scheduler is None:
+            self.max_queued_requests = queue_limit(args.max_queued_requests, engine.config.max_running_requests)
+            self.scheduler: Scheduler | RemoteScheduler = Scheduler(engine, self.max_queued_requests)
+        else:
+            self.max_queued_requests, self.scheduler = scheduler.max_queued_requests, scheduler
         self.model_path = engine.checkpoint.source
         self.model_name = args.served_model_name or engine.config.model_path or Path(self.model_path).stem
         self.vocab_size = engine.checkpoint.config.vocab_size
@@ -92,7 +98,7 @@ class ServerContext:
         """The settings in effect; `speed`: the mechanisms on and every tunable's value (engine/registry.py)."""
         return asdict(self.engine.config) | asdict(self.args) | {
             "max_queued_requests": self.max_queued_requests, "kv_cache": self.engine.kv_plan.as_dict(),
-            "kv_pool": self.engine.pages.info(), "weights": self.engine.weights_info(),
+            "kv_pool": self.scheduler.snapshot.kv_pool, "weights": self.engine.weights_info(),
             "speed": in_effect(self.engine.config, self.engine.mechanisms)}
 
 

@@ -12,6 +12,7 @@ from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.progress import phase
 from specpilot.server.app import create_app
 from specpilot.server.context import ServerArgs
+from specpilot.server.remote_scheduler import RemoteScheduler
 from specpilot.server.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ class _Server(uvicorn.Server):
     end with finish_reason abort. Only once none is left does uvicorn stop listening and shut down.
     A second signal shuts down at once."""
 
-    def __init__(self, config: uvicorn.Config, scheduler: Scheduler, grace_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, scheduler: Scheduler | RemoteScheduler, grace_s: float) -> None:
         super().__init__(config)
         self.scheduler, self.grace_s = scheduler, grace_s
         self._draining = False
@@ -45,10 +46,18 @@ class _Server(uvicorn.Server):
 
 def serve(engine_config: EngineConfig, args: ServerArgs) -> int:
     """Blocks until the server stops; returns the process exit code."""
-    engine = Engine.from_config(engine_config)
-    with phase("warming up"):
-        engine.warm_up()
-    app = create_app(engine, args)
+    if args.engine_process:
+        with phase("starting the engine in its own process"):
+            try:
+                scheduler = RemoteScheduler(engine_config, args.max_queued_requests)
+            except RuntimeError as err:
+                raise SystemExit(f"specpilot serve: the engine did not start: {err}") from None
+        app = create_app(scheduler.engine, args, scheduler)
+    else:
+        engine = Engine.from_config(engine_config)
+        with phase("warming up"):
+            engine.warm_up()
+        app = create_app(engine, args)
     # uvicorn's own grace is a backstop: the scheduler ends every request within shutdown_grace_period
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=int(args.shutdown_grace_period) + 5)

@@ -2,9 +2,10 @@
 
 HTTP handlers run on the asyncio event loop. They never touch the engine: they post commands
 (submit, abort) into an inbox guarded by a condition variable, and receive their tokens through
-an asyncio.Queue that this thread fills with `loop.call_soon_threadsafe`. Between engine steps the
-thread drains the inbox, so requests join and leave the running batch between steps (continuous
-batching; the engine admits waiting requests into free KV slots on its own).
+an asyncio.Queue that this thread fills through the submission's sink (`EventLoopSink`: with
+`loop.call_soon_threadsafe`; in the engine's own process, server/engine_process.py, a pipe to the HTTP
+process). Between engine steps the thread drains the inbox, so requests join and leave the running batch
+between steps (continuous batching; the engine admits waiting requests into free KV slots on its own).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine
@@ -65,13 +66,21 @@ class Update:
     error: str | None = None
 
 
-@dataclass
+class Sink(Protocol):
+    """Where the scheduler thread hands its submissions' messages, a step's for every request together."""
+
+    def send(self, messages: list[tuple[Submission, Verdict | Update]]) -> None: ...
+
+
+@dataclass(eq=False)
 class Submission:
-    """One HTTP request's engine requests (several for a batch) and the queue their updates arrive on."""
+    """One HTTP request's engine requests (several for a batch), where their messages go, and (on the event
+    loop's side) the queue they arrive on."""
 
     items: list[Item]
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[Verdict | Update] = field(default_factory=asyncio.Queue)
+    sink: Sink
+    key: int = 0  # its number between the HTTP process and the engine's (server/engine_process.py)
+    queue: asyncio.Queue[Verdict | Update] | None = None
 
     @property
     def rids(self) -> list[str]:
@@ -79,20 +88,35 @@ class Submission:
 
     def push(self, message: Verdict | Update) -> None:
         """Called from the scheduler thread."""
-        deliver(self.loop, [(self, message)])
+        self.sink.send([(self, message)])
 
 
-def deliver(loop: asyncio.AbstractEventLoop, messages: list[tuple[Submission, Verdict | Update]]) -> None:
-    """Hand messages to their submissions' queues with one wake-up of the event loop (called from the
-    scheduler thread; a step's updates for every request go together)."""
-    def put_all() -> None:
-        for sub, message in messages:
-            sub.queue.put_nowait(message)
+class EventLoopSink:
+    """Messages into their submissions' queues with one wake-up of the event loop."""
 
-    try:
-        loop.call_soon_threadsafe(put_all)
-    except RuntimeError:  # the event loop is closed: nobody is listening any more
-        pass
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def send(self, messages: list[tuple[Submission, Verdict | Update]]) -> None:
+        def put_all() -> None:
+            for sub, message in messages:
+                sub.queue.put_nowait(message)
+
+        try:
+            self.loop.call_soon_threadsafe(put_all)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+
+def queue_limit(asked: int | None, running: int) -> int:
+    """Requests that may wait for a running slot: as asked, else four times the running ones."""
+    return 4 * running if asked is None else asked
+
+
+def loop_sink(sinks: dict[asyncio.AbstractEventLoop, EventLoopSink]) -> EventLoopSink:
+    """The running event loop's sink, made once per loop and kept in `sinks`."""
+    loop = asyncio.get_running_loop()
+    return sinks.get(loop) or sinks.setdefault(loop, EventLoopSink(loop))
 
 
 @dataclass(frozen=True)
@@ -107,6 +131,7 @@ class Snapshot:
     spec_stats: dict[str, Any] = field(default_factory=dict)
     # the scheduler thread's time since start, by what it did: {"prefill" | "decode" | "publish": {count, seconds}}
     step_time: dict[str, dict[str, float]] = field(default_factory=dict)
+    kv_pool: dict[str, int | bool] = field(default_factory=dict)  # PageTable.info()
 
 
 @dataclass
@@ -124,7 +149,7 @@ class Scheduler:
         # the waiting queue. Counted at submission so that the bound holds before the thread sees them.
         self.capacity = engine.config.max_running_requests + max_queued_requests
         self._clock: dict[str, list[float]] = {"prefill": [0, 0.0], "decode": [0, 0.0], "publish": [0, 0.0]}
-        self.snapshot = Snapshot(step_time=self._step_time())
+        self.snapshot = Snapshot(step_time=self._step_time(), kv_pool=engine.pages.info())
         # An RLock: drain() may run in a signal handler that interrupted the main thread inside a locked section.
         self._cv = threading.Condition(threading.RLock())
         self._inbox: list[Callable[[], None]] = []
@@ -137,6 +162,7 @@ class Scheduler:
         self._window_tokens = 0
         self._throughput = 0.0
         self._thread = threading.Thread(target=self._run, name="specpilot-scheduler", daemon=True)
+        self._sinks: dict[asyncio.AbstractEventLoop, EventLoopSink] = {}
 
     # ---- called from the event loop (or a signal handler) -----------------------------------------
     def start(self) -> None:
@@ -147,8 +173,13 @@ class Scheduler:
         return self._accepting and self._thread.is_alive()
 
     def submit(self, items: list[Item]) -> Submission:
-        """Queue a submission; all of its items are admitted or none. Raises NotAccepting or Overloaded."""
-        sub = Submission(items, asyncio.get_running_loop())
+        """Queue a submission (from the event loop); all of its items are admitted or none. Raises
+        NotAccepting or Overloaded."""
+        return self.enqueue(Submission(items, loop_sink(self._sinks), queue=asyncio.Queue()))
+
+    def enqueue(self, sub: Submission) -> Submission:
+        """Queue a submission whose messages go to its sink. Raises NotAccepting or Overloaded."""
+        items = sub.items
         with self._cv:
             if not self.accepting:
                 raise NotAccepting("the server is shutting down")
@@ -295,11 +326,8 @@ class Scheduler:
                                                   input_logprobs=req.input_logprobs if first else None)))
             if req.finished:
                 done.append(rid)
-        if messages:
-            deliver(messages[0][0].loop, messages)
         for rid in done:
             del self._live[rid]
-        self._release(len(done))
         self._measure()
         stats, budget, lengths = self.engine.spec_stats, self.engine.budget, self.engine.verify_lengths
         self.snapshot = Snapshot(
@@ -307,7 +335,12 @@ class Scheduler:
             avg_spec_accept_length=stats.tau, last_gen_throughput=self._throughput,
             spec_stats=(stats.as_dict() if stats.steps else {}) | ({"budget": budget.as_dict()} if budget else {})
             | ({"two_level": lengths.as_dict()} if lengths else {}),
-            step_time=self._step_time())
+            step_time=self._step_time(), kv_pool=self.engine.pages.info())
+        # after the snapshot (a sink to another process sends it with them), before the release (which may let
+        # a shutdown go on)
+        for sink in {id(sub.sink): sub.sink for sub, _ in messages}.values():  # one hand-over per sink
+            sink.send([m for m in messages if m[0].sink is sink])
+        self._release(len(done))
 
     def _measure(self) -> None:
         if self._window_start is None:
