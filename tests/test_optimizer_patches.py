@@ -119,9 +119,8 @@ FAST_PATH_WHEN_TIMED = patch_of(
 
 
 def write_into(path: Path) -> str:
-    return patch_of("server/launch.py", ('    engine = Engine.from_config(engine_config)\n',
-                                         f'    open({str(path)!r}, "a").write("candidate was here")\n'
-                                         '    engine = Engine.from_config(engine_config)\n'))
+    doc = '    """Blocks until the server stops; returns the process exit code."""\n'
+    return patch_of("server/launch.py", (doc, doc + f'    open({str(path)!r}, "a").write("candidate was here")\n'))
 
 
 @pytest.mark.parametrize("name", ["skip verification", "replay", "fast path when timed", "write the memory",

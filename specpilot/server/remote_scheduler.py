@@ -17,13 +17,11 @@ from specpilot.server.engine_process import EngineFacts, run
 from specpilot.server.scheduler import (
     EventLoopSink,
     Item,
-    NotAccepting,
-    Overloaded,
-    Snapshot,
     Submission,
     Update,
     Verdict,
     loop_sink,
+    reserve,
 )
 from specpilot.state.request import Request
 
@@ -93,12 +91,7 @@ class RemoteScheduler:
     def submit(self, items: list[Item]) -> Submission:
         sub = Submission(items, loop_sink(self._sinks), queue=asyncio.Queue())
         with self._cv:
-            if not self.accepting:
-                raise NotAccepting("the server is shutting down")
-            if self._outstanding + len(items) > self.capacity:
-                raise Overloaded(f"the server is at capacity ({self.capacity} requests running or queued); "
-                                 "retry later")
-            self._outstanding += len(items)
+            self._outstanding = reserve(self.accepting, self._outstanding, len(items), self.capacity)
             sub.key = next(self._keys)
             self._subs[sub.key] = sub
             self._left[sub.key] = len(items)

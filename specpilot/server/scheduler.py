@@ -108,6 +108,15 @@ class EventLoopSink:
             pass
 
 
+def reserve(accepting: bool, outstanding: int, wanted: int, capacity: int) -> int:
+    """The outstanding count once `wanted` more requests are taken; NotAccepting or Overloaded if they cannot be."""
+    if not accepting:
+        raise NotAccepting("the server is shutting down")
+    if outstanding + wanted > capacity:
+        raise Overloaded(f"the server is at capacity ({capacity} requests running or queued); retry later")
+    return outstanding + wanted
+
+
 def queue_limit(asked: int | None, running: int) -> int:
     """Requests that may wait for a running slot: as asked, else four times the running ones."""
     return 4 * running if asked is None else asked
@@ -179,14 +188,8 @@ class Scheduler:
 
     def enqueue(self, sub: Submission) -> Submission:
         """Queue a submission whose messages go to its sink. Raises NotAccepting or Overloaded."""
-        items = sub.items
         with self._cv:
-            if not self.accepting:
-                raise NotAccepting("the server is shutting down")
-            if self._outstanding + len(items) > self.capacity:
-                raise Overloaded(f"the server is at capacity ({self.capacity} requests running or queued); "
-                                 "retry later")
-            self._outstanding += len(items)
+            self._outstanding = reserve(self.accepting, self._outstanding, len(sub.items), self.capacity)
             self._post(partial(self._admit, sub))
         return sub
 
