@@ -215,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--served-model-name", default=None, help="model name in the OpenAI API (default: the model path)")
     h.add_argument("--shutdown-grace-period", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on SIGTERM before they are aborted")
+    h.add_argument("--stream-interval", type=_positive_int, default=1, metavar="N",
+                   help="a stream's chunks after the first token: one per N new tokens at most (default 1; larger "
+                        "spends less of the server's time per token under load)")
     h.add_argument("--single-process", action="store_true",
                    help="run the engine in the HTTP server's process (default: a process of its own, so HTTP, "
                         "detokenizing and streaming never hold up the engine's steps)")
@@ -612,7 +615,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                  ServerArgs(host=args.host, port=args.port, max_queued_requests=args.max_queued_requests,
                             served_model_name=args.served_model_name,
                             shutdown_grace_period=args.shutdown_grace_period,
-                            engine_process=not args.single_process))
+                            engine_process=not args.single_process, stream_interval=args.stream_interval))
 
 
 def _cmd_train_drafter(args: argparse.Namespace) -> int:

@@ -135,3 +135,20 @@ def test_an_engine_process_that_dies_fails_its_requests(tiny_dir):
             events = list(sse_events(lines))
         assert any(isinstance(e, dict) and "error" in e for e in events)
         assert httpx.get(f"{server.url}/health", trust_env=False).status_code == 503
+
+
+def test_stream_interval_sends_a_chunk_per_that_many_tokens(tiny_dir):
+    """--stream-interval 5: the first token at once, then chunks of 5 or more new tokens, the end apart; the same
+    text as without streaming. Through the engine process, whose steps may outrun the event loop."""
+    with LiveServer(tiny_dir, ServerArgs(stream_interval=5), engine_process=True, max_running_requests=2,
+                    context_length=256) as server:
+        body = {"text": "w11 w12 w13", "sampling_params": {"max_new_tokens": 23, "temperature": 0}}
+        with httpx.stream("POST", f"{server.url}/generate", json=body | {"stream": True}, timeout=60,
+                          trust_env=False) as r:
+            chunks = [e for e in sse_events(r.iter_lines()) if e != "[DONE]"]
+        counts = [len(c["output_ids"]) for c in chunks]
+        assert counts[0] >= 1 and counts[-1] == 23
+        assert all(b - a >= 5 for a, b in zip(counts[1:-1], counts[2:-1]))
+        assert all(b - a >= 5 for a, b in zip(counts[:1], counts[1:-1]))
+        assert sum(len(c["meta_info"]["new_token_texts"]) for c in chunks) == 23
+        assert chunks[-1]["text"] == _generate(server.url, "w11 w12 w13", max_new_tokens=23, temperature=0)["text"]

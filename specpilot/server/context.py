@@ -4,6 +4,7 @@ process of its own, the facts of it the handlers read), the scheduler, and the H
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ class ServerArgs:
     served_model_name: str | None = None
     shutdown_grace_period: float = 30.0  # seconds in-flight requests get to finish on shutdown
     engine_process: bool = True  # `specpilot serve`: the engine in a process of its own (server/engine_process.py)
+    stream_interval: int = 1  # a stream's chunk after its first token: every this many new tokens (SGLang's flag)
 
 
 class ServerContext:
@@ -65,6 +67,11 @@ class ServerContext:
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
+
+    @functools.cache  # noqa: B019  (one context per app; a vocabulary's texts at most)
+    def token_text(self, token: int) -> str:
+        """One id's own text (a stream chunk's per-token texts, logprob entries), decoded once per id."""
+        return self.engine.tokenizer.decode([token])
 
     async def submit(self, prompts: list[list[int]], params: list[SamplingParams], rids: list[str | None],
                      samples: list[int] | None = None) -> Submission:

@@ -253,7 +253,7 @@ class _SamplingKnobs(BaseModel):
 
 
 # ---- SGLang /generate -----------------------------------------------------------------------------
-# stream_interval only sets how often a stream sends a chunk; the stream here sends every change
+# stream_interval only sets how often a stream sends a chunk: the server's --stream-interval sets it for all
 @with_fields({"stream_interval": int | None}, neutral_only(SAMPLING_UNSUPPORTED))
 class GenerateSampling(_Strict, _SamplingKnobs):
     """SGLang's sampling_params. Unset keys use the engine's defaults (max_new_tokens 128 clamped to

@@ -40,6 +40,7 @@ class Output:
         self.logprobs: list[TokenLogprob] = []  # each id's, where the request asked (Request.logprobs)
         self.input_logprobs: list[TokenLogprob | None] = []  # the prompt's (Request.input_logprobs)
         self._described = 0  # ids whose origin and text a streamed chunk already carried
+        self.streamed = 0  # ids a stream's chunks covered (Follower.changes)
         self._scored = 0  # ids whose logprobs an OpenAI stream chunk already carried
         self.req: Request | None = None
         # a partial text may not show a tail that could still grow into a stop string (trimmed later)
@@ -74,7 +75,7 @@ class Output:
         show tokens apart without each chunk resending the whole list); a piece of a multi-byte character
         decodes as U+FFFD."""
         fresh = self.ids[self._described:]
-        texts = [self.ctx.tokenizer.decode([i]) for i in fresh] if self.ctx.tokenizer is not None else []
+        texts = [self.ctx.token_text(i) for i in fresh] if self.ctx.tokenizer is not None else []
         origins = self.origins[self._described:len(self.ids)]
         self._described = len(self.ids)
         return {"new_token_origins": origins, "new_token_texts": texts}
@@ -88,7 +89,7 @@ class Output:
         return new
 
     def _decode(self, token: int) -> str | None:
-        return None if self.ctx.tokenizer is None else self.ctx.tokenizer.decode([token])
+        return None if self.ctx.tokenizer is None else self.ctx.token_text(token)
 
     def meta_info(self, text_in_logprobs: bool = False) -> dict[str, Any]:
         if self.req is not None:
@@ -145,7 +146,9 @@ class Follower:
             self.ctx.scheduler.abort(unfinished)
 
     async def changes(self) -> AsyncIterator[list[Output]]:
-        """The outputs that changed, one list per wake-up (updates that queued up meanwhile are merged)."""
+        """The outputs that changed, one list per wake-up (updates that queued up meanwhile are merged): each
+        output once it has its first token, then once `--stream-interval` more have come, and when it ends."""
+        interval = self.ctx.args.stream_interval
         while not all(o.finished for o in self.outputs):
             updates = [await self.sub.queue.get()]
             while not self.sub.queue.empty():
@@ -158,7 +161,12 @@ class Follower:
                     raise EngineFailure(update.error)
                 self.outputs[update.index].apply(update)
                 changed[update.index] = self.outputs[update.index]
-            yield list(changed.values())
+            due = [o for o in changed.values()
+                   if o.finished or (o.ids and (not o.streamed or len(o.ids) - o.streamed >= interval))]
+            for o in due:
+                o.streamed = len(o.ids)
+            if due:
+                yield due
 
     async def finish(self) -> list[Output]:
         async for _ in self.changes():
