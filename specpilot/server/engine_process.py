@@ -76,12 +76,13 @@ def _portable(message: Verdict | Update) -> Verdict | Update:
     return message
 
 
-def run(config: EngineConfig, max_queued_requests: int | None, conn: Connection) -> None:
-    """The engine process's main: build, report, then serve the pipe's commands until told to stop."""
+def run(config: EngineConfig, max_queued_requests: int | None, conn: Connection, log_level: int = logging.INFO) -> None:
+    """The engine process's main: build, report, then serve the pipe's commands until told to stop. `log_level`:
+    the HTTP process's."""
     # the HTTP process owns the signals: it drains, then tells this process to stop
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s [engine] %(message)s")
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s [engine] %(name)s: %(message)s")
     try:
         engine = Engine.from_config(config)
         engine.warm_up()

@@ -50,8 +50,8 @@ class RemoteScheduler:
         `max_queued_requests`: None for 4 x the running requests the engine resolves."""
         ctx = multiprocessing.get_context("spawn")  # CUDA needs a fresh interpreter
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=run, args=(config, max_queued_requests, child), name="specpilot-engine",
-                                   daemon=True)
+        self.process = ctx.Process(target=run, args=(config, max_queued_requests, child, logging.getLogger().level),
+                                   name="specpilot-engine", daemon=True)
         self.process.start()
         child.close()
         try:
