@@ -97,22 +97,24 @@ def test_drain_refuses_newcomers_and_aborts_stragglers_after_the_grace_period(ti
         assert 0.3 <= time.monotonic() - drained < 2.0
 
 
-def test_serve_cli_with_sigterm(tiny_dir):
+@pytest.mark.parametrize("mode", [[], ["--single-process"]], ids=["engine-process", "single-process"])
+def test_serve_cli_with_sigterm(tiny_dir, mode):
     """`specpilot serve` with SGLang's flags; after SIGTERM the server still answers, 503 on /health,
     while the in-flight stream gets the grace period (then ends with abort), and the process exits."""
     port = free_port()
     cmd = [sys.executable, "-m", "specpilot.cli", "serve", "--model-path", str(tiny_dir), "--port", str(port),
            "--host", "127.0.0.1", "--speculative-algorithm", "ngram", "--speculative-num-draft-tokens", "4",
-           "--max-running-requests", "2", "--context-length", "4096", "--dtype", "float32", "--device", "cpu",
-           "--shutdown-grace-period", "2"]
+           "--max-running-requests", "2", "--context-length", "16384", "--max-total-tokens", "32768",
+           "--dtype", "float32", "--device", "cpu", "--shutdown-grace-period", "2", *mode]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url, 60)
         info = httpx.get(url + "/get_server_info", trust_env=False).json()
         assert (info["speculative_algorithm"], info["max_running_requests"], info["port"]) == ("ngram", 2, port)
-        assert info["kv_cache"]["num_slots"] == 2 and info["kv_cache"]["total_tokens"] == 2 * 4096
-        stream = Stream(url, "in-flight", {"max_new_tokens": 3900, "ignore_eos": True})
+        assert info["kv_cache"]["num_slots"] == 2 and info["kv_cache"]["total_tokens"] == 2 * 16384
+        # long enough to outlast the grace period even where the engine steps in its own process
+        stream = Stream(url, "in-flight", {"max_new_tokens": 16000, "ignore_eos": True})
         while not stream.events:
             time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
