@@ -48,8 +48,9 @@ class VerifyLengths:
         self.other_ms: float | None = None  # unknown until a step is measured: the first steps verify everything
         self.kept = self.offered = 0  # drafts verified, drafts proposed (what /get_server_info reports)
         self.tried, self.accepted = np.zeros(BINS), np.zeros(BINS)  # per confidence bin: drafts reached, accepted
-        # the latest choice: its nodes' confidence bins and parents ([B, K], 0 = the root) and drafts kept per request
-        self._last: tuple[np.ndarray, np.ndarray, list[int]] | None = None
+        # the latest choice: its drafts' confidence bins and parents ([B, K], 0 = the root), which were verified, and
+        # for narrowed trees the draft each verify row holds ([B, width - 1]; None: row j holds draft j)
+        self._last: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None = None
 
     def choose(self, confidences: np.ndarray, widths: Sequence[int] | None = None) -> list[int]:
         """Per request the number of its drafts to verify, from `confidences` [B, K]; `widths`: the verify
@@ -64,7 +65,7 @@ class VerifyLengths:
             lengths = self._ragged(survival)
         else:
             lengths = self._uniform(survival, widths)
-        self._remember(bins, np.broadcast_to(np.arange(k), (n, k)), lengths)
+        self._remember(bins, np.broadcast_to(np.arange(k), (n, k)), np.arange(k)[None] < np.array(lengths)[:, None])
         return lengths
 
     def choose_tree(self, confidences: np.ndarray, parents: np.ndarray, widths: Sequence[int]) -> np.ndarray | None:
@@ -80,14 +81,12 @@ class VerifyLengths:
         order = np.argsort(-survival, axis=1, kind="stable")
         kept = k if self.other_ms is None else self._uniform(np.take_along_axis(survival, order, 1), widths)[0]
         if kept == k:
-            self._remember(bins, parents, [k] * n)
+            self._remember(bins, parents, np.ones((n, k), dtype=bool))
             return None
         keep = np.sort(order[:, :kept], axis=1)
-        renumber = np.zeros((n, k + 1), dtype=np.int64)
-        np.put_along_axis(renumber, keep + 1, np.arange(1, kept + 1)[None].repeat(n, 0), 1)
-        self._remember(np.take_along_axis(bins, keep, 1),
-                       np.take_along_axis(renumber, np.take_along_axis(parents, keep, 1), 1), [kept] * n)
-        self.offered += n * (k - kept)  # _remember counted the kept nodes as offered
+        verified = np.zeros((n, k), dtype=bool)
+        np.put_along_axis(verified, keep, True, 1)
+        self._remember(bins, parents, verified, keep)
         return keep
 
     def _calibrated(self, confidences: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -96,9 +95,10 @@ class VerifyLengths:
         bins = np.minimum((confidences * BINS).astype(np.int64), BINS - 1)
         return bins, (self.accepted[bins] + PRIOR * confidences) / (self.tried[bins] + PRIOR)
 
-    def _remember(self, bins: np.ndarray, parents: np.ndarray, lengths: list[int]) -> None:
-        self._last = (bins, parents, lengths)
-        self.kept += sum(lengths)
+    def _remember(self, bins: np.ndarray, parents: np.ndarray, verified: np.ndarray,
+                  columns: np.ndarray | None = None) -> None:
+        self._last = (bins, parents, verified, columns)
+        self.kept += int(verified.sum())
         self.offered += bins.size
 
     def _ragged(self, survival: np.ndarray) -> list[int]:
@@ -125,13 +125,12 @@ class VerifyLengths:
         nodes). A verified draft whose parent is on the path was reached: accepted if on the path itself."""
         if self._last is None:
             return
-        bins, parents, lengths = self._last
+        bins, parents, verified, columns = self._last
         self._last = None
         n, k = bins.shape
         on_path = np.zeros((n, k + 1), dtype=bool)
         for i, path in enumerate(paths):
-            on_path[i, path] = True
-        verified = np.arange(k)[None] < np.array(lengths)[:, None]
+            on_path[i, path if columns is None else [0, *(columns[i, r - 1] + 1 for r in path[1:])]] = True
         reached = np.take_along_axis(on_path, parents, 1) & verified
         self.tried *= DECAY
         self.accepted *= DECAY
@@ -144,7 +143,7 @@ class VerifyLengths:
         self.other_ms = other if self.other_ms is None else self.other_ms + SMOOTHING * (other - self.other_ms)
 
     def as_dict(self) -> dict:
-        rate = (self.accepted + PRIOR * (np.arange(BINS) + 0.5) / BINS) / (self.tried + PRIOR)
+        rate = self._calibrated((np.arange(BINS) + 0.5) / BINS)[1]  # at each bin's middle
         return {"table": self.table.key, "drafts_verified": self.kept, "drafts_offered": self.offered,
                 "acceptance_by_confidence": [round(float(r), 3) for r in rate],
                 "other_ms": None if self.other_ms is None else round(self.other_ms, 3)}

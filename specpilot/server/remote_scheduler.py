@@ -20,6 +20,7 @@ from specpilot.server.scheduler import (
     Submission,
     Update,
     Verdict,
+    hand_over,
     loop_sink,
     reserve,
 )
@@ -171,7 +172,7 @@ class RemoteScheduler:
             self._outstanding -= ended
             if ended:
                 self._cv.notify_all()
-        _hand_over(messages)
+        hand_over(messages)
 
     def _fail_all(self, reason: str) -> None:
         with self._cv:
@@ -180,9 +181,4 @@ class RemoteScheduler:
             self._left.clear()
             self._outstanding = 0
             self._cv.notify_all()
-        _hand_over(failed)
-
-
-def _hand_over(messages: list[tuple[Submission, Verdict | Update]]) -> None:
-    for sink in {id(sub.sink): sub.sink for sub, _ in messages}.values():  # one wake-up per event loop
-        sink.send([m for m in messages if m[0].sink is sink])
+        hand_over(failed)

@@ -117,6 +117,12 @@ def reserve(accepting: bool, outstanding: int, wanted: int, capacity: int) -> in
     return outstanding + wanted
 
 
+def hand_over(messages: list[tuple[Submission, Verdict | Update]]) -> None:
+    """Messages to their submissions' sinks, one send per sink (one wake-up per event loop)."""
+    for sink in {id(sub.sink): sub.sink for sub, _ in messages}.values():
+        sink.send([m for m in messages if m[0].sink is sink])
+
+
 def queue_limit(asked: int | None, running: int) -> int:
     """Requests that may wait for a running slot: as asked, else four times the running ones."""
     return 4 * running if asked is None else asked
@@ -341,8 +347,7 @@ class Scheduler:
             step_time=self._step_time(), kv_pool=self.engine.pages.info())
         # after the snapshot (a sink to another process sends it with them), before the release (which may let
         # a shutdown go on)
-        for sink in {id(sub.sink): sub.sink for sub, _ in messages}.values():  # one hand-over per sink
-            sink.send([m for m in messages if m[0].sink is sink])
+        hand_over(messages)
         self._release(len(done))
 
     def _measure(self) -> None:
