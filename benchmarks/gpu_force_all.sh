@@ -40,6 +40,9 @@ python3 -m specpilot bench --profile-cost-table --device cuda --dtype $dtype --c
     --cost-tokens 1 2 4 8 16 --output-dir "$out/cost-table" > "$out/cost-table.log" 2>&1
 run chain-assist-two-level --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 1 \
     --speculative-ngram-assist 2 --mechanisms two-level,budget,device-acceptance,early-launch,layout-ahead
+# the same with ragged graphs: requests of different widths packed into one graph per (batch, rows) bucket
+run chain-assist-ragged --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 1 \
+    --speculative-ngram-assist 2 --mechanisms two-level,ragged,device-acceptance,early-launch,layout-ahead
 # the target's weights as B12 (against a bf16 reference of its own), with every mechanism a tree takes
 if [ "$dtype" = bfloat16 ]; then
     run tree-assist-b12 --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 4 \

@@ -1,11 +1,12 @@
-"""What a step mechanism that can be switched per run (`budget`, `two-level`) does to offline throughput: one
-engine (the embedded model and its DFlash drafter, the device's default mechanisms), a batch of ShareGPT prompts
-decoded AR, with speculation as the defaults run it, and with the mechanism on; the three interleaved per
-repeat, output ids checked equal. Reports tokens per second (median and range), accept length, and the
-mechanism's own report at the end. `two-level` reads the cost table of this device and model, profiled first
-where none is cached (`specpilot bench --profile-cost-table`'s grid).
+"""What a step mechanism that can be switched per run (`budget`, `two-level`, `ragged`) does to offline throughput:
+one engine (the embedded model and its DFlash drafter, the device's default mechanisms), a batch of ShareGPT
+prompts decoded AR, with speculation as the defaults run it, and with the mechanism on (`ragged`: two-level
+without it, then with it); the modes interleaved per repeat, output ids checked equal. Reports tokens per
+second (median and range), accept length, and the mechanism's own report at the end. `two-level` reads the
+cost table of this device and model, profiled first where none is cached (`specpilot bench
+--profile-cost-table`'s grid).
 
-    python benchmarks/mechanism_cost.py [--mechanism budget|two-level] [--device cpu] [--batch-size 32]
+    python benchmarks/mechanism_cost.py [--mechanism budget|two-level|ragged] [--device cpu] [--batch-size 32]
         [--max-new-tokens 48] [--topk K] [--repeats 2] [--out DIR]
 """
 
@@ -38,37 +39,42 @@ COST_GRID = ([1, 2, 4, 8, 16, 32], [1, 2, 4, 8, 16])  # batch sizes, rows per re
 
 
 def _engine(args: argparse.Namespace) -> Engine:
-    """The device's default mechanisms, plus `two-level` (its graphs of every width) when it is measured; the
-    mechanism is switched on and off between runs by setting its engine attribute, so all modes share one
-    engine, its weights and graphs."""
+    """The device's default mechanisms, plus `two-level` (its graphs of every width, and `ragged`'s where that
+    is measured) when it is measured; the mechanism is switched on and off between runs by setting its engine
+    and step attributes, so all modes share one engine, its weights and graphs."""
     config = EngineConfig(device=args.device, speculative_algorithm="dflash", max_running_requests=args.batch_size,
                           speculative_eagle_topk=args.topk or open_defaults(args.device, "dflash")["speculative_eagle_topk"],
                           context_length=args.context, max_total_tokens=args.batch_size * args.context)
     engine = Engine.from_config(config)
-    if args.mechanism == "two-level":
+    if args.mechanism in ("two-level", "ragged"):
         key = key_for(engine.device, engine.checkpoint.source, engine.dtype, engine.exact)
         if load_cost_table(key) is None:
             sizes = [b for b in COST_GRID[0] if b <= args.batch_size]
             print(f"profiling the cost table {key} (batch sizes {sizes}, rows {COST_GRID[1]})", flush=True)
             save_cost_table(profile_cost_table(engine, sizes, COST_GRID[1], context=args.context // 2))
-        engine = Engine(engine.checkpoint, replace(engine.config, mechanisms=engine.mechanisms | {"two-level"}),
+        added = {"two-level"} | ({"ragged"} if args.mechanism == "ragged" else set())
+        engine = Engine(engine.checkpoint, replace(engine.config, mechanisms=engine.mechanisms | added),
                         model=engine.model, cache=engine.cache)
     return engine
 
 
-def _switch(engine: Engine, mechanism: str, on: bool) -> dict | None:
-    """Sets the mechanism's state for the next run; returns the state of the run before (its report)."""
-    if mechanism == "budget":
-        before, engine.budget = engine.budget, SpeculationBudget() if on else None
+def _switch(engine: Engine, measured: str, mode: str) -> dict | None:
+    """Sets the engine up for the next run's mode ("ar" and "spec" without the measured mechanism; a mechanism's
+    name with it on; "ragged" is two-level with ragged graphs); returns the state of the run before (its report)."""
+    if measured == "budget":
+        before, engine.budget = engine.budget, SpeculationBudget() if mode == "budget" else None
     else:
         table = load_cost_table(key_for(engine.device, engine.checkpoint.source, engine.dtype, engine.exact))
+        on = mode in ("two-level", "ragged")
         before, engine.verify_lengths = engine.verify_lengths, VerifyLengths(table) if on else None
+        step = engine.speculation
+        step.mechanisms = step.mechanisms - {"ragged"} | ({"ragged"} if mode == "ragged" else set())
     return None if before is None else before.as_dict()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mechanism", choices=("budget", "two-level"), default="budget")
+    ap.add_argument("--mechanism", choices=("budget", "two-level", "ragged"), default="budget")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=48)
@@ -82,12 +88,13 @@ def main() -> None:
     prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts("sharegpt", args.batch_size)]
     params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
     on = args.mechanism
-    rates: dict[str, list[float]] = {"ar": [], "spec": [], on: []}
-    tau: dict[str, list[float]] = {"spec": [], on: []}
+    modes = ["ar", "spec", *(["two-level"] if on == "ragged" else []), on]
+    rates: dict[str, list[float]] = {m: [] for m in modes}
+    tau: dict[str, list[float]] = {m: [] for m in modes[1:]}
     ids, reports = {}, []
     for r in range(args.repeats):
         for mode in rates:
-            report = _switch(engine, on, mode == on)
+            report = _switch(engine, on, mode)
             if report is not None:
                 reports.append(report)
             engine.reset_spec_stats()
@@ -101,18 +108,17 @@ def main() -> None:
             rates[mode].append(sum(len(q.output_ids) for q in reqs) / (time.perf_counter() - start))
             ids[mode] = [q.output_ids for q in reqs]
         print(f"repeat {r + 1}: " + ", ".join(f"{m} {v[-1]:.1f} tok/s" for m, v in rates.items()), flush=True)
-    reports.append(_switch(engine, on, False))
-    same = ids["spec"] == ids["ar"] and ids[on] == ids["ar"]
+    reports.append(_switch(engine, on, "spec"))
+    same = all(ids[m] == ids["ar"] for m in modes)
     result = {"provenance": collect(engine.device, str(engine.dtype)), "command": " ".join(sys.argv),
               "mechanism": on, "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens,
               "mechanisms": sorted(engine.mechanisms | {on}), "tok_s": {m: spread(v) for m, v in rates.items()},
               "accept_length": {m: spread(v) for m, v in tau.items()}, "ids_equal_ar": same, "reports": reports}
     write_json(out_dir(args.out) / f"{on.replace('-', '_')}_cost.json", result)
     med = {m: statistics.median(v) for m, v in rates.items()}
-    print(f"tok/s median: AR {med['ar']:.1f}, speculation {med['spec']:.1f} ({med['spec'] / med['ar']:.2f}x), "
-          f"{on} {med[on]:.1f} ({med[on] / med['ar']:.2f}x); accept length spec "
-          f"{statistics.median(tau['spec']):.2f}, {on} {statistics.median(tau[on]):.2f}; ids equal AR's: {same}; "
-          f"last report: {reports[-1]}")
+    print(f"tok/s median: AR {med['ar']:.1f}, " + ", ".join(f"{m} {med[m]:.1f} ({med[m] / med['ar']:.2f}x)" for m in modes[1:])
+          + "; accept length " + ", ".join(f"{m} {statistics.median(v):.2f}" for m, v in tau.items())
+          + f"; ids equal AR's: {same}; last report: {reports[-1]}")
 
 
 if __name__ == "__main__":

@@ -152,6 +152,36 @@ def test_graph_input_buffers_pad_into_scratch_slot(tmp_path):
     assert torch.equal(cache.read(0, other_slot, cache.max_len)[0], before)
 
 
+def test_ragged_graph_inputs_pack_requests_and_pad_into_scratch_slot(tmp_path):
+    """A ragged verify's static inputs (`ragged`), run eagerly: 3 requests of 2, 4 and 1 rows packed in a bucket
+    of 4 requests x 12 rows give the plain batch's logits in their rows, the spare rows and the request that
+    owns none write only the scratch slot, and a fill too large for the bucket is refused."""
+    from specpilot.state.static_batch import RaggedStaticBatch
+
+    _, engine = tiny_engine(tmp_path, "llama", False)
+    runner, cache = engine.runner, engine.cache
+    slots = [cache.allocate() for _ in range(3)]
+    prompts = random_prompts(engine.checkpoint.config.vocab_size, 3, seed=7)
+    runner.forward(slots, [0] * 3, prompts)
+    starts = [len(p) for p in prompts]
+    verify = [[5, 6], [9, 10, 11, 12], [13]]
+    plain = runner.forward(slots, starts, verify).logits
+    inputs = RaggedStaticBatch(4, 16, 4, engine.device, cache.scratch_slot, cache.max_len)
+    other_slot = cache.allocate()
+    before = cache.read(0, other_slot, cache.max_len)[0].clone()
+    inputs.fill(slots, starts, verify, 4, 12)
+    batch = inputs.batch(4, 12, num_kv_splits=1)
+    assert batch.q_lens.tolist() == [2, 4, 1, 0] and batch.q_starts.tolist()[:3] == [0, 2, 6]
+    with torch.inference_mode():
+        packed = runner.run(batch).logits
+    torch.testing.assert_close(packed[:7], plain)
+    assert torch.equal(cache.read(0, other_slot, cache.max_len)[0], before)
+    with pytest.raises(ValueError, match="cannot take 3 requests of 7 rows"):
+        inputs.fill(slots, starts, verify, 4, 6)
+    with pytest.raises(ValueError, match="1..4 each"):
+        inputs.fill(slots, starts, [[1] * 5, [2], [3]], 4, 12)
+
+
 def test_prefill_waves_keep_outputs_and_cut_prefill_passes(tmp_path):
     """min_prefill_batch: fewer prefill passes, the same greedy outputs, every request served."""
     tiny_hf_model("qwen3").save_pretrained(tmp_path)

@@ -58,6 +58,10 @@ def test_a_verify_gap_adds_the_mechanisms_that_verify_less():
     listed = {"mechanisms": ["budget"], "tunables": {}}
     moves = search.propose(_brief(best=listed, gaps=[{"name": "verify"}], count=10, optional=["two-level"]))
     assert {"mechanisms": ["budget", "two-level"], "tunables": {}} in moves
+    # once the best runs two-level under graphs, ragged is offered beside it
+    graphed = {"mechanisms": ["device-acceptance", "two-level"], "tunables": {}}
+    moves = search.propose(_brief(best=graphed, gaps=[{"name": "verify"}], count=10, optional=["ragged"]))
+    assert {"mechanisms": ["device-acceptance", "ragged", "two-level"], "tunables": {}} in moves
 
 
 def _request(tiny_dir, candidate) -> Request:

@@ -267,6 +267,52 @@ def test_graphs_verify_narrowed_trees(tiny, cost_tables, replays):  # noqa: F811
     assert len(set(widths)) > 1
 
 
+def test_ragged_graphs_verify_trimmed_chains_of_any_width(tiny, cost_tables, replays):  # noqa: F811
+    """`ragged`: a step whose requests verify different widths runs as the graph of its (batch, rows) bucket,
+    packed (padding requests own no rows), and the output stays AR's; uniform steps keep the width graphs."""
+    ckpt, paths = tiny
+    cost_tables(ckpt, FLAT, device="cpu")
+    prompts = mixed_prompts(ckpt.config.vocab_size, 5, seed=6)  # 5 requests in the bucket of 8 (then fewer)
+    ar = [r.output_ids for r in _engine(ckpt, paths, None, device="cpu").generate(prompts, GREEDY)]
+    engine = _engine(ckpt, paths, device="cpu", cuda_graphs=True, speculative_num_draft_tokens=6,
+                     speculative_ngram_assist=2, mechanisms=frozenset({"two-level", "ragged", "device-acceptance"}))
+    assert (4, 24) in engine.runner.ragged and (4, 5) not in engine.runner.ragged  # buckets above 4 requests
+    engine.verify_lengths.table = SLOPED
+    _any_confidences(engine, seed=1)
+    passes = []
+    plan = engine.speculation._plan
+
+    def recorded(reqs, draft):
+        p = plan(reqs, draft)
+        ragged = p.graph is not None and p.graph in engine.runner.ragged.values()
+        passes.append((p.widths, ragged, p.batch.batch_size, p.batch.num_tokens))
+        return p
+
+    engine.speculation._plan = recorded
+    assert [r.output_ids for r in engine.generate(prompts, GREEDY)] == ar
+    mixed = [(w, ragged, b, rows) for w, ragged, b, rows in passes if len(set(w)) > 1]
+    assert mixed and all(ragged and sum(w) <= rows for w, ragged, _, rows in mixed)
+    assert any(len(w) < b for w, _, b, _ in mixed)  # padding requests (no rows) ran beside real ones
+
+
+def test_ragged_needs_two_level_and_graphs(tiny, cost_tables, replays):  # noqa: F811
+    ckpt, paths = tiny
+    cost_tables(ckpt, device="cpu")
+    with pytest.raises(ValueError, match="--mechanisms: ragged needs two-level too"):
+        _engine(ckpt, paths, device="cpu", mechanisms=frozenset({"ragged"}))
+    with pytest.raises(ValueError, match="--mechanisms: ragged needs CUDA graphs"):
+        _engine(ckpt, paths, device="cpu", cuda_graphs=False, mechanisms=frozenset({"two-level", "ragged"}))
+
+
+def test_ragged_lengths_are_chosen_at_their_bucket_s_cost():
+    """Under ragged graphs a pass costs its rows' bucket: drafts that fill a bucket's spare rows come free."""
+    conf = np.array([[0.9, 0.5, 0.5, 0.5], [0.9, 0.5, 0.5, 0.5]])
+    eager = _chooser(SLOPED, 1.0).choose(conf)
+    bucketed = _chooser(SLOPED, 1.0).choose(conf, row_buckets=[3, 4, 6, 8, 10])
+    assert sum(eager) + 2 <= sum(bucketed) + 2 <= 10
+    assert (sum(bucketed) + 2) in (3, 4, 6, 8, 10)  # it fills the bucket it pays for
+
+
 def test_forcing_passes_with_two_level_and_the_budget(tiny, cost_tables):  # noqa: F811
     ckpt, paths = tiny
     cost_tables(ckpt)

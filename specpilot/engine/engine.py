@@ -195,7 +195,8 @@ class Engine:
         trees = self.drafter is not None and self.config.speculative_eagle_topk > 1
         self.runner.capture(q_lens=q_lens, batch_sizes=self.config.cuda_graph_batch_sizes,
                             tree_qs=tuple(q for q in q_lens if q > 1) if trees else (),
-                            num_kv_splits=self.config.attention_kv_splits)
+                            num_kv_splits=self.config.attention_kv_splits,
+                            ragged_q=self.drafter.block_size if "ragged" in self.mechanisms else 0)
         if self.speculation is not None:
             self.speculation.capture()
 

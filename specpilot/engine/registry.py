@@ -134,8 +134,12 @@ def _early_launch(d: Deployment) -> str | None:
     return None
 
 
+def _graphs(d: Deployment) -> str | None:
+    return None if d.graphs else "needs CUDA graphs"
+
+
 def _layout_ahead(d: Deployment) -> str | None:
-    return _device_acceptance(d) or (None if d.graphs else "needs CUDA graphs")
+    return _device_acceptance(d) or _graphs(d)
 
 
 def _bf16_weights(d: Deployment) -> str | None:
@@ -173,13 +177,17 @@ MECHANISMS: tuple[Mechanism, ...] = (
               "that maximises the step's expected tokens per second (the drafter's calibrated confidences, the cost "
               "table T(B, rows)); trees and a graph's batch verify one width, the best captured", ("plan", "verify"),
               _confidences, by_default=False),
+    # off unless asked for, as `two-level` is (only its chains verify different widths); its graphs take memory
+    Mechanism("ragged", "a verify whose requests take different widths (two-level's chains) runs packed, without "
+              "padding between requests, as the CUDA graph of its (batch, total rows) bucket rather than eagerly",
+              ("plan", "verify"), _graphs, by_default=False),
     # off unless asked for (or the checkpoint is B12): converting the weights takes time at load
     Mechanism("b12", "the target's matrices held as B12 (12 bits a weight) and multiplied by a kernel that decodes "
               "them in registers: bf16's bits, three quarters of its bytes", ("propose", "verify"), _bf16_weights,
               by_default=False),
 )
 # what a mechanism needs of the others (checked when a set is asked for)
-NEEDS = {"early-launch": ("device-acceptance",), "layout-ahead": ("device-acceptance",)}
+NEEDS = {"early-launch": ("device-acceptance",), "layout-ahead": ("device-acceptance",), "ragged": ("two-level",)}
 
 _TUNABLE_BY_NAME = {t.name: t for t in TUNABLES}
 _MECHANISM_BY_NAME = {m.name: m for m in MECHANISMS}

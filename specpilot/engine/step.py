@@ -15,8 +15,9 @@
 
 The mechanisms in effect (engine/registry.py) are properties of these stages; with none (`stock`) the
 step is propose → plan → verify → host walk → commit. Verify widths are per request (a drafter may
-propose fewer tokens for some requests); graphs and device acceptance take uniform widths, so a ragged
-step runs eagerly and accepts on the host.
+propose fewer tokens for some requests); device acceptance and the graphs per width take uniform widths,
+so a ragged step runs eagerly, or under `ragged` through a graph per (batch, total rows) bucket, and accepts
+on the host.
 """
 
 from __future__ import annotations
@@ -151,11 +152,18 @@ class SpeculativeStep:
         return plan
 
     def _level_one(self, reqs: list[Request], draft: Draft) -> Draft:
-        """`two-level`: the drafts worth verifying. A chain's per request (ragged where the pass runs eagerly),
-        a tree's as a subtree of one width for all (a new draft of the narrower trees)."""
-        widths = [q for q in self.runner.static if q > 1 and self.runner.graph_for(q, len(reqs)) is not None]
+        """`two-level`: the drafts worth verifying. A chain's per request (ragged where the pass runs eagerly or
+        `ragged` graphs hold the batch), a tree's as a subtree of one width for all (a new draft of the narrower
+        trees)."""
+        n = len(reqs)
+        widths = [q for q in self.runner.static if q > 1 and self.runner.graph_for(q, n) is not None]
         if draft.tree is None:
-            draft.lengths = self.engine.verify_lengths.choose(draft.confidences.float().cpu().numpy(), widths or None)
+            confidences = draft.confidences.float().cpu().numpy()
+            rows = self.runner.ragged_rows(n) if "ragged" in self.mechanisms else []
+            if rows or not widths:
+                draft.lengths = self.engine.verify_lengths.choose(confidences, row_buckets=rows or None)
+            else:
+                draft.lengths = self.engine.verify_lengths.choose(confidences, widths)
             return draft
         k = draft.tokens.shape[1]
         host = torch.stack([draft.confidences.float(), draft.tree.parents.float()]).cpu().numpy()  # one sync
@@ -169,10 +177,19 @@ class SpeculativeStep:
         widths = draft.widths()
         q, n = max(widths), len(reqs)
         laid, self._laid_out = self._laid_out, None
-        graph = self.runner.graph_for(q, n) if len(set(widths)) == 1 else None  # a graph takes uniform widths
-        if graph is None:
+        ragged = len(set(widths)) > 1
+        if not ragged:
+            graph = self.runner.graph_for(q, n)
+        elif "ragged" in self.mechanisms and draft.tree is None:  # packed chains, through their rows' bucket
+            graph = self.runner.ragged_for(n, sum(widths))
+        else:
+            graph = None
+        if graph is None or ragged:
             slots, starts, firsts = _heads(reqs)
             lists = [[t, *d[: w - 1]] for t, d, w in zip(firsts, draft.tokens.tolist(), widths)]
+            if graph is not None:
+                self.runner.ragged_inputs.fill(slots, starts, lists, graph.batch.batch_size, graph.batch.num_tokens)
+                return VerifyPlan(reqs, draft, widths, graph.batch, graph)
             batch = ForwardBatch.build(slots, starts, lists, self.cache.max_len, self.device)
             batch.verify = True
             if draft.tree is not None:
@@ -196,7 +213,7 @@ class SpeculativeStep:
     def verify(self, plan: VerifyPlan) -> RunOutput:
         if plan.graph is None:
             return self.runner.run(plan.batch)
-        return self.runner.replay(plan.graph, len(plan.reqs))
+        return self.runner.replay(plan.graph, plan.offsets[-1])
 
     def accept(self, plan: VerifyPlan, out: RunOutput, clock: StepClock) -> Acceptance:
         """Device acceptance where it applies (uniform widths, nothing banned; sampled rows decided by their

@@ -7,9 +7,9 @@ verifies L drafts commits 1 + s_1 + ... + s_L tokens in expectation. The step co
 T(B, rows per request) for the verify pass plus the rest of the step (drafting, acceptance, the host's
 work), which the step measures as it runs. Level 1 keeps the drafts that maximise expected tokens per
 millisecond: survivals do not increase along a chain, so the best k drafts kept overall are the k largest
-survivals (each request a prefix of its chain), and one pass over k = 0 .. B*K finds the best k. Where the
-verify pass runs as a CUDA graph every request verifies as many rows, so level 1 picks the best of the
-captured widths instead. A draft tree narrows the same way, to one width for all: a node survives with the
+survivals (each request a prefix of its chain), and one pass over k = 0 .. B*K finds the best k (under
+`ragged` graphs, each k costing its rows' bucket). Where the verify pass runs as a CUDA graph of one width
+every request verifies as many rows, so level 1 picks the best of the captured widths instead. A draft tree narrows the same way, to one width for all: a node survives with the
 product of its own and its ancestors' confidences, a child never more than its parent, so each request keeps
 its (width - 1) likeliest nodes, a subtree.
 
@@ -52,17 +52,19 @@ class VerifyLengths:
         # for narrowed trees the draft each verify row holds ([B, width - 1]; None: row j holds draft j)
         self._last: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None = None
 
-    def choose(self, confidences: np.ndarray, widths: Sequence[int] | None = None) -> list[int]:
+    def choose(self, confidences: np.ndarray, widths: Sequence[int] | None = None,
+               row_buckets: Sequence[int] | None = None) -> list[int]:
         """Per request the number of its drafts to verify, from `confidences` [B, K]; `widths`: the verify
         widths (rows per request, the newest token included) that graphs offer for this batch, one for all
-        requests; None: any number per request (a ragged pass)."""
+        requests; None: any number per request (a ragged pass), whose rows `row_buckets` round up to the
+        captured ragged graph's they run in (None: an eager pass, no rounding)."""
         n, k = confidences.shape
         bins, calibrated = self._calibrated(confidences)
         survival = np.cumprod(calibrated, axis=1)
         if self.other_ms is None:
             lengths = [k] * n
         elif widths is None:
-            lengths = self._ragged(survival)
+            lengths = self._ragged(survival, row_buckets)
         else:
             lengths = self._uniform(survival, widths)
         self._remember(bins, np.broadcast_to(np.arange(k), (n, k)), np.arange(k)[None] < np.array(lengths)[:, None])
@@ -101,12 +103,16 @@ class VerifyLengths:
         self.kept += int(verified.sum())
         self.offered += bins.size
 
-    def _ragged(self, survival: np.ndarray) -> list[int]:
+    def _ragged(self, survival: np.ndarray, row_buckets: Sequence[int] | None) -> list[int]:
         n, k = survival.shape
         # largest first; among equal survivals the earlier (a chain's shallower draft first: prefixes stay prefixes)
         order = np.argsort(-survival, axis=None, kind="stable")
         tokens = n + np.concatenate([[0.0], np.cumsum(survival.ravel()[order])])
-        ms = self.other_ms + self.table.along_tokens(n, 1 + np.arange(n * k + 1) / n)
+        rows = n + np.arange(n * k + 1)
+        if row_buckets is not None:  # a graph's pass costs its bucket's rows
+            buckets = np.array(sorted(row_buckets))
+            rows = buckets[np.minimum(np.searchsorted(buckets, rows), len(buckets) - 1)]
+        ms = self.other_ms + self.table.along_tokens(n, rows / n)
         best = int(np.argmax(tokens / ms))
         return np.bincount(order[:best] // k, minlength=n).tolist()
 

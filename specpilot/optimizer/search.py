@@ -25,8 +25,9 @@ GAP_MOVES: dict[str, list[tuple[str, int]]] = {
     "acceptance (tau)": [("block-size", +1), ("tree-topk", +1), ("ngram-assist", +1)],
     "host and overhead": [("block-size", +1)],
 }
-# Which mechanisms off by default answer a gap: verifying fewer drafts (two-level), or none where AR is faster (budget).
-GAP_MECHANISMS: dict[str, list[str]] = {"verify": ["two-level", "budget"]}
+# Which mechanisms off by default answer a gap: verifying fewer drafts (two-level; ragged, which keeps its chains
+# ragged under graphs), or none where AR is faster (budget).
+GAP_MECHANISMS: dict[str, list[str]] = {"verify": ["two-level", "ragged", "budget"]}
 
 
 @dataclass

@@ -105,6 +105,16 @@ def capture_buckets(batch_sizes: tuple[int, ...], max_b: int) -> list[int]:
     return sorted({min(b, max_b) for b in batch_sizes}, reverse=True)
 
 
+def ragged_token_buckets(batch_size: int, q: int) -> list[int]:
+    """The row counts a ragged verify of `batch_size` requests of 1..q rows captures graphs for: 2^k and 3 * 2^k
+    (a pass pads at most half its rows) between batch_size and batch_size * q, and batch_size * q itself.
+    None for a batch of one (its one request's width is uniform), nor for q < 2 (no drafts: no ragged verify)."""
+    if batch_size < 2 or q < 2:
+        return []
+    series = (m << k for k in range((batch_size * q).bit_length()) for m in (2, 3))
+    return sorted({t for t in series if batch_size < t < batch_size * q} | {batch_size * q})
+
+
 def pick_bucket(captured: Iterable[int], n: int) -> int:
     """The smallest captured batch size that holds n requests; 0 when none does (run eagerly)."""
     return min((b for b in captured if b >= n), default=0)

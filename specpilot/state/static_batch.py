@@ -82,3 +82,62 @@ class StaticBatch:
             self.tree_mask.copy_(self.chain[0])
             self.tree_parents.copy_(self.chain[1])
         self.fills += 1
+
+
+class RaggedStaticBatch:
+    """A ragged verify's graph inputs (`ragged`): up to `max_b` requests of 1..q tokens each, packed without
+    padding between them into up to `max_t` rows. A graph is captured per (batch bucket, token bucket) over
+    prefix views; a fill packs the requests first, then rows past their tokens aim at the scratch slot and
+    belong to no request, and bucket requests past the real ones own no rows (q_len 0): the kernels skip
+    them, and what the unowned rows compute stays in those rows."""
+
+    def __init__(self, max_b: int, max_t: int, q: int, device: torch.device, scratch_slot: int, max_len: int) -> None:
+        self.max_b, self.max_t, self.q, self.scratch, self.max_len = max_b, max_t, q, scratch_slot, max_len
+        # ids, positions, cache rows (max_t each), then slots, row starts, q_lens, kv_lens (max_b each)
+        self.dev = torch.zeros(3 * max_t + 4 * max_b, dtype=torch.int64, device=device)
+        self.input_ids, self.positions, self.write_index, self.slot_ids, self.q_starts, self.q_lens, self.kv_lens = \
+            self.dev.split([max_t] * 3 + [max_b] * 4)
+        # until a fill, no request owns a row and every row aims at the scratch slot
+        rows = torch.arange(max_t, device=device) % max_len
+        self.positions.copy_(rows)
+        self.write_index.copy_(scratch_slot * max_len + rows)
+        self.slot_ids.fill_(scratch_slot)
+        self.host: torch.Tensor | None = None  # pinned, on the first fill
+
+    def batch(self, b: int, t: int, num_kv_splits: int) -> ForwardBatch:
+        return ForwardBatch(
+            input_ids=self.input_ids[:t], positions=self.positions[:t], write_index=self.write_index[:t],
+            slot_ids=self.slot_ids[:b], q_starts=self.q_starts[:b], q_lens=self.q_lens[:b], kv_lens=self.kv_lens[:b],
+            max_q_len=self.q, num_kv_splits=num_kv_splits, verify=True,
+        )
+
+    def fill(self, slots: list[int], start_lens: list[int], token_lists: list[list[int]], b: int, t: int) -> None:
+        """From the host: request i appends token_lists[i] (1..q tokens) at start_lens[i], in a bucket of b
+        requests and t rows."""
+        k = len(slots)
+        lens = np.fromiter(map(len, token_lists), dtype=np.int64, count=k)
+        total = int(lens.sum())
+        if k > b or total > t or (k and not 1 <= lens.min() <= lens.max() <= self.q):
+            raise ValueError(f"a ragged bucket of {b} requests x {t} rows (1..{self.q} each) cannot take "
+                             f"{k} requests of {total} rows")
+        if self.host is None:
+            self.host = torch.zeros(self.dev.shape, dtype=torch.int64, pin_memory=self.dev.is_cuda)
+            self.host.copy_(self.dev)
+        ids, pos, writes, slot_ids, q_starts, q_lens, kv_lens = (
+            v.numpy() for v in self.host.split([self.max_t] * 3 + [self.max_b] * 4))
+        starts = np.concatenate([[0], np.cumsum(lens)[:-1]]) if k else lens
+        ids[:total] = np.fromiter((x for tokens in token_lists for x in tokens), dtype=np.int64, count=total)
+        ids[total:t] = 0
+        pos[:total] = np.arange(total) + np.repeat(np.asarray(start_lens, dtype=np.int64) - starts, lens)
+        pos[total:t] = np.arange(t - total) % self.max_len
+        slot_ids[:k] = slots
+        slot_ids[k:b] = self.scratch
+        writes[:total] = pos[:total] + np.repeat(np.asarray(slots, dtype=np.int64) * self.max_len, lens)
+        writes[total:t] = pos[total:t] + self.scratch * self.max_len
+        q_starts[:k] = starts
+        q_starts[k:b] = total
+        q_lens[:k] = lens
+        q_lens[k:b] = 0
+        kv_lens[:k] = np.asarray(start_lens, dtype=np.int64) + lens
+        kv_lens[k:b] = 0
+        self.dev.copy_(self.host, non_blocking=self.dev.is_cuda)
