@@ -80,12 +80,13 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--context", type=int, default=1024, help="KV positions a request may reach")
     ap.add_argument("--topk", type=int, default=None, help="draft tree top-k (default: the device's; 1: chains)")
+    ap.add_argument("--dataset", default="sharegpt", help="the prompts' dataset (specpilot.bench.datasets)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     engine = _engine(args)
     engine.warm_up()
-    prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts("sharegpt", args.batch_size)]
+    prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts(args.dataset, args.batch_size)]
     params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
     on = args.mechanism
     modes = ["ar", "spec", *(["two-level"] if on == "ragged" else []), on]

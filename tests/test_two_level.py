@@ -165,13 +165,20 @@ def cost_tables(tmp_path, monkeypatch):
     def write(ckpt, table: CostTable = SLOPED, device: str = TEST_DEVICE) -> None:
         dev = resolve_device(device)
         exact = dev.type == "cuda"  # the batch-invariant kernels run there (the engine's default)
-        save_cost_table(replace(table, key=key_for(dev, ckpt.source, resolve_dtype(TEST_DTYPE, dev), exact)))
+        save_cost_table(replace(table, key=key_for(dev, ckpt.source, resolve_dtype(_dtype(device), dev), exact)))
 
     return write
 
 
+def _dtype(device: str) -> str:
+    """The suite's dtype on the suite's device; float32 where a test pins the CPU (the graph paths' stand-ins)
+    while the suite runs on CUDA in bf16: CPU torch kernels decode AR's tokens exactly only in float32."""
+    return TEST_DTYPE if device == TEST_DEVICE else "float32"
+
+
 def _engine(ckpt, paths, algorithm="dflash", **changes) -> Engine:
-    config = EngineConfig(device=TEST_DEVICE, dtype=TEST_DTYPE, max_running_requests=4, context_length=256,
+    device = changes.pop("device", TEST_DEVICE)
+    config = EngineConfig(device=device, dtype=_dtype(device), max_running_requests=4, context_length=256,
                           speculative_algorithm=algorithm,
                           speculative_draft_model_path=None if algorithm is None else str(paths[algorithm]))
     return Engine(ckpt, replace(config, **changes))
