@@ -36,6 +36,26 @@ from specpilot.engine.registry import open_defaults  # noqa: E402
 from specpilot.engine.two_level import VerifyLengths  # noqa: E402
 
 COST_GRID = ([1, 2, 4, 8, 16, 32], [1, 2, 4, 8, 16])  # batch sizes, rows per request
+STAGES = ("propose", "plan", "verify", "accept", "commit", "prepare")
+
+
+def _stage_clock(engine: Engine) -> dict[str, float]:
+    """Host seconds per speculative stage, summed while the returned dict is read (a stage that syncs, e.g. plan
+    under two-level or accept, also holds the wait for the device work before it)."""
+    spent = dict.fromkeys(STAGES, 0.0)
+    step = engine.speculation
+    for name in STAGES:
+        stage = getattr(step, name)
+
+        def timed(*args, stage=stage, name=name):
+            start = time.perf_counter()
+            try:
+                return stage(*args)
+            finally:
+                spent[name] += time.perf_counter() - start
+
+        setattr(step, name, timed)
+    return spent
 
 
 def _engine(args: argparse.Namespace) -> Engine:
@@ -92,6 +112,8 @@ def main() -> None:
     modes = ["ar", "spec", *(["two-level"] if on == "ragged" else []), on]
     rates: dict[str, list[float]] = {m: [] for m in modes}
     tau: dict[str, list[float]] = {m: [] for m in modes[1:]}
+    stage_ms: dict[str, list[dict[str, float]]] = {m: [] for m in modes[1:]}  # host ms per step, per stage
+    spent = _stage_clock(engine)
     ids, reports = {}, []
     for r in range(args.repeats):
         for mode in rates:
@@ -99,6 +121,7 @@ def main() -> None:
             if report is not None:
                 reports.append(report)
             engine.reset_spec_stats()
+            spent.update(dict.fromkeys(spent, 0.0))
             start = time.perf_counter()
             if mode == "ar":
                 with engine.autoregressive():
@@ -106,6 +129,8 @@ def main() -> None:
             else:
                 reqs = engine.generate(prompts, params)
                 tau[mode].append(engine.spec_stats.tau)
+                passes = engine.spec_stats.steps / args.batch_size  # verify steps, roughly (the batch drains)
+                stage_ms[mode].append({k: round(1e3 * v / passes, 3) for k, v in spent.items()})
             rates[mode].append(sum(len(q.output_ids) for q in reqs) / (time.perf_counter() - start))
             ids[mode] = [q.output_ids for q in reqs]
         print(f"repeat {r + 1}: " + ", ".join(f"{m} {v[-1]:.1f} tok/s" for m, v in rates.items()), flush=True)
@@ -114,12 +139,16 @@ def main() -> None:
     result = {"provenance": collect(engine.device, str(engine.dtype)), "command": " ".join(sys.argv),
               "mechanism": on, "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens,
               "mechanisms": sorted(engine.mechanisms | {on}), "tok_s": {m: spread(v) for m, v in rates.items()},
-              "accept_length": {m: spread(v) for m, v in tau.items()}, "ids_equal_ar": same, "reports": reports}
+              "accept_length": {m: spread(v) for m, v in tau.items()}, "ids_equal_ar": same, "reports": reports,
+              "host_ms_per_step": {m: {k: statistics.median(r[k] for r in runs) for k in STAGES}
+                                   for m, runs in stage_ms.items()}}
     write_json(out_dir(args.out) / f"{on.replace('-', '_')}_cost.json", result)
     med = {m: statistics.median(v) for m, v in rates.items()}
     print(f"tok/s median: AR {med['ar']:.1f}, " + ", ".join(f"{m} {med[m]:.1f} ({med[m] / med['ar']:.2f}x)" for m in modes[1:])
           + "; accept length " + ", ".join(f"{m} {statistics.median(v):.2f}" for m, v in tau.items())
           + f"; ids equal AR's: {same}; last report: {reports[-1]}")
+    for m, ms in result["host_ms_per_step"].items():
+        print(f"host ms per step, {m}: " + ", ".join(f"{k} {v:.3f}" for k, v in ms.items()))
 
 
 if __name__ == "__main__":
