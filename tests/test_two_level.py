@@ -148,6 +148,59 @@ def test_trees_keep_the_likeliest_subtree_of_the_best_width():
     assert lengths.tried.sum() > 0
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(2, 12), st.integers(2, 13), st.integers(0, 10**6),
+       st.sampled_from([0.0, 0.5, 1.0]))
+def test_the_device_keeps_a_subtree_of_the_likeliest_nodes(n, k, width, seed, tie):
+    """`select`: width - 1 nodes per request, ascending, every kept node's parent kept (confidences of 1 and
+    repeats tie children with their parents); with distinct survivals, the likeliest ones."""
+    width = min(width, k)
+    tree = _random_tree(n, k, seed)
+    gen = torch.Generator().manual_seed(seed)
+    conf = torch.rand(n, k, generator=gen)
+    if tie:  # some confidences of exactly 1 or repeated: ties between a parent and its child
+        conf = torch.where(torch.rand(n, k, generator=gen) < 0.3, torch.full_like(conf, tie or 1.0), conf)
+    lengths = VerifyLengths(SLOPED)
+    keep = lengths.select(conf, tree, width)
+    assert keep.shape == (n, width - 1)
+    for i in range(n):
+        kept = keep[i].tolist()
+        assert kept == sorted(set(kept))
+        assert all(int(tree.parents[i, j]) == 0 or int(tree.parents[i, j]) - 1 in kept for j in kept)
+    if not tie:
+        survival = _tree_survival_of(lengths, conf.double().numpy(), tree.parents.numpy())
+        for i in range(n):
+            assert set(keep[i].tolist()) == set(np.argsort(-survival[i], kind="stable")[: width - 1].tolist())
+
+
+def _tree_survival_of(lengths: VerifyLengths, conf: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    survival = lengths._calibrated(conf)[1]
+    for j in range(conf.shape[1]):
+        survival[:, j] *= np.where(parents[:, j] > 0, survival[np.arange(len(conf)), np.maximum(parents[:, j] - 1, 0)], 1)
+    return survival
+
+
+def test_widths_ahead_follow_the_previous_step_s_drafts():
+    """Under graphs the host never waits for this step's draft: the first step verifies everything, later ones the
+    best width for the previous step's drafts; what each step verified reaches the calibration."""
+    lengths = VerifyLengths(SLOPED)
+    sure, unsure = torch.full((2, 6), 0.99), torch.full((2, 6), 0.01)
+    assert lengths.choose_ahead(unsure, None, [2, 4, 7]) == (7, None)  # nothing measured yet
+    lengths.learn([[0], [0]])
+    lengths.observe(5.0, 2, 14)
+    assert lengths.choose_ahead(sure, None, [2, 4, 7])[0] == 2  # the unsure step before decides
+    lengths.learn([[0, 1], [0, 1]])
+    assert lengths.choose_ahead(unsure, None, [2, 4, 7])[0] == 7  # and now the sure one
+    lengths.learn([[0], [0]])
+    assert lengths.tried.sum() > 0
+    assert (lengths.kept, lengths.offered) == (2 * 6 + 2 * 1 + 2 * 6, 3 * 2 * 6)
+    tree = _random_tree(2, 6, seed=3)
+    width, keep = lengths.choose_ahead(sure, tree, [2, 4, 7])
+    assert width < 7 and keep.shape == (2, width - 1)  # unsure drafts before: a narrower tree
+    lengths.learn([[0], [0]])  # the narrowed tree's rows map back to the nodes kept
+    assert lengths.kept == 2 * 6 + 2 * 1 + 2 * 6 + 2 * (width - 1)
+
+
 def test_the_step_beside_the_pass_is_a_moving_average():
     lengths = VerifyLengths(SLOPED)
     lengths.observe(5.0, 2, 2 * 5)  # the pass of 5 rows per request costs 2 ms: 3 ms beside it

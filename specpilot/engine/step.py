@@ -152,25 +152,30 @@ class SpeculativeStep:
         return plan
 
     def _level_one(self, reqs: list[Request], draft: Draft) -> Draft:
-        """`two-level`: the drafts worth verifying. A chain's per request (ragged where the pass runs eagerly or
-        `ragged` graphs hold the batch), a tree's as a subtree of one width for all (a new draft of the narrower
-        trees)."""
-        n = len(reqs)
+        """`two-level`: the drafts worth verifying. Under graphs of one width per pass, that width for all, chosen
+        without waiting for the draft (`VerifyLengths.choose_ahead`; a tree keeps the subtree the device picks);
+        else, from the draft's confidences on the host, a chain's per request (ragged: eager passes, or `ragged`
+        graphs) and a tree's as a subtree of one width for all."""
+        n, k = len(reqs), draft.tokens.shape[1]
+        lengths = self.engine.verify_lengths
         widths = [q for q in self.runner.static if q > 1 and self.runner.graph_for(q, n) is not None]
+        rows = self.runner.ragged_rows(n) if "ragged" in self.mechanisms and draft.tree is None else []
+        if widths and not rows:
+            width, keep = lengths.choose_ahead(draft.confidences, draft.tree, widths)
+            if draft.tree is None:
+                draft.lengths = None if width > k else [width - 1] * n
+                return draft
+            return draft if keep is None else self._narrowed(draft, keep)
         if draft.tree is None:
-            confidences = draft.confidences.float().cpu().numpy()
-            rows = self.runner.ragged_rows(n) if "ragged" in self.mechanisms else []
-            if rows or not widths:
-                draft.lengths = self.engine.verify_lengths.choose(confidences, row_buckets=rows or None)
-            else:
-                draft.lengths = self.engine.verify_lengths.choose(confidences, widths)
+            draft.lengths = lengths.choose(draft.confidences.float().cpu().numpy(), row_buckets=rows or None)
             return draft
-        k = draft.tokens.shape[1]
         host = torch.stack([draft.confidences.float(), draft.tree.parents.float()]).cpu().numpy()  # one sync
-        keep = self.engine.verify_lengths.choose_tree(host[0], host[1].astype(np.int64), widths or range(2, k + 2))
-        if keep is None:
-            return draft
-        tree = draft.tree.narrow(torch.from_numpy(keep).to(self.device, non_blocking=True))
+        keep = lengths.choose_tree(host[0], host[1].astype(np.int64), range(2, k + 2))
+        return draft if keep is None else self._narrowed(draft, torch.from_numpy(keep).to(self.device, non_blocking=True))
+
+    @staticmethod
+    def _narrowed(draft: Draft, keep: torch.Tensor) -> Draft:
+        tree = draft.tree.narrow(keep)
         return Draft(tree.tokens, tree=tree, assisted=draft.assisted)
 
     def _plan(self, reqs: list[Request], draft: Draft) -> VerifyPlan:

@@ -18,6 +18,12 @@ itself), so level 1 calibrates it as it runs: per confidence bin, how often a ve
 accepted was accepted itself, with the drafter's own confidence as a prior worth a few drafts, both forgotten
 slowly (recent steps count most).
 
+Under graphs of one width per pass (`choose_ahead`), level 1 never makes the host wait for the draft: reading the
+draft's confidences before the verify launch would leave the device idle while the host decides, fills and
+launches. The host picks the step's width from the previous step's drafts (already on the host by then), and the
+device picks which nodes of each tree fill it (`select`) from this step's; this step's drafts reach the host
+beside the verify, for the calibration and the next step's width.
+
 Lossless by construction: level 1 only drops proposals; the target decides every committed token.
 """
 
@@ -26,8 +32,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from specpilot.engine.cost_table import CostTable
+from specpilot.state.transfer import HostCopy
+from specpilot.state.tree import TreeLayout
 
 SMOOTHING = 0.2  # weight of a step in the moving average of the step's time beside its verify pass
 BINS = 10  # confidence bins of the calibration
@@ -51,6 +60,10 @@ class VerifyLengths:
         # the latest choice: its drafts' confidence bins and parents ([B, K], 0 = the root), which were verified, and
         # for narrowed trees the draft each verify row holds ([B, width - 1]; None: row j holds draft j)
         self._last: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None = None
+        # `choose_ahead`: this step's drafts on their way to the host (the copy; requests, drafts, width, whether a
+        # tree), and the previous step's survivals, each request's likeliest first, that forecast the next width
+        self._pending: tuple[HostCopy, int, int, int, bool] | None = None
+        self._ahead: np.ndarray | None = None
 
     def choose(self, confidences: np.ndarray, widths: Sequence[int] | None = None,
                row_buckets: Sequence[int] | None = None) -> list[int]:
@@ -75,10 +88,8 @@ class VerifyLengths:
         width of `widths` for all, and per request the nodes to keep ([B, width - 1] 0-based, ascending); None
         where every node is kept."""
         n, k = confidences.shape
-        bins, survival = self._calibrated(confidences)
-        for j in range(k):  # parents come first: a node's survival is its parent's times its own
-            parent = parents[:, j]
-            survival[:, j] *= np.where(parent > 0, survival[np.arange(n), np.maximum(parent - 1, 0)], 1.0)
+        bins, calibrated = self._calibrated(confidences)
+        survival = _tree_survival(calibrated, parents)
         # per request its nodes likeliest first; among equals the earlier (a parent before its child)
         order = np.argsort(-survival, axis=1, kind="stable")
         kept = k if self.other_ms is None else self._uniform(np.take_along_axis(survival, order, 1), widths)[0]
@@ -90,6 +101,67 @@ class VerifyLengths:
         np.put_along_axis(verified, keep, True, 1)
         self._remember(bins, parents, verified, keep)
         return keep
+
+    def choose_ahead(self, confidences: torch.Tensor, tree: TreeLayout | None,
+                     widths: Sequence[int]) -> tuple[int, torch.Tensor | None]:
+        """Graphs of one width per pass: this step's width, one of `widths`, from the previous step's drafts (the
+        whole block until a step was measured), and for a tree narrower than its nodes the nodes each request keeps
+        (`select`, on the device; None: all). A chain verifies its first width - 1 drafts. This step's drafts ([B, K]
+        confidences, a tree's parents and kept nodes) go to the host beside the verify."""
+        n, k = confidences.shape
+        width = k + 1
+        if self.other_ms is not None and self._ahead is not None and self._ahead.shape[1] == k:
+            width = self._best_width(self._ahead, n, widths)
+        keep = self.select(confidences, tree, width) if tree is not None and width <= k else None
+        parts = [confidences.float().flatten()]
+        if tree is not None:
+            parts.append(tree.parents.float().flatten())
+        if keep is not None:
+            parts.append(keep.float().flatten())
+        self._pending = (HostCopy.of(torch.cat(parts)), n, k, width, tree is not None)
+        return width, keep
+
+    def select(self, confidences: torch.Tensor, tree: TreeLayout, width: int) -> torch.Tensor:
+        """On the device: per request the width - 1 nodes of its tree likeliest to survive ([B, width - 1], 0-based,
+        ascending), by this step's calibrated confidences: a subtree (TreeLayout.narrow)."""
+        c = confidences.float().clamp(0.0, 1.0)
+        bins = (c * BINS).long().clamp_max(BINS - 1)
+        counts = torch.from_numpy(np.stack([self.accepted, self.tried]).astype(np.float32))
+        if c.is_cuda:
+            counts = counts.pin_memory()
+        accepted, tried = counts.to(c.device, non_blocking=True)
+        log_rate = torch.log(((accepted[bins] + PRIOR * c) / (tried[bins] + PRIOR)).clamp_min(1e-30))
+        nodes = torch.arange(1, c.shape[1] + 1, device=c.device)
+        bits = ((tree.ancestors[:, 1:, None] >> nodes) & 1).bool()  # [B, K, K]: node j's ancestors (itself too)
+        log_survival = torch.where(bits, log_rate[:, None, :], 0.0).sum(-1)
+        # a child never above its parent whatever the rounding (each node takes the least of its ancestors'), and
+        # among equals the stable sort ranks the parent first: the kept nodes form a subtree
+        log_survival = torch.where(bits, log_survival[:, None, :], float("inf")).amin(-1)
+        order = torch.sort(-log_survival, dim=1, stable=True).indices[:, : width - 1]
+        return order.sort(dim=1).values
+
+    def _resolve_pending(self) -> None:
+        """The last `choose_ahead` step's drafts, now on the host: remembered for `learn`, and their survivals
+        (each request's likeliest first) kept to forecast the next width."""
+        copy, n, k, width, is_tree = self._pending
+        self._pending = None
+        values = np.asarray(copy.tolist(), dtype=np.float64)
+        confidences = values[: n * k].reshape(n, k)
+        bins, calibrated = self._calibrated(confidences)
+        if is_tree:
+            parents = values[n * k : 2 * n * k].reshape(n, k).astype(np.int64)
+            survival = -np.sort(-_tree_survival(calibrated, parents), axis=1)
+            columns = None
+            verified = np.ones((n, k), dtype=bool)
+            if width <= k:  # the nodes `select` kept
+                columns = values[2 * n * k :].reshape(n, width - 1).astype(np.int64)
+                verified = np.zeros((n, k), dtype=bool)
+                np.put_along_axis(verified, columns, True, 1)
+        else:
+            parents, survival, columns = np.broadcast_to(np.arange(k), (n, k)), np.cumprod(calibrated, axis=1), None
+            verified = np.broadcast_to(np.arange(k) < width - 1, (n, k))
+        self._remember(bins, parents, verified, columns)
+        self._ahead = survival
 
     def _calibrated(self, confidences: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each draft's confidence bin, and its calibrated chance of acceptance once its parent is accepted."""
@@ -117,18 +189,26 @@ class VerifyLengths:
         return np.bincount(order[:best] // k, minlength=n).tolist()
 
     def _uniform(self, survival: np.ndarray, widths: Sequence[int]) -> list[int]:
-        n, k = survival.shape
+        return [self._best_width(survival, survival.shape[0], widths) - 1] * survival.shape[0]
+
+    def _best_width(self, survival: np.ndarray, n: int, widths: Sequence[int]) -> int:
+        """The width of `widths` for n requests whose drafts survive as `survival`'s rows do (each row likeliest
+        first; another batch's where n differs: its mean per request)."""
+        k = survival.shape[1]
         options = sorted(w for w in set(widths) if 1 <= w <= k + 1)
         if not options:
             raise ValueError(f"no verify width of 1..{k + 1} rows among {sorted(widths)}")
-        per_width = np.concatenate([[0.0], survival.sum(axis=0).cumsum()])  # expected accepted drafts, all requests
+        # expected accepted drafts per width, over n requests
+        per_width = np.concatenate([[0.0], survival.sum(axis=0).cumsum()]) * n / survival.shape[0]
         tokens = n + per_width[np.array(options) - 1]
         ms = self.other_ms + self.table.along_tokens(n, np.array(options, dtype=np.float64))
-        return [options[int(np.argmax(tokens / ms))] - 1] * n
+        return options[int(np.argmax(tokens / ms))]
 
     def learn(self, paths: list[list[int]]) -> None:
         """The latest choice's outcome: per request its accepted path of verify rows (0, then the accepted draft
         nodes). A verified draft whose parent is on the path was reached: accepted if on the path itself."""
+        if self._pending is not None:
+            self._resolve_pending()
         if self._last is None:
             return
         bins, parents, verified, columns = self._last
@@ -153,3 +233,14 @@ class VerifyLengths:
         return {"table": self.table.key, "drafts_verified": self.kept, "drafts_offered": self.offered,
                 "acceptance_by_confidence": [round(float(r), 3) for r in rate],
                 "other_ms": None if self.other_ms is None else round(self.other_ms, 3)}
+
+
+def _tree_survival(calibrated: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    """[B, K] each node's chance to survive: its own calibrated confidence times its parent's survival (0: the root)."""
+    survival = calibrated.copy()
+    n = survival.shape[0]
+    for j in range(survival.shape[1]):  # parents come first
+        parent = parents[:, j]
+        survival[:, j] *= np.where(parent > 0, survival[np.arange(n), np.maximum(parent - 1, 0)], 1.0)
+    return survival
+
