@@ -129,17 +129,22 @@ def test_embedded_smollm_matches_transformers(smollm):
     assert len(diverged) <= 2
 
 
+def _three_prefilled(tmp_path, seed: int):
+    """A tiny Llama engine with three random prompts prefilled in slots of their own: (engine, slots, lengths)."""
+    _, engine = tiny_engine(tmp_path, "llama", False)
+    slots = [engine.cache.allocate() for _ in range(3)]
+    prompts = random_prompts(engine.checkpoint.config.vocab_size, 3, seed=seed)
+    engine.runner.forward(slots, [0] * 3, prompts)
+    return engine, slots, [len(p) for p in prompts]
+
+
 def test_graph_input_buffers_pad_into_scratch_slot(tmp_path):
     """The static inputs CUDA graphs replay from, run eagerly: a 3-request batch in a bucket of 4
     gives the same logits as the plain batch, and the padding row writes only the scratch slot."""
     from specpilot.state.static_batch import StaticBatch
 
-    _, engine = tiny_engine(tmp_path, "llama", False)
+    engine, slots, starts = _three_prefilled(tmp_path, seed=6)
     runner, cache = engine.runner, engine.cache
-    slots = [cache.allocate() for _ in range(3)]
-    prompts = random_prompts(engine.checkpoint.config.vocab_size, 3, seed=6)
-    runner.forward(slots, [0] * 3, prompts)
-    starts = [len(p) for p in prompts]
     verify = [[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]]
     plain = runner.forward(slots, starts, verify).logits
     inputs = StaticBatch(4, 4, engine.device, cache.scratch_slot, cache.max_len)
@@ -158,12 +163,8 @@ def test_ragged_graph_inputs_pack_requests_and_pad_into_scratch_slot(tmp_path):
     owns none write only the scratch slot, and a fill too large for the bucket is refused."""
     from specpilot.state.static_batch import RaggedStaticBatch
 
-    _, engine = tiny_engine(tmp_path, "llama", False)
+    engine, slots, starts = _three_prefilled(tmp_path, seed=7)
     runner, cache = engine.runner, engine.cache
-    slots = [cache.allocate() for _ in range(3)]
-    prompts = random_prompts(engine.checkpoint.config.vocab_size, 3, seed=7)
-    runner.forward(slots, [0] * 3, prompts)
-    starts = [len(p) for p in prompts]
     verify = [[5, 6], [9, 10, 11, 12], [13]]
     plain = runner.forward(slots, starts, verify).logits
     inputs = RaggedStaticBatch(4, 16, 4, engine.device, cache.scratch_slot, cache.max_len)
