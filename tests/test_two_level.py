@@ -289,7 +289,7 @@ def test_output_is_ar_s_with_narrowed_trees(tiny, cost_tables, topk, assist):  #
 
 def test_graphs_verify_one_captured_width(tiny, cost_tables, replays):  # noqa: F811
     """With (stand-in) graphs a step's requests verify one of the captured widths, through the graph of that
-    width and its acceptance graph; the drafter's early launch follows any width."""
+    width and its acceptance graph; the drafter's early launch follows any width through its prep graph."""
     ckpt, paths = tiny
     cost_tables(ckpt, FLAT, device="cpu")
     prompts = mixed_prompts(ckpt.config.vocab_size, 5, seed=6)
@@ -302,9 +302,19 @@ def test_graphs_verify_one_captured_width(tiny, cost_tables, replays):  # noqa: 
     widths = []
     plan = engine.speculation._plan
     engine.speculation._plan = lambda reqs, draft: widths.append(draft.widths()) or plan(reqs, draft)
+    launches, launch_next = [], engine.drafter.launch_next
+
+    def launched(reqs, verify, accepted, taps):  # the width verified, and whether a prep graph follows it
+        graph = engine.drafter.graphs.get(verify.batch_size)
+        launches.append((verify.max_q_len, graph is not None and graph.prep_for(verify, accepted, taps) is not None))
+        launch_next(reqs, verify, accepted, taps)
+
+    engine.drafter.launch_next = launched
     assert [r.output_ids for r in engine.generate(prompts, GREEDY)] == ar
     assert all(len(set(w)) == 1 and w[0] in (2, 4, 6) for w in widths)
     assert len({w[0] for w in widths}) > 1
+    assert launches and all(graphed for _, graphed in launches)
+    assert any(q < 6 for q, _ in launches)
 
 
 def test_graphs_verify_narrowed_trees(tiny, cost_tables, replays):  # noqa: F811

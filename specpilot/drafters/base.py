@@ -104,9 +104,9 @@ class Drafter(ABC):
         proposal into the draft trees; returns the lookup (its owner releases requests from it)."""
         raise NotImplementedError(f"{self.name} takes no device lookup")
 
-    def capture(self, batch_sizes: tuple[int, ...], sources: dict[int, VerifySource]) -> None:
-        """graphs: capture the drafter's passes per batch-size bucket; `sources` (bucket -> the static
-        verify batch, acceptance and ordered taps of the engine's graphs) lets an early launch read them."""
+    def capture(self, batch_sizes: tuple[int, ...], sources: dict[tuple[int, int], VerifySource]) -> None:
+        """graphs: capture the drafter's passes per batch-size bucket; `sources` ((verify width, bucket) -> the
+        static verify batch, acceptance and ordered taps of the engine's graphs) lets an early launch read them."""
         raise NotImplementedError(f"{self.name} has no CUDA graphs")
 
     def static_draft(self, bucket: int) -> Draft | None:

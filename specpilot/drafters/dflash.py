@@ -135,15 +135,15 @@ class DFlashDrafter(Drafter):
         the host has seen this step's tokens. `verify` is the verify pass's batch (its first
         len(reqs) requests are `reqs`), `accepted` its device-side acceptance, `verify_taps` its taps
         with accepted rows first. The next `propose` for these requests (or the ones still running)
-        finishes this draft instead of drafting anew. After a verify graph, two graph replays; a tree drafter
-        with a device lookup builds the tree too (a third)."""
+        finishes this draft instead of drafting anew. After a verify graph (of any width), two graph replays; a
+        tree drafter with a device lookup builds the tree too (a third)."""
         b = verify.batch_size
         graph = self.graphs.get(b)
         early_tree = self.tree is not None and self.device_lookup is not None
         tree = None
-        if graph is not None and graph.source is not None and all(
-                mine is given for mine, given in zip(graph.source, (verify, accepted, verify_taps))):
-            graph.prep.replay()
+        prep = None if graph is None else graph.prep_for(verify, accepted, verify_taps)
+        if prep is not None:
+            prep.replay()
             graph.graph.replay()
             outputs = graph.outputs
             if early_tree:
@@ -285,14 +285,16 @@ class DFlashDrafter(Drafter):
 
     # ---- CUDA graphs --------------------------------------------------------------------------
     @torch.inference_mode()
-    def capture(self, batch_sizes: tuple[int, ...], sources: dict[int, VerifySource]) -> None:
-        """Graphs per bucket; `sources` (verify bucket -> the static batch, acceptance and ordered taps
-        of the engine's verify and acceptance graphs) adds the graphs that lay out an early launch."""
+    def capture(self, batch_sizes: tuple[int, ...], sources: dict[tuple[int, int], VerifySource]) -> None:
+        """Graphs per bucket; `sources` ((verify width, bucket) -> the static batch, acceptance and ordered taps
+        of the engine's verify and acceptance graphs) adds the graphs that lay out an early launch, one per
+        width a bucket verifies."""
         max_b = min(max(batch_sizes), self.cache.num_slots)
         pool = GraphBackend.pool(self.device)
         inputs = DraftInputs(self, max_b)
         for b in capture_buckets(batch_sizes, max_b):
-            self.graphs[b] = DraftGraph.capture(self, inputs, b, pool, sources.get(b))
+            self.graphs[b] = DraftGraph.capture(self, inputs, b, pool,
+                                                [source for (_, bb), source in sorted(sources.items()) if bb == b])
         GraphBackend.synchronize(self.device)
 
     def static_draft(self, bucket: int) -> Draft | None:
@@ -339,29 +341,34 @@ class DraftInputs:
 class DraftGraph:
     """The drafter's graphs for a bucket of b requests: the body (context rows + the block's layers);
     for tree drafts the tree build, a separate graph so that a body can take a hint prompt lookup found
-    on the host; and with a source (the engine's verify and acceptance graphs of the bucket), `prep`,
-    which lays out the next body's inputs from them on the device (with a device lookup, its hint too)."""
+    on the host; and per source (the engine's verify and acceptance graphs of the bucket, one per verify
+    width), a `prep` graph, which lays out the next body's inputs from them on the device (with a device
+    lookup, its hint too)."""
 
     def __init__(self, body: CapturedPass | EagerReplay, inputs: DraftInputs, bucket: int) -> None:
         self.graph, self.inputs, self.bucket = body, inputs, bucket
         self.outputs: tuple[torch.Tensor, ...] = body.outputs
         self.tree_graph: CapturedPass | EagerReplay | None = None
         self.hint: torch.Tensor | None = None
-        self.prep: CapturedPass | EagerReplay | None = None
-        self.source: VerifySource | None = None
+        self.preps: list[tuple[VerifySource, CapturedPass | EagerReplay]] = []
 
     @classmethod
     def capture(cls, drafter: DFlashDrafter, inputs: DraftInputs, b: int, pool: tuple,
-                source: VerifySource | None) -> DraftGraph:
+                sources: list[VerifySource]) -> DraftGraph:
         g = cls(GraphBackend.capture(lambda: drafter._body_pass(inputs, b), pool), inputs, b)
         if drafter.tree is not None:
             # prompt lookup's hint rows (use flag + tokens), all unused unless a step fills them
             g.hint = torch.zeros(b, drafter.block_size, dtype=torch.int64, device=drafter.device)
             g.tree_graph = GraphBackend.capture(lambda: drafter._tree_pass(*g.outputs, g.hint), pool)
-        if source is not None:
-            g.source = source
-            g.prep = GraphBackend.capture(lambda: g._prep(drafter, b, source), pool)
+        for source in sources:
+            g.preps.append((source, GraphBackend.capture(lambda source=source: g._prep(drafter, b, source), pool)))
         return g
+
+    def prep_for(self, verify: ForwardBatch, accepted: Accepted,
+                 verify_taps: torch.Tensor | None) -> CapturedPass | EagerReplay | None:
+        """The prep graph that reads exactly these verify outputs (those of a verify graph of this bucket), if any."""
+        given = (verify, accepted, verify_taps)
+        return next((prep for source, prep in self.preps if all(m is g for m, g in zip(source, given))), None)
 
     def _prep(self, drafter: DFlashDrafter, b: int, source: VerifySource) -> None:
         hint = drafter._prep(self.inputs, b, *source)

@@ -87,7 +87,7 @@ class NgramAssistedDrafter(Drafter):
         if self.device_lookup is not None:
             self.device_lookup.release(req)
 
-    def capture(self, batch_sizes: tuple[int, ...], sources: dict[int, VerifySource]) -> None:
+    def capture(self, batch_sizes: tuple[int, ...], sources: dict[tuple[int, int], VerifySource]) -> None:
         self.model.capture(batch_sizes, sources)
 
     def static_draft(self, bucket: int) -> Draft | None:

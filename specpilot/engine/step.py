@@ -468,9 +468,9 @@ class SpeculativeStep:
             GraphBackend.synchronize(self.device)
         if not drafter.capabilities.graphs:
             return
-        # the drafter's graphs follow the whole block's verify (a narrower one, `two-level`'s, launches eagerly)
+        # the drafter's graphs follow every verify graph's acceptance, whatever its width (`two-level`'s narrower ones)
         drafter.capture(self.engine.config.cuda_graph_batch_sizes,
-                        {b: (g.batch, *g.graph.outputs[:2]) for (gq, b), g in self.acceptance.items() if gq == q})
+                        {key: (g.batch, *g.graph.outputs[:2]) for key, g in self.acceptance.items()})
         for (gq, b), g in self.runner.graphs.items():
             static = drafter.static_draft(b) if gq == q and g.batch.tree_mask is not None else None
             if static is not None and static.tree is not None:
