@@ -207,6 +207,8 @@ def test_the_step_beside_the_pass_is_a_moving_average():
     assert lengths.other_ms == pytest.approx(3.0)
     lengths.observe(1.0, 2, 2)  # shorter than the table's pass: nothing beside it
     assert lengths.other_ms == pytest.approx(3.0 * 0.8)
+    lengths.observe(1000.0, 2, 2)  # a step that compiled a kernel counts as 4 times the average at most
+    assert lengths.other_ms == pytest.approx(2.4 + 0.2 * (4 * 2.4 - 2.4))
 
 
 # ---- in the engine -------------------------------------------------------------------------------------

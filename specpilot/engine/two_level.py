@@ -39,6 +39,7 @@ from specpilot.state.transfer import HostCopy
 from specpilot.state.tree import TreeLayout
 
 SMOOTHING = 0.2  # weight of a step in the moving average of the step's time beside its verify pass
+OUTLIER = 4.0  # a step counts at most this many times the average (a step that compiled a kernel is no sample)
 BINS = 10  # confidence bins of the calibration
 PRIOR = 4.0  # drafts' worth of the drafter's own confidence in each bin
 DECAY = 0.995  # per step, of the calibration's counts
@@ -226,7 +227,10 @@ class VerifyLengths:
     def observe(self, step_ms: float, batch: int, rows: int) -> None:
         """A step's wall time, its batch size and its verify rows: what it spent beside the table's pass time."""
         other = max(step_ms - self.table.at(batch, rows / batch), 0.0)
-        self.other_ms = other if self.other_ms is None else self.other_ms + SMOOTHING * (other - self.other_ms)
+        if self.other_ms is None:
+            self.other_ms = other
+        else:
+            self.other_ms += SMOOTHING * (min(other, OUTLIER * self.other_ms) - self.other_ms)
 
     def as_dict(self) -> dict:
         rate = self._calibrated((np.arange(BINS) + 0.5) / BINS)[1]  # at each bin's middle
