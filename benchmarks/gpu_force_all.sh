@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # H200: token forcing of every drafter on the embedded model (chain, tree, n-gram assist on each, PARD,
-# n-gram; in bf16 also a tree with the target's weights as B12), one dtype, HumanEval prompts; one JSON verdict per drafter, packed as $OUT/force-DTYPE.tgz. PARD has no
+# n-gram; in bf16 also a tree with the target's weights as B12), one dtype, HumanEval prompts; one JSON verdict per drafter
+# in $OUT/force (gpu_exact.sh packs them). PARD has no
 # shipped checkpoint: a random one of the target's family and vocabulary stands in (forcing checks the
 # output, whatever the drafter proposes).
 #   bash benchmarks/gpu_force_all.sh [DTYPE] [PROMPTS] [TOKENS]     (inside gpu_ferry.sh run)
@@ -48,4 +49,3 @@ if [ "$dtype" = bfloat16 ]; then
     run tree-assist-b12 --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 4 \
         --speculative-ngram-assist 2 --mechanisms b12,device-acceptance,early-launch,layout-ahead,device-lookup
 fi
-tar czf "${OUT:-/tmp/out}/force-$dtype.tgz" -C "$out" .

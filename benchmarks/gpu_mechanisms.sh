@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# H200, inside `gpu_ferry.sh run`: what two-level and ragged do to offline throughput against speculation on every
+# step and AR (benchmarks/mechanism_cost.py: modes interleaved on one engine, host milliseconds per stage), for
+# chains (AR, spec, two-level of one width per pass, ragged) and top-4 trees (AR, spec, two-level), at B=8 and 32,
+# HumanEval prompts (the wheels carried; ShareGPT needs .ferry/extra).
+#   [TOKENS=128] [REPEATS=3] bash benchmarks/gpu_mechanisms.sh      -> $OUT/mechanisms/b{8,32}_{chains,trees}/*.json
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/out}/mechanisms
+for b in 32 8; do
+    for drafts in "chains ragged 1" "trees two-level 4"; do
+        set -- $drafts
+        echo "== B=$b $1"
+        timeout 240 python3 benchmarks/mechanism_cost.py --mechanism "$2" --topk "$3" --dataset humaneval --device cuda \
+            --batch-size "$b" --max-new-tokens "${TOKENS:-128}" --repeats "${REPEATS:-3}" --out "$out/b${b}_$1" 2>&1 \
+            | grep -E "^(repeat|tok/s|host ms|profiling)"
+    done
+done
