@@ -341,7 +341,7 @@ def test_graphs_verify_narrowed_trees(tiny, cost_tables, replays):  # noqa: F811
 
 def test_ragged_graphs_verify_trimmed_chains_of_any_width(tiny, cost_tables, replays):  # noqa: F811
     """`ragged`: a step whose requests verify different widths runs as the graph of its (batch, rows) bucket,
-    packed (padding requests own no rows), and the output stays AR's; uniform steps keep the width graphs."""
+    packed (padding requests own no rows), and accepts on the device; the output stays AR's."""
     ckpt, paths = tiny
     cost_tables(ckpt, FLAT, device="cpu")
     prompts = mixed_prompts(ckpt.config.vocab_size, 5, seed=6)  # 5 requests in the bucket of 8 (then fewer)
@@ -361,7 +361,10 @@ def test_ragged_graphs_verify_trimmed_chains_of_any_width(tiny, cost_tables, rep
         return p
 
     engine.speculation._plan = recorded
+    walks = []
+    engine.speculation._walk = lambda plan, logits: walks.append(plan)  # greedy: the device accepts every step
     assert [r.output_ids for r in engine.generate(prompts, GREEDY)] == ar
+    assert not walks
     mixed = [(w, ragged, b, rows) for w, ragged, b, rows in passes if len(set(w)) > 1]
     assert mixed and all(ragged and sum(w) <= rows for w, ragged, _, rows in mixed)
     assert any(len(w) < b for w, _, b, _ in mixed)  # padding requests (no rows) ran beside real ones

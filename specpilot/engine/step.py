@@ -17,7 +17,7 @@ The mechanisms in effect (engine/registry.py) are properties of these stages; wi
 step is propose → plan → verify → host walk → commit. Verify widths are per request (a drafter may
 propose fewer tokens for some requests); device acceptance and the graphs per width take uniform widths,
 so a ragged step runs eagerly, or under `ragged` through a graph per (batch, total rows) bucket, and accepts
-on the host.
+greedy chains on the device (eagerly, gathered to the widest width), anything else on the host.
 """
 
 from __future__ import annotations
@@ -221,8 +221,8 @@ class SpeculativeStep:
         return self.runner.replay(plan.graph, plan.offsets[-1])
 
     def accept(self, plan: VerifyPlan, out: RunOutput, clock: StepClock) -> Acceptance:
-        """Device acceptance where it applies (uniform widths, nothing banned; sampled rows decided by their
-        keyed samples), else the walk. A grammar's masks go into the verify logits first, in place (a graph's
+        """Device acceptance where it applies (nothing banned; uniform widths, sampled rows decided by their
+        keyed samples; or greedy chains of different widths, `two-level`'s), else the walk. A grammar's masks go into the verify logits first, in place (a graph's
         own output buffer, which its acceptance graph reads): a masked argmax or keyed sample never takes a
         draft the grammar forbids, so constrained steps stay on the device path. Greedy requests that need
         no masked rows are checked against their grammar after acceptance instead (`_check_grammars`)."""
@@ -230,8 +230,14 @@ class SpeculativeStep:
         banned = self._banned_rows(plan)
         if plan.host_drafts is not None:
             self._constrain(plan, out.logits)
-        on_device = "device-acceptance" in self.mechanisms and plan.uniform and banned is None
-        if on_device:
+        on_device = "device-acceptance" in self.mechanisms and banned is None
+        if on_device and not plan.uniform and all(r.params.greedy for r in reqs):  # ragged chains
+            accepted = self._accept_ragged(plan, out)
+            clock.mark()
+            decisions = Accepted.unpack(HostCopy.of(accepted.pack()).tolist(), len(reqs), max(plan.widths), len(reqs))
+            corrected = self._check_grammars(plan, out.logits, decisions)
+            return Acceptance(decisions, out.taps, corrected=corrected)
+        if on_device and plan.uniform:
             accepted, taps, host, graphed = self._accept_on_device(plan, out)
             clock.mark()
             launched = "early-launch" in self.mechanisms
@@ -309,6 +315,17 @@ class SpeculativeStep:
         logits, taps = (out.logits, out.taps) if plan.graph is None else (plan.graph.logits, plan.graph.taps)
         accepted, taps, values = self._acceptance(out.batch, logits, taps, reqs=plan.reqs if sampled else ())
         return accepted, taps, HostCopy.of(values), False
+
+    def _accept_ragged(self, plan: VerifyPlan, out: RunOutput) -> Accepted:
+        """Greedy chains of different widths (`two-level`), on the device: each request's rows gathered to the
+        widest width (its last row repeated), drafts past its width never matching, so acceptance stops there."""
+        n, q = len(plan.reqs), max(plan.widths)
+        offsets = to_device([plan.offsets[:-1], plan.widths], self.device)
+        j = torch.arange(q, device=self.device)
+        rows = offsets[0][:, None] + torch.minimum(j, offsets[1][:, None] - 1)  # [n, q]
+        ids = out.batch.input_ids[rows]
+        drafts = torch.where(j[1:] < offsets[1][:, None], ids[:, 1:], -1)
+        return self.engine.verifier.greedy(row_argmax(out.logits)[rows], drafts, out.batch.positions[rows[:, 0]])
 
     def _acceptance(self, batch: ForwardBatch, logits: torch.Tensor, verify_taps: torch.Tensor | None,
                     host: torch.Tensor | None = None,
