@@ -9,6 +9,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
 import torch
 import xgrammar
 
@@ -135,6 +136,21 @@ class RequestGrammar:
         finally:
             if advanced:
                 self.matcher.rollback(advanced)
+
+    def forced(self, limit: int) -> list[int]:
+        """The tokens the grammar leaves no choice for from this state on, up to `limit` (a JSON key's spelling,
+        its quotes and colon): constrained decoding takes each, whatever the target's distribution, so they
+        are drafts sure to be accepted. The state is left as it was."""
+        tokens: list[int] = []
+        while len(tokens) < limit and not self.matcher.is_terminated():
+            bits = np.unpackbits(self._allowed().numpy().view(np.uint8), bitorder="little")[: self.vocab_size]
+            allowed = np.flatnonzero(bits)
+            if len(allowed) != 1 or not self.matcher.accept_token(int(allowed[0])):
+                break
+            tokens.append(int(allowed[0]))
+        if tokens:
+            self.matcher.rollback(len(tokens))
+        return tokens
 
     def _allowed(self) -> torch.Tensor:
         mask = xgrammar.allocate_token_bitmask(1, self.vocab_size)
