@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache, cached_property
 from itertools import accumulate
 from typing import TYPE_CHECKING
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from specpilot.engine.forced_drafts import with_forced
 from specpilot.engine.grammar import constrain
 from specpilot.engine.sampling import keyed_sample_rows, suppress
 from specpilot.engine.spec_stats import StepClock
@@ -141,8 +142,8 @@ class SpeculativeStep:
     # ---- stages -------------------------------------------------------------------------------
     def propose(self, reqs: list[Request]) -> Draft:
         draft = self.engine.drafter.propose(reqs)
-        if draft.tree is None and any(r.grammar is not None for r in reqs):
-            return _with_forced(reqs, draft)
+        if any(r.grammar is not None for r in reqs):
+            return with_forced(reqs, draft)
         return draft
 
     def plan(self, reqs: list[Request], draft: Draft) -> VerifyPlan:
@@ -501,20 +502,6 @@ class SpeculativeStep:
 def _heads(reqs: list[Request]) -> tuple[list[int], list[int], list[int]]:
     """Per request its slot, cached length and newest token (the first of its verify block)."""
     return [r.slot for r in reqs], [r.cached_len for r in reqs], [r.output_ids[-1] for r in reqs]
-
-
-def _with_forced(reqs: list[Request], draft: Draft) -> Draft:
-    """A chain whose constrained requests draft first the tokens their grammar forces (RequestGrammar.forced): sure
-    acceptances the drafter, blind to the grammar, often misses. One asynchronous copy; the host waits for nothing."""
-    k = draft.tokens.shape[1]
-    forced = [[] if r.grammar is None else r.grammar.forced(k) for r in reqs]
-    if not any(forced):
-        return draft
-    rows = to_device([[len(f), *f, *[0] * (k - len(f))] for f in forced], draft.tokens.device)
-    use = torch.arange(k, device=rows.device) < rows[:, :1]
-    tokens = torch.where(use, rows[:, 1:], draft.tokens)
-    confidences = None if draft.confidences is None else torch.where(use, 1.0, draft.confidences)
-    return replace(draft, tokens=tokens, confidences=confidences, bucket=None)
 
 
 @cache  # a few block-bounded keys, met by every request every step
