@@ -88,7 +88,7 @@ def test_constrained_speculation_equals_constrained_ar(spelled, kind, drafter):
     assert any(a.finish_reason["type"] == "stop" for a in ar)
 
 
-def test_the_grammar_forces_the_tokens_it_leaves_no_choice_for(spelled):
+def test_the_grammar_forces_the_text_it_leaves_no_choice_for(spelled):
     path, _ = spelled
     eng = engine(path)
     grammar = eng._grammar(SamplingParams(regex=REGEX))
@@ -104,8 +104,8 @@ def test_the_grammar_forces_the_tokens_it_leaves_no_choice_for(spelled):
 def test_drafts_are_accepted_up_to_the_first_that_breaks_or_misses(spelled, first_error):
     """An oracle drafter proposes constrained AR's own tokens (wrong ones from `first_error` on, which may
     break the grammar): each full step accepts min(first_error, K) drafts, deeper rows' masks included, or
-    more where the grammar forces the next tokens (a key's spelling: drafted in the oracle's place, sure to be
-    accepted); an oracle always wrong still gets those accepted."""
+    more where the grammar forces the next text (a key's spelling: drafted in the oracle's place, which this
+    character tokenizer spells one way only); an oracle always wrong still gets those accepted."""
     path, _ = spelled
     block = 8
     params = SamplingParams(max_new_tokens=40, json_schema=CONSTRAINTS["json_schema"], ignore_eos=True)

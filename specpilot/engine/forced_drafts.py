@@ -1,9 +1,9 @@
-"""Drafts a constrained request's grammar forces: where the grammar leaves one token allowed (a JSON key's
-spelling, its quotes and colon), constrained decoding takes it whatever the target's distribution, so it is a
-draft sure to be accepted — one a drafter blind to the grammar often misses. The propose stage puts the forced
-tokens first in each constrained request's draft: a chain's first drafts, a tree's likeliest path (where a node
-there already holds the forced token it is kept, so siblings stay distinct). Verification is unchanged: lossless
-whatever the drafts."""
+"""Drafts a constrained request's grammar forces: where the grammar forces text (a JSON key's spelling, its
+quotes and colon), constrained decoding writes it whatever the target's distribution, so its tokens are drafts
+the target takes unless it spells the text otherwise — ones a drafter blind to the grammar often misses. The
+propose stage puts them first in each constrained request's draft: a chain's first drafts, a tree's likeliest
+path (where a node there already holds the forced token it is kept, so siblings stay distinct). Verification is
+unchanged: lossless whatever the drafts."""
 
 from __future__ import annotations
 
