@@ -27,7 +27,6 @@ class GrammarCompiler:
         self._compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(tokenizer,
                                                                                           vocab_size=vocab_size))
         self._compiled = lru_cache(maxsize=64)(self._compile)
-        self._encode = lru_cache(maxsize=4096)(lambda text: tuple(tokenizer.encode(text, add_special_tokens=False)))
 
     def _compile(self, kind: str, spec: str) -> xgrammar.CompiledGrammar:
         if kind == "json_schema":
@@ -43,7 +42,7 @@ class GrammarCompiler:
         except Exception as err:  # xgrammar's parse errors carry no common type
             raise ValueError(f"{kind}: {err}") from err
         grammar = RequestGrammar(xgrammar.GrammarMatcher(compiled, max_rollback_tokens=MAX_DRAFT_DEPTH),
-                                 self.vocab_size, self._encode)
+                                 self.vocab_size)
         if not grammar.can_start():
             raise ValueError(f"{kind}: no token of this model's vocabulary can start it")
         return grammar
@@ -52,9 +51,8 @@ class GrammarCompiler:
 class RequestGrammar:
     """One request's grammar state, at its committed tokens."""
 
-    def __init__(self, matcher: xgrammar.GrammarMatcher, vocab_size: int,
-                 encode: Callable[[str], tuple[int, ...]]) -> None:
-        self.matcher, self.vocab_size, self.encode = matcher, vocab_size, encode
+    def __init__(self, matcher: xgrammar.GrammarMatcher, vocab_size: int) -> None:
+        self.matcher, self.vocab_size = matcher, vocab_size
 
     @property
     def terminated(self) -> bool:
@@ -137,25 +135,6 @@ class RequestGrammar:
         finally:
             if advanced:
                 self.matcher.rollback(advanced)
-
-    def forced(self, limit: int) -> list[int]:
-        """The text the grammar forces from this state on (xgrammar's jump-forward string: a JSON key's spelling,
-        its quotes and colon), as the tokenizer spells it, up to `limit` tokens and as far as the grammar takes
-        them: constrained decoding writes that text whatever the target's distribution, so these are drafts the
-        target takes unless it spells the text otherwise. The state is left as it was."""
-        if self.matcher.is_terminated():
-            return []
-        text = self.matcher.find_jump_forward_string()
-        if not text:
-            return []
-        tokens = []
-        for token in self.encode(text)[:limit]:
-            if not self.matcher.accept_token(token):
-                break
-            tokens.append(token)
-        if tokens:
-            self.matcher.rollback(len(tokens))
-        return tokens
 
     def _allowed(self) -> torch.Tensor:
         mask = xgrammar.allocate_token_bitmask(1, self.vocab_size)

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from specpilot.engine.forced_drafts import with_forced
 from specpilot.engine.grammar import constrain
 from specpilot.engine.sampling import keyed_sample_rows, suppress
 from specpilot.engine.spec_stats import StepClock
@@ -141,10 +140,7 @@ class SpeculativeStep:
 
     # ---- stages -------------------------------------------------------------------------------
     def propose(self, reqs: list[Request]) -> Draft:
-        draft = self.engine.drafter.propose(reqs)
-        if any(r.grammar is not None for r in reqs):
-            return with_forced(reqs, draft)
-        return draft
+        return self.engine.drafter.propose(reqs)
 
     def plan(self, reqs: list[Request], draft: Draft) -> VerifyPlan:
         if self.engine.verify_lengths is not None:
