@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from reference import assert_same_up_to_near_tie, hf_greedy
 from tiny_models import tiny_hf_model
@@ -181,6 +183,30 @@ def test_ragged_graph_inputs_pack_requests_and_pad_into_scratch_slot(tmp_path):
         inputs.fill(slots, starts, verify, 4, 6)
     with pytest.raises(ValueError, match="1..4 each"):
         inputs.fill(slots, starts, [[1] * 5, [2], [3]], 4, 12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_a_ragged_layout_made_on_the_device_is_the_host_s_fill(data):
+    """RaggedStaticBatch.lay_out (device tensors in, nothing read back) writes what `fill` writes from the host."""
+    from specpilot.state.static_batch import RaggedStaticBatch
+
+    k, max_len, scratch = 5, 64, 9
+    n = data.draw(st.integers(1, 4))
+    b = data.draw(st.integers(n, 6))
+    lengths = data.draw(st.lists(st.integers(0, k), min_size=n, max_size=n))
+    t = data.draw(st.integers(n + sum(lengths), 40))
+    slots = data.draw(st.lists(st.integers(0, 8), min_size=n, max_size=n, unique=True))
+    starts = data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))
+    drafts = data.draw(st.lists(st.lists(st.integers(3, 99), min_size=k, max_size=k), min_size=n, max_size=n))
+    firsts = data.draw(st.lists(st.integers(3, 99), min_size=n, max_size=n))
+    host, dev = (RaggedStaticBatch(6, 40, k + 1, torch.device("cpu"), scratch, max_len) for _ in range(2))
+    host.fill(slots, starts, [[f, *d[:m]] for f, d, m in zip(firsts, drafts, lengths)], b, t)
+    dev.lay_out(*(torch.tensor(v) for v in (slots, starts, firsts, drafts, lengths)), b, t)
+    for name in ("input_ids", "positions", "write_index"):
+        assert torch.equal(getattr(dev, name)[:t], getattr(host, name)[:t]), name
+    for name in ("slot_ids", "q_starts", "q_lens", "kv_lens"):
+        assert torch.equal(getattr(dev, name)[:b], getattr(host, name)[:b]), name
 
 
 def test_prefill_waves_keep_outputs_and_cut_prefill_passes(tmp_path):

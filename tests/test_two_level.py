@@ -180,6 +180,39 @@ def _tree_survival_of(lengths: VerifyLengths, conf: np.ndarray, parents: np.ndar
     return survival
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 8), st.integers(0, 10**6), st.data())
+def test_the_device_verifies_the_likeliest_drafts_as_prefixes(n, k, seed, data):
+    """`select_chains`: `drafts` drafts in all, the likeliest to survive (the host's order: calibrated survivals,
+    shallower first among equals), so each chain a prefix."""
+    gen = torch.Generator().manual_seed(seed)
+    conf = torch.rand(n, k, generator=gen)
+    conf = torch.where(torch.rand(n, k, generator=gen) < 0.3, 1.0, conf)  # ties along chains
+    drafts = data.draw(st.integers(0, n * k))
+    lengths = VerifyLengths(SLOPED)
+    chosen = lengths.select_chains(conf, drafts)
+    assert chosen.sum() == drafts and chosen.max() <= k
+    survival = np.cumprod(lengths._calibrated(conf.double().numpy())[1], axis=1)
+    cut = np.sort(survival.ravel())[::-1][drafts - 1] if drafts else np.inf
+    for i in range(n):  # every draft above the cut is verified, none below it
+        m = int(chosen[i])
+        assert all(survival[i, j] >= cut * (1 - 1e-5) for j in range(m))
+        assert all(survival[i, j] <= cut * (1 + 1e-5) for j in range(m, k))
+
+
+def test_rows_ahead_follow_the_previous_step_s_drafts():
+    lengths = VerifyLengths(SLOPED)
+    sure, unsure = torch.full((2, 6), 0.99), torch.full((2, 6), 0.01)
+    rows, chosen = lengths.choose_rows_ahead(unsure, [3, 4, 6, 8, 12, 14])
+    assert rows == 14 and chosen.tolist() == [6, 6]  # nothing measured yet: every draft
+    lengths.learn([[0], [0]])
+    lengths.observe(5.0, 2, 14)
+    rows, chosen = lengths.choose_rows_ahead(sure, [3, 4, 6, 8, 12, 14])
+    assert rows < 14 and int(chosen.sum()) == rows - 2  # the unsure step before decides
+    lengths.learn([[0, 1], [0]])
+    assert (lengths.kept, lengths.offered) == (12 + rows - 2, 24)
+
+
 def test_widths_ahead_follow_the_previous_step_s_drafts():
     """Under graphs the host never waits for this step's draft: the first step verifies everything, later ones the
     best width for the previous step's drafts; what each step verified reaches the calibration."""
@@ -340,8 +373,9 @@ def test_graphs_verify_narrowed_trees(tiny, cost_tables, replays):  # noqa: F811
 
 
 def test_ragged_graphs_verify_trimmed_chains_of_any_width(tiny, cost_tables, replays):  # noqa: F811
-    """`ragged`: a step whose requests verify different widths runs as the graph of its (batch, rows) bucket,
-    packed (padding requests own no rows), and accepts on the device; the output stays AR's."""
+    """`ragged`: level 1 picks the step's rows bucket from the last step and each chain's length on the device; the
+    step runs as the graph of its (batch, rows) bucket, packed (padding requests own no rows), accepts on the device,
+    and the host learns the widths with the acceptance; the output stays AR's."""
     ckpt, paths = tiny
     cost_tables(ckpt, FLAT, device="cpu")
     prompts = mixed_prompts(ckpt.config.vocab_size, 5, seed=6)  # 5 requests in the bucket of 8 (then fewer)
@@ -355,16 +389,20 @@ def test_ragged_graphs_verify_trimmed_chains_of_any_width(tiny, cost_tables, rep
     plan = engine.speculation._plan
 
     def recorded(reqs, draft):
-        p = plan(reqs, draft)
-        ragged = p.graph is not None and p.graph in engine.runner.ragged.values()
-        passes.append((p.widths, ragged, p.batch.batch_size, p.batch.num_tokens))
-        return p
+        passes.append(plan(reqs, draft))
+        return passes[-1]
 
     engine.speculation._plan = recorded
     walks = []
     engine.speculation._walk = lambda plan, logits: walks.append(plan)  # greedy: the device accepts every step
     assert [r.output_ids for r in engine.generate(prompts, GREEDY)] == ar
     assert not walks
+    assert any(p.draft.device_lengths is not None for p in passes)  # level 1 chose on the device, the host waited not
+    stats = engine.verify_lengths.as_dict()
+    assert 0 < stats["drafts_verified"] < stats["drafts_offered"]
+    # the widths level 1 chose on the device, as the host learnt them after each verify
+    passes = [(p.widths, p.graph is not None and p.graph in engine.runner.ragged.values(), p.batch.batch_size,
+               p.batch.num_tokens) for p in passes]
     mixed = [(w, ragged, b, rows) for w, ragged, b, rows in passes if len(set(w)) > 1]
     assert mixed and all(ragged and sum(w) <= rows for w, ragged, _, rows in mixed)
     assert any(len(w) < b for w, _, b, _ in mixed)  # padding requests (no rows) ran beside real ones

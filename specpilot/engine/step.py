@@ -54,12 +54,16 @@ if TYPE_CHECKING:
 class VerifyPlan:
     reqs: list[Request]
     draft: Draft
-    widths: list[int]  # verify rows per request: its newest token and its drafts
+    widths: list[int] | None  # verify rows per request: its newest token and its drafts (None: until `settle`)
     batch: ForwardBatch  # what the verify pass runs (a graph's static batch, padding rows included)
     graph: Graph | None = None  # None: an eager pass
     # constrained requests: the drafts' tokens and tree parents on the host, read before the verify is
     # launched so their grammar masks are made while it runs
     host_drafts: tuple[list[list[int]], list[list[int]] | None] | None = None
+
+    def settle(self, widths: list[int]) -> None:
+        """The widths level 1 chose on the device, once the host has them (after the verify)."""
+        self.widths = widths
 
     @cached_property
     def offsets(self) -> list[int]:
@@ -146,7 +150,7 @@ class SpeculativeStep:
         if self.engine.verify_lengths is not None:
             draft = self._level_one(reqs, draft)
         plan = self._plan(reqs, draft)
-        if any(not self._checked_after(reqs[i]) for i in plan.constrained):
+        if plan.widths is not None and any(not self._checked_after(reqs[i]) for i in plan.constrained):
             plan.host_drafts = (draft.tokens.tolist(),
                                 draft.tree.parents.tolist() if draft.tree is not None else None)
         return plan
@@ -160,6 +164,9 @@ class SpeculativeStep:
         lengths = self.engine.verify_lengths
         widths = [q for q in self.runner.static if q > 1 and self.runner.graph_for(q, n) is not None]
         rows = self.runner.ragged_rows(n) if "ragged" in self.mechanisms and draft.tree is None else []
+        if rows and self._host_free(reqs):
+            draft.device_lengths = lengths.choose_rows_ahead(draft.confidences, rows)[::-1]
+            return draft
         if widths and not rows:
             width, keep = lengths.choose_ahead(draft.confidences, draft.tree, widths)
             if draft.tree is None:
@@ -173,12 +180,26 @@ class SpeculativeStep:
         keep = lengths.choose_tree(host[0], host[1].astype(np.int64), range(2, k + 2))
         return draft if keep is None else self._narrowed(draft, torch.from_numpy(keep).to(self.device, non_blocking=True))
 
+    def _host_free(self, reqs: list[Request]) -> bool:
+        """Whether a step needs its verify widths on the host only after the verify: greedy, no grammar, no stop id
+        banned (device acceptance; masks and bans are laid out per verify row before it)."""
+        return all(r.params.greedy and r.grammar is None for r in reqs) and not self.engine.stops.bans(reqs) \
+            and "device-acceptance" in self.mechanisms
+
     @staticmethod
     def _narrowed(draft: Draft, keep: torch.Tensor) -> Draft:
         tree = draft.tree.narrow(keep)
         return Draft(tree.tokens, tree=tree, assisted=draft.assisted)
 
     def _plan(self, reqs: list[Request], draft: Draft) -> VerifyPlan:
+        if draft.device_lengths is not None:  # laid out on the device; the widths follow the verify
+            lengths, rows = draft.device_lengths
+            graph = self.runner.ragged_for(len(reqs), rows)
+            self._laid_out = None
+            slots, starts, firsts = (to_device(v, self.device) for v in _heads(reqs))
+            self.runner.ragged_inputs.lay_out(slots, starts, firsts, draft.tokens, lengths, graph.batch.batch_size,
+                                              graph.batch.num_tokens)
+            return VerifyPlan(reqs, draft, None, graph.batch, graph)
         widths = draft.widths()
         q, n = max(widths), len(reqs)
         laid, self._laid_out = self._laid_out, None
@@ -218,7 +239,7 @@ class SpeculativeStep:
     def verify(self, plan: VerifyPlan) -> RunOutput:
         if plan.graph is None:
             return self.runner.run(plan.batch)
-        return self.runner.replay(plan.graph, plan.offsets[-1])
+        return self.runner.replay(plan.graph, plan.batch.num_tokens if plan.widths is None else plan.offsets[-1])
 
     def accept(self, plan: VerifyPlan, out: RunOutput, clock: StepClock) -> Acceptance:
         """Device acceptance where it applies (nothing banned; uniform widths, sampled rows decided by their
@@ -227,6 +248,13 @@ class SpeculativeStep:
         draft the grammar forbids, so constrained steps stay on the device path. Greedy requests that need
         no masked rows are checked against their grammar after acceptance instead (`_check_grammars`)."""
         reqs, tree = plan.reqs, plan.draft.tree
+        if plan.widths is None:  # level 1 chose the widths on the device: they come back with the acceptance
+            accepted = self._accept_ragged(plan, out)
+            clock.mark()
+            n, q = len(reqs), out.batch.max_q_len
+            host = HostCopy.of(torch.cat([accepted.pack(), out.batch.q_lens[:n].long()])).tolist()
+            plan.settle(host[-n:])
+            return Acceptance(Accepted.unpack(host[:-n], n, q, n), out.taps)
         banned = self._banned_rows(plan)
         if plan.host_drafts is not None:
             self._constrain(plan, out.logits)
@@ -234,7 +262,7 @@ class SpeculativeStep:
         if on_device and not plan.uniform and all(r.params.greedy for r in reqs):  # ragged chains
             accepted = self._accept_ragged(plan, out)
             clock.mark()
-            decisions = Accepted.unpack(HostCopy.of(accepted.pack()).tolist(), len(reqs), max(plan.widths), len(reqs))
+            decisions = Accepted.unpack(HostCopy.of(accepted.pack()).tolist(), len(reqs), out.batch.max_q_len, len(reqs))
             corrected = self._check_grammars(plan, out.logits, decisions)
             return Acceptance(decisions, out.taps, corrected=corrected)
         if on_device and plan.uniform:
@@ -318,14 +346,15 @@ class SpeculativeStep:
 
     def _accept_ragged(self, plan: VerifyPlan, out: RunOutput) -> Accepted:
         """Greedy chains of different widths (`two-level`), on the device: each request's rows gathered to the
-        widest width (its last row repeated), drafts past its width never matching, so acceptance stops there."""
-        n, q = len(plan.reqs), max(plan.widths)
-        offsets = to_device([plan.offsets[:-1], plan.widths], self.device)
+        batch's widest width (its last row repeated), drafts past its width never matching, so acceptance stops
+        there. Reads the widths from the batch (on the device, wherever they were chosen)."""
+        n, q, batch = len(plan.reqs), out.batch.max_q_len, out.batch
+        q_starts, q_lens = batch.q_starts[:n].long(), batch.q_lens[:n].long()
         j = torch.arange(q, device=self.device)
-        rows = offsets[0][:, None] + torch.minimum(j, offsets[1][:, None] - 1)  # [n, q]
-        ids = out.batch.input_ids[rows]
-        drafts = torch.where(j[1:] < offsets[1][:, None], ids[:, 1:], -1)
-        return self.engine.verifier.greedy(row_argmax(out.logits)[rows], drafts, out.batch.positions[rows[:, 0]])
+        rows = q_starts[:, None] + torch.minimum(j, q_lens[:, None] - 1)  # [n, q]
+        ids = batch.input_ids[rows]
+        drafts = torch.where(j[1:] < q_lens[:, None], ids[:, 1:], -1)
+        return self.engine.verifier.greedy(row_argmax(out.logits)[rows], drafts, batch.positions[rows[:, 0]])
 
     def _acceptance(self, batch: ForwardBatch, logits: torch.Tensor, verify_taps: torch.Tensor | None,
                     host: torch.Tensor | None = None,

@@ -61,8 +61,9 @@ class VerifyLengths:
         # the latest choice: its drafts' confidence bins and parents ([B, K], 0 = the root), which were verified, and
         # for narrowed trees the draft each verify row holds ([B, width - 1]; None: row j holds draft j)
         self._last: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None = None
-        # `choose_ahead`: this step's drafts on their way to the host (the copy; requests, drafts, width, whether a
-        # tree), and the previous step's survivals, each request's likeliest first, that forecast the next width
+        # `choose_ahead` / `choose_rows_ahead`: this step's drafts on their way to the host (the copy; requests, drafts,
+        # width (0: ragged, the chains' lengths follow the confidences in the copy), whether a tree), and the previous
+        # step's survivals, each request's likeliest first, that forecast the next width or rows
         self._pending: tuple[HostCopy, int, int, int, bool] | None = None
         self._ahead: np.ndarray | None = None
 
@@ -122,16 +123,47 @@ class VerifyLengths:
         self._pending = (HostCopy.of(torch.cat(parts)), n, k, width, tree is not None)
         return width, keep
 
-    def select(self, confidences: torch.Tensor, tree: TreeLayout, width: int) -> torch.Tensor:
-        """On the device: per request the width - 1 nodes of its tree likeliest to survive ([B, width - 1], 0-based,
-        ascending), by this step's calibrated confidences: a subtree (TreeLayout.narrow)."""
+    def choose_rows_ahead(self, confidences: torch.Tensor, row_buckets: Sequence[int]) -> tuple[int, torch.Tensor]:
+        """`ragged` graphs: this step's rows, one of `row_buckets`, from the previous step's drafts (every draft until
+        a step was measured), and on the device the chains' lengths that fill them ([B], the drafts likeliest to
+        survive; `select_chains`). This step's drafts and lengths go to the host beside the verify."""
+        n, k = confidences.shape
+        buckets = sorted(row_buckets)
+        rows = n * (k + 1)
+        if self.other_ms is not None and self._ahead is not None and self._ahead.shape[1] == k:
+            like_last = np.resize(self._ahead, (n, k))  # the last step's requests, as many as this step's
+            rows = n + sum(self._ragged(like_last, buckets))
+        rows = next((t for t in buckets if t >= rows), buckets[-1])
+        lengths = self.select_chains(confidences, min(rows - n, n * k))
+        copy = HostCopy.of(torch.cat([confidences.float().flatten(), lengths.float()]))
+        self._pending = (copy, n, k, 0, False)
+        return rows, lengths
+
+    def select_chains(self, confidences: torch.Tensor, drafts: int) -> torch.Tensor:
+        """On the device: how many of its drafts each chain verifies ([B]) so that the `drafts` likeliest to
+        survive are verified, by this step's calibrated confidences. Survivals never rise along a chain, and
+        among equals the stable order takes the shallower draft first: each request verifies a prefix."""
+        n, k = confidences.shape
+        survival = self._log_rates(confidences).cumsum(1).flatten()
+        chosen = torch.sort(-survival, stable=True).indices[:drafts]
+        return torch.zeros(n, dtype=torch.long, device=confidences.device).index_add_(
+            0, chosen // k, torch.ones_like(chosen))
+
+    def _log_rates(self, confidences: torch.Tensor) -> torch.Tensor:
+        """On the device: each draft's log calibrated chance of acceptance once its parent is accepted."""
         c = confidences.float().clamp(0.0, 1.0)
         bins = (c * BINS).long().clamp_max(BINS - 1)
         counts = torch.from_numpy(np.stack([self.accepted, self.tried]).astype(np.float32))
         if c.is_cuda:
             counts = counts.pin_memory()
         accepted, tried = counts.to(c.device, non_blocking=True)
-        log_rate = torch.log(((accepted[bins] + PRIOR * c) / (tried[bins] + PRIOR)).clamp_min(1e-30))
+        return torch.log(((accepted[bins] + PRIOR * c) / (tried[bins] + PRIOR)).clamp_min(1e-30))
+
+    def select(self, confidences: torch.Tensor, tree: TreeLayout, width: int) -> torch.Tensor:
+        """On the device: per request the width - 1 nodes of its tree likeliest to survive ([B, width - 1], 0-based,
+        ascending), by this step's calibrated confidences: a subtree (TreeLayout.narrow)."""
+        c = confidences
+        log_rate = self._log_rates(c)
         nodes = torch.arange(1, c.shape[1] + 1, device=c.device)
         bits = ((tree.ancestors[:, 1:, None] >> nodes) & 1).bool()  # [B, K, K]: node j's ancestors (itself too)
         log_survival = torch.where(bits, log_rate[:, None, :], 0.0).sum(-1)
@@ -158,9 +190,10 @@ class VerifyLengths:
                 columns = values[2 * n * k :].reshape(n, width - 1).astype(np.int64)
                 verified = np.zeros((n, k), dtype=bool)
                 np.put_along_axis(verified, columns, True, 1)
-        else:
+        else:  # a chain's drafts verified: width - 1 each, or (`choose_rows_ahead`: width 0) its own count
             parents, survival, columns = np.broadcast_to(np.arange(k), (n, k)), np.cumprod(calibrated, axis=1), None
-            verified = np.broadcast_to(np.arange(k) < width - 1, (n, k))
+            counts = values[n * k :, None] if width == 0 else width - 1
+            verified = np.broadcast_to(np.arange(k) < counts, (n, k))
         self._remember(bins, parents, verified, columns)
         self._ahead = survival
 

@@ -22,6 +22,9 @@ class Draft:
     tree: TreeLayout | None = None
     # per request, how many of its K tokens to verify (None: all): verify widths may differ per request
     lengths: list[int] | None = None
+    # the same chosen on the device (`ragged` graphs: [requests] int64), with the rows of the graph they fill; the
+    # host learns them after the verify
+    device_lengths: tuple[torch.Tensor, int] | None = None
     # the tensors are the first rows of the drafter's graph outputs for this batch-size bucket (what the
     # step's placement graph of the bucket reads); None: tensors of their own
     bucket: int | None = None
@@ -31,6 +34,8 @@ class Draft:
     def widths(self) -> list[int]:
         """Verify rows per request: its newest committed token and its drafts."""
         k = self.tokens.shape[1]
+        if self.device_lengths is not None:
+            raise ValueError("the draft's lengths were chosen on the device: the host learns them after the verify")
         if self.lengths is None:
             return [k + 1] * self.tokens.shape[0]
         if self.tree is not None:

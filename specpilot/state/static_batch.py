@@ -129,7 +129,7 @@ class RaggedStaticBatch:
         ids[:total] = np.fromiter((x for tokens in token_lists for x in tokens), dtype=np.int64, count=total)
         ids[total:t] = 0
         pos[:total] = np.arange(total) + np.repeat(np.asarray(start_lens, dtype=np.int64) - starts, lens)
-        pos[total:t] = np.arange(t - total) % self.max_len
+        pos[total:t] = np.arange(total, t) % self.max_len
         slot_ids[:k] = slots
         slot_ids[k:b] = self.scratch
         writes[:total] = pos[:total] + np.repeat(np.asarray(slots, dtype=np.int64) * self.max_len, lens)
@@ -141,3 +141,31 @@ class RaggedStaticBatch:
         kv_lens[:k] = np.asarray(start_lens, dtype=np.int64) + lens
         kv_lens[k:b] = 0
         self.dev.copy_(self.host, non_blocking=self.dev.is_cuda)
+
+    def lay_out(self, slots: torch.Tensor, starts: torch.Tensor, firsts: torch.Tensor, drafts: torch.Tensor,
+                lengths: torch.Tensor, b: int, t: int) -> None:
+        """`fill`'s layout made on the device (nothing waits for the host): request i ([n] tensors) appends its
+        newest token firsts[i] and its first lengths[i] drafts (drafts [n, K], lengths <= K, 1 + sum(lengths) <= t)
+        at starts[i], in a bucket of b requests and t rows."""
+        n, k = drafts.shape
+        dev = drafts.device
+        q_lens = lengths.long() + 1
+        ends = q_lens.cumsum(0)
+        q_starts = ends - q_lens
+        rows = torch.arange(t, device=dev)
+        req = torch.searchsorted(ends, rows, right=True)  # each row's request; n past the last
+        owned = req < n
+        r = req.clamp(max=n - 1)
+        j = rows - q_starts[r]  # the row's place in its request's block
+        token = torch.where(j == 0, firsts[r], drafts[r, (j - 1).clamp(0, k - 1)])
+        spare = rows % self.max_len
+        position = torch.where(owned, starts[r] + j, spare)
+        self.input_ids[:t].copy_(torch.where(owned, token, 0))
+        self.positions[:t].copy_(position)
+        self.write_index[:t].copy_(torch.where(owned, slots[r], self.scratch) * self.max_len + position)
+        pad = b - n
+        self.slot_ids[:b].copy_(torch.cat([slots, slots.new_full((pad,), self.scratch)]))
+        self.q_starts[:b].copy_(torch.cat([q_starts, ends[-1:].expand(pad)]))
+        self.q_lens[:b].copy_(torch.cat([q_lens, q_lens.new_zeros(pad)]))
+        self.kv_lens[:b].copy_(torch.cat([starts + q_lens, q_lens.new_zeros(pad)]))
+
