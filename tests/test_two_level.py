@@ -274,7 +274,10 @@ def _engine(ckpt, paths, algorithm="dflash", **changes) -> Engine:
 
 def _any_confidences(engine: Engine, seed: int = 0) -> None:
     """The drafter's confidences replaced by random ones (a random drafter's are all alike), so level 1 trims
-    requests differently: whatever it keeps, the output must stay AR's."""
+    requests differently: whatever it keeps, the output must stay AR's. The step's time beside the pass is pinned
+    (1 ms), so what level 1 keeps does not follow this machine's timing."""
+    engine.verify_lengths.other_ms = 1.0
+    engine.verify_lengths.observe = lambda *args: None
     gen, propose = torch.Generator().manual_seed(seed), engine.drafter.propose
 
     def varied(reqs):
@@ -372,16 +375,28 @@ def test_graphs_verify_narrowed_trees(tiny, cost_tables, replays):  # noqa: F811
     assert len(set(widths)) > 1
 
 
-def test_ragged_graphs_verify_trimmed_chains_of_any_width(tiny, cost_tables, replays):  # noqa: F811
+@pytest.mark.parametrize("early", [False, True])
+def test_ragged_graphs_verify_trimmed_chains_of_any_width(tiny, cost_tables, replays, early):  # noqa: F811
     """`ragged`: level 1 picks the step's rows bucket from the last step and each chain's length on the device; the
     step runs as the graph of its (batch, rows) bucket, packed (padding requests own no rows), accepts on the device,
-    and the host learns the widths with the acceptance; the output stays AR's."""
+    and the host learns the widths with the acceptance; under `early-launch` the drafter's bucket graphs start the
+    next draft from the gathered taps first. The output stays AR's."""
     ckpt, paths = tiny
     cost_tables(ckpt, FLAT, device="cpu")
-    prompts = mixed_prompts(ckpt.config.vocab_size, 5, seed=6)  # 5 requests in the bucket of 8 (then fewer)
-    ar = [r.output_ids for r in _engine(ckpt, paths, None, device="cpu").generate(prompts, GREEDY)]
+    prompts = mixed_prompts(ckpt.config.vocab_size, 5, seed=6)  # 5 requests in buckets of 4: then fewer
+    params = [replace(GREEDY, max_new_tokens=m) for m in (16, 40, 24, 32, 40)]  # finishing apart: padded buckets
+    ar = [r.output_ids for r in _engine(ckpt, paths, None, device="cpu").generate(prompts, params)]
+    mechanisms = {"two-level", "ragged", "device-acceptance"} | ({"early-launch"} if early else set())
     engine = _engine(ckpt, paths, device="cpu", cuda_graphs=True, speculative_num_draft_tokens=6,
-                     speculative_ngram_assist=2, mechanisms=frozenset({"two-level", "ragged", "device-acceptance"}))
+                     speculative_ngram_assist=2, mechanisms=frozenset(mechanisms))
+    launches, launch_next = [], engine.drafter.launch_next
+
+    def launched(reqs, verify, accepted, taps):
+        launches.append(any(verify is g.batch for g in engine.runner.ragged.values()))
+        launch_next(reqs, verify, accepted, taps)
+        assert engine.drafter.model._launched[1] is engine.drafter.model.graphs[verify.batch_size]  # graphs, not eager
+
+    engine.drafter.launch_next = launched
     assert (4, 24) in engine.runner.ragged and (4, 5) not in engine.runner.ragged  # buckets above 4 requests
     engine.verify_lengths.table = SLOPED
     _any_confidences(engine, seed=1)
@@ -395,9 +410,10 @@ def test_ragged_graphs_verify_trimmed_chains_of_any_width(tiny, cost_tables, rep
     engine.speculation._plan = recorded
     walks = []
     engine.speculation._walk = lambda plan, logits: walks.append(plan)  # greedy: the device accepts every step
-    assert [r.output_ids for r in engine.generate(prompts, GREEDY)] == ar
+    assert [r.output_ids for r in engine.generate(prompts, params)] == ar
     assert not walks
     assert any(p.draft.device_lengths is not None for p in passes)  # level 1 chose on the device, the host waited not
+    assert any(launches) == early  # early launches after ragged verifies
     stats = engine.verify_lengths.as_dict()
     assert 0 < stats["drafts_verified"] < stats["drafts_offered"]
     # the widths level 1 chose on the device, as the host learnt them after each verify

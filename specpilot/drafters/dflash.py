@@ -136,14 +136,18 @@ class DFlashDrafter(Drafter):
         len(reqs) requests are `reqs`), `accepted` its device-side acceptance, `verify_taps` its taps
         with accepted rows first. The next `propose` for these requests (or the ones still running)
         finishes this draft instead of drafting anew. After a verify graph (of any width), two graph replays; a
-        tree drafter with a device lookup builds the tree too (a third)."""
+        tree drafter with a device lookup builds the tree too (a third). Other verifies of a captured bucket lay
+        the inputs out eagerly, then replay the graphs."""
         b = verify.batch_size
         graph = self.graphs.get(b)
         early_tree = self.tree is not None and self.device_lookup is not None
         tree = None
         prep = None if graph is None else graph.prep_for(verify, accepted, verify_taps)
-        if prep is not None:
-            prep.replay()
+        if graph is not None:
+            if prep is not None:
+                prep.replay()
+            else:  # outputs of no verify graph (a ragged verify's gathered ones): laid out eagerly, a few kernels
+                graph.lay_out(self, b, (verify, accepted, verify_taps))
             graph.graph.replay()
             outputs = graph.outputs
             if early_tree:
@@ -361,7 +365,7 @@ class DraftGraph:
             g.hint = torch.zeros(b, drafter.block_size, dtype=torch.int64, device=drafter.device)
             g.tree_graph = GraphBackend.capture(lambda: drafter._tree_pass(*g.outputs, g.hint), pool)
         for source in sources:
-            g.preps.append((source, GraphBackend.capture(lambda source=source: g._prep(drafter, b, source), pool)))
+            g.preps.append((source, GraphBackend.capture(lambda source=source: g.lay_out(drafter, b, source), pool)))
         return g
 
     def prep_for(self, verify: ForwardBatch, accepted: Accepted,
@@ -370,7 +374,8 @@ class DraftGraph:
         given = (verify, accepted, verify_taps)
         return next((prep for source, prep in self.preps if all(m is g for m, g in zip(source, given))), None)
 
-    def _prep(self, drafter: DFlashDrafter, b: int, source: VerifySource) -> None:
+    def lay_out(self, drafter: DFlashDrafter, b: int, source: VerifySource) -> None:
+        """The next body's inputs (and hint) from a verify's batch, acceptance and taps: what a prep graph replays."""
         hint = drafter._prep(self.inputs, b, *source)
         if hint is not None:
             self.hint.copy_(hint)

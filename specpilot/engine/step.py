@@ -249,22 +249,13 @@ class SpeculativeStep:
         no masked rows are checked against their grammar after acceptance instead (`_check_grammars`)."""
         reqs, tree = plan.reqs, plan.draft.tree
         if plan.widths is None:  # level 1 chose the widths on the device: they come back with the acceptance
-            accepted = self._accept_ragged(plan, out)
-            clock.mark()
-            n, q = len(reqs), out.batch.max_q_len
-            host = HostCopy.of(torch.cat([accepted.pack(), out.batch.q_lens[:n].long()])).tolist()
-            plan.settle(host[-n:])
-            return Acceptance(Accepted.unpack(host[:-n], n, q, n), out.taps)
+            return self._accept_ragged(plan, out, clock)
         banned = self._banned_rows(plan)
         if plan.host_drafts is not None:
             self._constrain(plan, out.logits)
         on_device = "device-acceptance" in self.mechanisms and banned is None
         if on_device and not plan.uniform and all(r.params.greedy for r in reqs):  # ragged chains
-            accepted = self._accept_ragged(plan, out)
-            clock.mark()
-            decisions = Accepted.unpack(HostCopy.of(accepted.pack()).tolist(), len(reqs), out.batch.max_q_len, len(reqs))
-            corrected = self._check_grammars(plan, out.logits, decisions)
-            return Acceptance(decisions, out.taps, corrected=corrected)
+            return self._accept_ragged(plan, out, clock)
         if on_device and plan.uniform:
             accepted, taps, host, graphed = self._accept_on_device(plan, out)
             clock.mark()
@@ -344,17 +335,37 @@ class SpeculativeStep:
         accepted, taps, values = self._acceptance(out.batch, logits, taps, reqs=plan.reqs if sampled else ())
         return accepted, taps, HostCopy.of(values), False
 
-    def _accept_ragged(self, plan: VerifyPlan, out: RunOutput) -> Accepted:
+    def _accept_ragged(self, plan: VerifyPlan, out: RunOutput, clock: StepClock) -> Acceptance:
         """Greedy chains of different widths (`two-level`), on the device: each request's rows gathered to the
         batch's widest width (its last row repeated), drafts past its width never matching, so acceptance stops
-        there. Reads the widths from the batch (on the device, wherever they were chosen)."""
-        n, q, batch = len(plan.reqs), out.batch.max_q_len, out.batch
+        there. Reads the widths from the batch (on the device, wherever they were chosen): where level 1 chose
+        them there, they come back in the acceptance's one copy (`VerifyPlan.settle`). Under `early-launch` the
+        drafter starts the next draft from the gathered taps before the host reads the copy."""
+        reqs, batch = plan.reqs, out.batch
+        n, q = len(reqs), batch.max_q_len
         q_starts, q_lens = batch.q_starts[:n].long(), batch.q_lens[:n].long()
         j = torch.arange(q, device=self.device)
         rows = q_starts[:, None] + torch.minimum(j, q_lens[:, None] - 1)  # [n, q]
-        ids = batch.input_ids[rows]
-        drafts = torch.where(j[1:] < q_lens[:, None], ids[:, 1:], -1)
-        return self.engine.verifier.greedy(row_argmax(out.logits)[rows], drafts, batch.positions[rows[:, 0]])
+        drafts = torch.where(j[1:] < q_lens[:, None], batch.input_ids[rows][:, 1:], -1)
+        accepted = self.engine.verifier.greedy(row_argmax(out.logits)[rows], drafts, batch.positions[rows[:, 0]])
+        settled = plan.widths is not None
+        host = HostCopy.of(accepted.pack() if settled else torch.cat([accepted.pack(), q_lens]))
+        clock.mark()
+        launched = "early-launch" in self.mechanisms and out.taps is not None
+        if launched:  # as a verify graph of the bucket's requests and width q would have left them
+            pad = batch.batch_size - n
+            fills = {"counts": 1}  # a padding request commits one token (0) at its scratch slot's start
+            padded = Accepted(**{name: torch.cat([t, t.new_full((pad, *t.shape[1:]), fills.get(name, 0))])
+                                 for name, t in vars(accepted).items()})
+            taps = out.taps[rows.flatten()]
+            self.engine.drafter.launch_next(reqs, batch, padded, torch.cat([taps, taps.new_zeros(pad * q, taps.shape[1])]))
+            clock.mark()
+        values = host.tolist()
+        if not settled:
+            plan.settle(values[-n:])
+            values = values[:-n]
+        decisions = Accepted.unpack(values, n, q, n)
+        return Acceptance(decisions, out.taps, launched, corrected=self._check_grammars(plan, out.logits, decisions))
 
     def _acceptance(self, batch: ForwardBatch, logits: torch.Tensor, verify_taps: torch.Tensor | None,
                     host: torch.Tensor | None = None,
