@@ -40,7 +40,7 @@ STAGES = ("propose", "plan", "verify", "accept", "commit", "prepare")
 
 
 def _stage_clock(engine: Engine) -> dict[str, float]:
-    """Host seconds per speculative stage, summed while the returned dict is read (a stage that syncs, e.g. plan
+    """Host seconds per speculative stage, summed into the returned dict as the stages run (a stage that syncs, e.g. plan
     under two-level or accept, also holds the wait for the device work before it)."""
     spent = dict.fromkeys(STAGES, 0.0)
     step = engine.speculation

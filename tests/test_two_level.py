@@ -203,11 +203,11 @@ def test_the_device_verifies_the_likeliest_drafts_as_prefixes(n, k, seed, data):
 def test_rows_ahead_follow_the_previous_step_s_drafts():
     lengths = VerifyLengths(SLOPED)
     sure, unsure = torch.full((2, 6), 0.99), torch.full((2, 6), 0.01)
-    rows, chosen = lengths.choose_rows_ahead(unsure, [3, 4, 6, 8, 12, 14])
+    chosen, rows = lengths.choose_rows_ahead(unsure, [3, 4, 6, 8, 12, 14])
     assert rows == 14 and chosen.tolist() == [6, 6]  # nothing measured yet: every draft
     lengths.learn([[0], [0]])
     lengths.observe(5.0, 2, 14)
-    rows, chosen = lengths.choose_rows_ahead(sure, [3, 4, 6, 8, 12, 14])
+    chosen, rows = lengths.choose_rows_ahead(sure, [3, 4, 6, 8, 12, 14])
     assert rows < 14 and int(chosen.sum()) == rows - 2  # the unsure step before decides
     lengths.learn([[0, 1], [0]])
     assert (lengths.kept, lengths.offered) == (12 + rows - 2, 24)

@@ -161,23 +161,23 @@ class SpeculativeStep:
         else, from the draft's confidences on the host, a chain's per request (ragged: eager passes, or `ragged`
         graphs) and a tree's as a subtree of one width for all."""
         n, k = len(reqs), draft.tokens.shape[1]
-        lengths = self.engine.verify_lengths
+        chooser = self.engine.verify_lengths
         widths = [q for q in self.runner.static if q > 1 and self.runner.graph_for(q, n) is not None]
         rows = self.runner.ragged_rows(n) if "ragged" in self.mechanisms and draft.tree is None else []
         if rows and self._host_free(reqs):
-            draft.device_lengths = lengths.choose_rows_ahead(draft.confidences, rows)[::-1]
+            draft.device_lengths = chooser.choose_rows_ahead(draft.confidences, rows)
             return draft
         if widths and not rows:
-            width, keep = lengths.choose_ahead(draft.confidences, draft.tree, widths)
+            width, keep = chooser.choose_ahead(draft.confidences, draft.tree, widths)
             if draft.tree is None:
                 draft.lengths = None if width > k else [width - 1] * n
                 return draft
             return draft if keep is None else self._narrowed(draft, keep)
         if draft.tree is None:
-            draft.lengths = lengths.choose(draft.confidences.float().cpu().numpy(), row_buckets=rows or None)
+            draft.lengths = chooser.choose(draft.confidences.float().cpu().numpy(), row_buckets=rows or None)
             return draft
         host = torch.stack([draft.confidences.float(), draft.tree.parents.float()]).cpu().numpy()  # one sync
-        keep = lengths.choose_tree(host[0], host[1].astype(np.int64), range(2, k + 2))
+        keep = chooser.choose_tree(host[0], host[1].astype(np.int64), range(2, k + 2))
         return draft if keep is None else self._narrowed(draft, torch.from_numpy(keep).to(self.device, non_blocking=True))
 
     def _host_free(self, reqs: list[Request]) -> bool:

@@ -123,10 +123,11 @@ class VerifyLengths:
         self._pending = (HostCopy.of(torch.cat(parts)), n, k, width, tree is not None)
         return width, keep
 
-    def choose_rows_ahead(self, confidences: torch.Tensor, row_buckets: Sequence[int]) -> tuple[int, torch.Tensor]:
-        """`ragged` graphs: this step's rows, one of `row_buckets`, from the previous step's drafts (every draft until
-        a step was measured), and on the device the chains' lengths that fill them ([B], the drafts likeliest to
-        survive; `select_chains`). This step's drafts and lengths go to the host beside the verify."""
+    def choose_rows_ahead(self, confidences: torch.Tensor, row_buckets: Sequence[int]) -> tuple[torch.Tensor, int]:
+        """`ragged` graphs: on the device the chains' lengths ([B], the drafts likeliest to survive; `select_chains`)
+        that fill this step's rows, one of `row_buckets` chosen from the previous step's drafts (every draft until a
+        step was measured); returns (lengths, rows), as `Draft.device_lengths` holds them. This step's drafts and
+        lengths go to the host beside the verify."""
         n, k = confidences.shape
         buckets = sorted(row_buckets)
         rows = n * (k + 1)
@@ -137,7 +138,7 @@ class VerifyLengths:
         lengths = self.select_chains(confidences, min(rows - n, n * k))
         copy = HostCopy.of(torch.cat([confidences.float().flatten(), lengths.float()]))
         self._pending = (copy, n, k, 0, False)
-        return rows, lengths
+        return lengths, rows
 
     def select_chains(self, confidences: torch.Tensor, drafts: int) -> torch.Tensor:
         """On the device: how many of its drafts each chain verifies ([B]) so that the `drafts` likeliest to
