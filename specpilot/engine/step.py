@@ -243,10 +243,11 @@ class SpeculativeStep:
 
     def accept(self, plan: VerifyPlan, out: RunOutput, clock: StepClock) -> Acceptance:
         """Device acceptance where it applies (nothing banned; uniform widths, sampled rows decided by their
-        keyed samples; or greedy chains of different widths, `two-level`'s), else the walk. A grammar's masks go into the verify logits first, in place (a graph's
-        own output buffer, which its acceptance graph reads): a masked argmax or keyed sample never takes a
-        draft the grammar forbids, so constrained steps stay on the device path. Greedy requests that need
-        no masked rows are checked against their grammar after acceptance instead (`_check_grammars`)."""
+        keyed samples; or greedy chains of different widths, `two-level`'s), else the walk. A grammar's masks
+        go into the verify logits first, in place (a graph's own output buffer, which its acceptance graph
+        reads): a masked argmax or keyed sample never takes a draft the grammar forbids, so constrained steps
+        stay on the device path. Greedy requests that need no masked rows are checked against their grammar
+        after acceptance instead (`_check_grammars`)."""
         reqs, tree = plan.reqs, plan.draft.tree
         if plan.widths is None:  # level 1 chose the widths on the device: they come back with the acceptance
             return self._accept_ragged(plan, out, clock)
