@@ -4,7 +4,8 @@
 # in $OUT/force (gpu_exact.sh packs them). PARD has no
 # shipped checkpoint: a random one of the target's family and vocabulary stands in (forcing checks the
 # output, whatever the drafter proposes).
-#   bash benchmarks/gpu_force_all.sh [DTYPE] [PROMPTS] [TOKENS]     (inside gpu_ferry.sh run)
+#   [CONFIGS="chain tree ..."] bash benchmarks/gpu_force_all.sh [DTYPE] [PROMPTS] [TOKENS]     (inside gpu_ferry.sh run;
+#   CONFIGS: only these drafter configurations, in this script's order)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dtype=${1:-float32}; prompts=${2:-8}; tokens=${3:-128}
@@ -16,8 +17,10 @@ from pathlib import Path
 from spec_fixtures import write_random_pard
 write_random_pard(Path('$pard'), pard_token=49151, vocab_size=49152)"
 common="--dataset humaneval --num-prompts $prompts --max-new-tokens $tokens --device cuda --dtype $dtype"
+wanted() { [ -z "${CONFIGS:-}" ] || [[ " $CONFIGS " == *" $1 "* ]]; }
 run() {  # name, flags...
     local name=$1; shift
+    wanted "$name" || return 0
     local t0=$SECONDS
     python3 -m specpilot force $common "$@" > "$out/$name.json" 2> "$out/$name.log"
     local rc=$?
@@ -37,10 +40,14 @@ run tree-assist-budget --speculative-algorithm dflash --speculative-num-draft-to
     --speculative-ngram-assist 2 --mechanisms budget,device-acceptance,early-launch,layout-ahead,device-lookup
 # each request verifies the drafts worth their rows (two-level: the cost table profiled first), with the budget and
 # every mechanism a chain takes
-python3 -m specpilot bench --profile-cost-table --device cuda --dtype $dtype --cost-batch-sizes 1 2 4 8 \
-    --cost-tokens 1 2 4 8 16 --output-dir "$out/cost-table" > "$out/cost-table.log" 2>&1
+if wanted chain-assist-two-level || wanted tree-assist-two-level || wanted chain-assist-ragged; then
+    python3 -m specpilot bench --profile-cost-table --device cuda --dtype $dtype --cost-batch-sizes 1 2 4 8 \
+        --cost-tokens 1 2 4 8 16 --output-dir "$out/cost-table" > "$out/cost-table.log" 2>&1
+fi
 run chain-assist-two-level --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 1 \
     --speculative-ngram-assist 2 --mechanisms two-level,budget,device-acceptance,early-launch,layout-ahead
+run tree-assist-two-level --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 4 \
+    --speculative-ngram-assist 2 --mechanisms two-level,device-acceptance,early-launch,layout-ahead,device-lookup
 # the same with ragged graphs: requests of different widths packed into one graph per (batch, rows) bucket
 run chain-assist-ragged --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 1 \
     --speculative-ngram-assist 2 --mechanisms two-level,ragged,device-acceptance,early-launch,layout-ahead
