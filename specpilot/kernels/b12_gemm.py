@@ -106,9 +106,10 @@ if HAS_TRITON:
     # In the kernels 256 is BLOCK and GROUP, 128 half a block, 16 SEGMENT_ROWS: literals, which the
     # interpreter's constexpr arithmetic takes on either side.
 
-    # Four weights at once ($0, $1: two bf16 each) from their sign/mantissa bytes ($2) and code bytes ($3),
-    # with the row's base and alt exponents in every byte of $4 and $8; byte lanes throughout, which never
-    # carry (base + code <= 255). A lane whose code is 15 takes the alt: code + 0x71 has its top bit set,
+    # Four weights at once ($0, $1: two bf16 each) from their sign/mantissa bytes ($2), code bytes ($3) and
+    # base and alt exponent bytes ($4, $5); byte lanes throughout, which never carry (base + code <= 255).
+    # The exponents come as byte tiles like the others, so lane i of every operand is element i's whichever
+    # layout Triton packs the four elements from (along a row or across rows). A lane whose code is 15 takes the alt: code + 0x71 has its top bit set,
     # which prmt's sign mode spreads over the lane. Then high byte = sign | exponent >> 1, low byte =
     # exponent << 7 | mantissa, interleaved into bf16 pairs. Not marked pure: Triton would otherwise move the
     # MMA operand's layout above it, onto the byte loads, which then read a byte or two at a time, and keep
@@ -119,7 +120,7 @@ if HAS_TRITON:
     add.u32 flg, cod, 0x71717171;
     prmt.b32 msk, flg, 0, 0xBA98;
     add.u32 ex, cod, $4;
-    lop3.b32 ex, ex, $8, msk, 0xD8;
+    lop3.b32 ex, ex, $5, msk, 0xD8;
     shr.b32 hib, ex, 1;
     lop3.b32 hib, $2, hib, 0x80808080, 0xE4;
     shl.b32 lob, ex, 7;
@@ -129,7 +130,7 @@ if HAS_TRITON:
     }"""
     _DECODE_LOW = tl.constexpr(_DECODE.replace("NIBBLE", "and.b32 cod, $3, 0x0F0F0F0F;"))
     _DECODE_HIGH = tl.constexpr(_DECODE.replace("NIBBLE", "shr.b32 cod, $3, 4;\n    and.b32 cod, cod, 0x0F0F0F0F;"))
-    _DECODE_OPERANDS = tl.constexpr("=r,=r," + ",".join(["r"] * 10))  # sm and codes: 4 a register; base, alt: 1
+    _DECODE_OPERANDS = tl.constexpr("=r,=r,r,r,r,r")  # sm, codes, base and alt bytes: 4 a register
 
     @triton.jit
     def _or(a, b):
@@ -141,7 +142,8 @@ if HAS_TRITON:
         base and alt exponents ([BLOCK_N] int32): packed PTX, or the same in plain integer ops."""
         if PACKED:
             w = tl.inline_asm_elementwise(_DECODE_HIGH if HIGH else _DECODE_LOW, _DECODE_OPERANDS,
-                                          [s, byte, (base * 0x01010101)[:, None], (alt * 0x01010101)[:, None]],
+                                          [s, byte, tl.broadcast_to(base.to(tl.uint8)[:, None], s.shape),
+                                           tl.broadcast_to(alt.to(tl.uint8)[:, None], s.shape)],
                                           dtype=tl.bfloat16, is_pure=False, pack=4)
         else:
             if HIGH:
