@@ -4,7 +4,7 @@ Reports each speedup (AR TPOT / spec TPOT; median and range), their ratio (goal 
 constrained speculative ids equal constrained AR's, and how many constrained outputs parse.
 
     python benchmarks/structured_cost.py [--device cuda] [--num-prompts 10] [--max-new-tokens 128] \\
-        [--repeats 3] [--out DIR]
+        [--repeats 3] [--topk K --ngram-assist N (the served default's trees: 4, 3)] [--out DIR]
 """
 
 from __future__ import annotations
@@ -61,9 +61,13 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--topk", type=int, default=1, help="draft tree branching (1: chains)")
+    ap.add_argument("--ngram-assist", type=int, default=0, help="n-gram assist's minimum match (0: off)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    engine = Engine.from_config(EngineConfig(device=args.device, speculative_algorithm="dflash"))
+    engine = Engine.from_config(EngineConfig(device=args.device, speculative_algorithm="dflash",
+                                              speculative_eagle_topk=args.topk,
+                                              speculative_ngram_assist=args.ngram_assist))
     engine.warm_up()
     prompts = json_prompts(engine, args.num_prompts)
     plain = SamplingParams(max_new_tokens=args.max_new_tokens)

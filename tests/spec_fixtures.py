@@ -12,6 +12,7 @@ from tiny_models import tiny_hf_model
 from specpilot.drafters.base import Drafter
 from specpilot.state.draft import Draft
 from specpilot.state.request import Request
+from specpilot.state.tree import TreeLayout
 
 
 def write_random_dflash(path: Path, hidden: int, num_target_layers: int, mask_token_id: int,
@@ -70,13 +71,16 @@ def write_random_pard(path: Path, pard_token: int, seed: int = 1, vocab_size: in
 
 class OracleDrafter(Drafter):
     """Proposes the target's own continuation (known from a stock run), wrong from draft position
-    `first_error` on (counting from 0), so every step accepts exactly min(first_error, K) drafts."""
+    `first_error` on (counting from 0), so every step accepts exactly min(first_error, K) drafts. `tree`: a
+    draft tree of a decoy child of the root (node 1) beside the chain of K - 1 (nodes 2..K, each a row below its
+    depth), so accepting any of the chain moves its K/V (min(first_error, K - 1) accepted a step)."""
 
     name = "oracle"
 
-    def __init__(self, block_size: int, stock: dict[str, list[int]], first_error: int, vocab: int) -> None:
+    def __init__(self, block_size: int, stock: dict[str, list[int]], first_error: int, vocab: int,
+                 tree: bool = False) -> None:
         super().__init__(block_size)
-        self.stock, self.first_error, self.vocab = stock, first_error, vocab
+        self.stock, self.first_error, self.vocab, self.tree = stock, first_error, vocab, tree
 
     def propose(self, reqs: list[Request]) -> Draft:
         drafts = []
@@ -86,4 +90,13 @@ class OracleDrafter(Drafter):
             cont = ref[n : n + self.num_proposals]
             cont = cont + [0] * (self.num_proposals - len(cont))
             drafts.append([t if j < self.first_error else (t + 1) % self.vocab for j, t in enumerate(cont)])
-        return Draft(torch.tensor(drafts, dtype=torch.int64))
+        tokens = torch.tensor(drafts, dtype=torch.int64)
+        if not self.tree:
+            return Draft(tokens)
+        n, k = tokens.shape
+        tokens = torch.cat([(tokens[:, :1] + 1) % self.vocab, tokens[:, :-1]], dim=1)
+        parents = torch.tensor([0, 0, *range(2, k)])
+        nodes = torch.arange(k + 1)
+        ancestors = torch.where(nodes < 2, (1 << (nodes + 1)) - 1, (1 << (nodes + 1)) - 1 - 2)  # node j: 0, 2..j
+        return Draft(tokens, tree=TreeLayout(tokens, parents.expand(n, k), torch.tensor([1, *range(1, k)]).expand(n, k),
+                                             ancestors.expand(n, k + 1)))

@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+import torch
 from spec_fixtures import OracleDrafter, write_random_dflash
 from test_logprobs import _flat, _same
 from test_redteam import _noisy_verify
@@ -18,6 +19,7 @@ from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.forcing import run_forcing
 from specpilot.models.checkpoint import load_checkpoint
+from specpilot.state.graphs import GraphBackend, eager_capture
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]},
                                            "tag": {"type": "string", "maxLength": 6}},
@@ -89,26 +91,64 @@ def test_constrained_speculation_equals_constrained_ar(spelled, kind, drafter):
 
 
 @pytest.mark.parametrize("first_error", [2, 40])
-def test_drafts_are_accepted_up_to_the_first_that_breaks_or_misses(spelled, first_error):
+@pytest.mark.parametrize("tree,graphs", [(False, False), (True, False), (True, True)],
+                         ids=["chain", "one-branch tree", "one-branch tree, graph paths"])
+def test_drafts_are_accepted_up_to_the_first_that_breaks_or_misses(spelled, first_error, tree, graphs, monkeypatch):
     """An oracle drafter proposes constrained AR's own tokens (wrong ones from `first_error` on, which may
     break the grammar): each full step accepts exactly min(first_error, K) drafts, deeper rows' masks
-    included."""
-    path, _ = spelled
+    included. As a tree (the chain beside a decoy), where the device's acceptance stops at the target's plain
+    argmax and moves the accepted K/V before the grammar refuses that argmax, the redone decision goes on down the
+    drafts the move left, whose K/V move then (on the graph paths too, whose acceptance has already laid the
+    next verify out from the device's decision)."""
+    path, dflash = spelled
+    if graphs:
+        monkeypatch.setattr(GraphBackend, "capture", staticmethod(eager_capture))
     block = 8
     params = SamplingParams(max_new_tokens=40, json_schema=CONSTRAINTS["json_schema"], ignore_eos=True)
     ar_engine = engine(path)
     ar = [r.output_ids for r in ar_engine.generate(prompts(ar_engine), params)]
-    cand = engine(path)
+    # graphs of the oracle's width are captured for a DFlash drafter's tree of a block, which the oracle replaces
+    spec = dict(speculative_algorithm="dflash", speculative_draft_model_path=str(dflash), speculative_eagle_topk=3,
+                speculative_num_draft_tokens=block, mechanisms=frozenset({"device-acceptance", "layout-ahead"}))
+    cand = engine(path, cuda_graphs=True, **spec) if graphs else engine(path)
     reqs = [cand.add_request(p, params) for p in prompts(cand)]
-    cand.drafter = OracleDrafter(block, {r.rid: a for r, a in zip(reqs, ar)}, first_error,
-                                 cand.checkpoint.config.vocab_size)
+    oracle = OracleDrafter(block, {r.rid: a for r, a in zip(reqs, ar)}, first_error, cand.checkpoint.config.vocab_size,
+                           tree)
+    if graphs:  # in place of the drafter the graphs were captured for (the setter would set up eager passes)
+        cand._drafter = oracle
+    else:
+        cand.drafter = oracle
     cand.spec_stats.block_size = block
     while cand.has_work:
         cand.step()
     assert [r.output_ids for r in reqs] == ar
     for r in reqs:
         full = r.accept_lengths[:-1]
-        assert full and all(n == min(first_error, block - 1) + 1 for n in full)
+        assert full and all(n == min(first_error, block - 1 - tree) + 1 for n in full)
+
+
+def test_the_drafter_reads_the_taps_of_the_redone_decision(spelled, monkeypatch):
+    """After a tree's device acceptance, a decision the grammar redoes down other drafts hands the drafter those
+    drafts' taps: each request's first taps are its decided path's rows, in order (what its context is made of)."""
+    path, dflash = spelled
+    step_type = type(engine(path, speculative_draft_model_path=str(dflash), **SPEC["dflash tree + assist"]).speculation)
+    accept, resumed = step_type.accept, []
+    move = step_type._move_resumed
+
+    def checked(self, plan, out, clock):
+        acceptance = accept(self, plan, out, clock)
+        q = plan.widths[0]
+        for i, decision in enumerate(acceptance.decisions):
+            rows = torch.tensor(decision.rows) + i * q
+            assert torch.equal(acceptance.taps[i * q : i * q + len(rows)], out.taps[rows])
+        return acceptance
+
+    monkeypatch.setattr(step_type, "accept", checked)
+    monkeypatch.setattr(step_type, "_move_resumed", lambda self, *a: (resumed.append(a[2]), move(self, *a))[1])
+    eng = engine(path, speculative_draft_model_path=str(dflash), **SPEC["dflash tree + assist"])
+    for kind in CONSTRAINTS:
+        eng.generate(prompts(eng), SamplingParams(max_new_tokens=60, **{kind: CONSTRAINTS[kind]}))
+    assert resumed  # some decision went on down drafts the device had not moved
 
 
 def test_seeded_constrained_sampling_is_the_same_with_and_without_speculation(spelled):

@@ -266,7 +266,13 @@ class SpeculativeStep:
                 clock.mark()
             # the one sync: rows of the bucket's requests, of which the first len(reqs) are ours
             decisions = Accepted.unpack(host.tolist(), out.batch.batch_size, plan.widths[0], len(reqs))
-            corrected = self._check_grammars(plan, out.logits, decisions, compacted=tree is not None)
+            resumed: list[tuple[int, int, list[int]]] = []
+            corrected = self._check_grammars(plan, out.logits, decisions, resumed if tree is not None else None)
+            if resumed:  # the launched draft took the device's old taps for these nodes' context
+                taps = self._move_resumed(plan, out, resumed, taps)
+                if launched:
+                    self.engine.drafter.cancel_launch()
+                    launched = False
             return Acceptance(decisions, taps, launched, graphed, corrected)
         logits = out.logits if banned is None else suppress(out.logits, banned)
         decisions = self._walk(plan, logits)  # syncs
@@ -437,10 +443,12 @@ class SpeculativeStep:
         return req.grammar is not None and req.params.greedy and not self.engine.stops.bans((req,))
 
     def _check_grammars(self, plan: VerifyPlan, logits: torch.Tensor, decisions: list[Decision],
-                        compacted: bool = False) -> bool:
+                        resumed: list[tuple[int, int, list[int]]] | None = None) -> bool:
         """Each request checked after acceptance: its decided tokens against its grammar, and from the first
-        it refuses, the decision redone (RequestGrammar.recheck; in place) down the drafts, unless the device
-        already moved a tree's accepted K/V (`compacted`): then the decision ends at that token. Returns
+        it refuses, the decision redone (RequestGrammar.recheck; in place) down the drafts. Where the device
+        already moved a tree's accepted K/V (`resumed` given) the redone decision goes on only through nodes
+        whose K/V that move left in place (rows past the accepted count); each request that did is appended to
+        `resumed` as (index, depth of the last node kept, the nodes past it) for `_move_resumed`. Returns
         whether any changed (what the device prepared for the next step assumed the old decisions)."""
         corrected = False
         for i in plan.constrained:
@@ -452,12 +460,44 @@ class SpeculativeStep:
                 x = logits[lo + row][None]
                 return int(row_argmax(x if mask is None else constrain(x.clone(), mask))[0])
 
-            children = dict if compacted else (lambda i=i: self._children(plan, i))
+            moved = len(decision.rows) - 1 if resumed is not None else 0  # rows 1..moved were written over
+
+            def children(i: int = i, moved: int = moved) -> dict[tuple[int, int], int]:
+                return {key: row for key, row in self._children(plan, i).items() if row > moved}
+
             redone = req.grammar.recheck(decision.tokens, decision.rows, children, decide)
-            if redone is not None:
-                decision.tokens, decision.rows = redone
-                corrected = True
+            if redone is None:
+                continue
+            tokens, rows = redone
+            if resumed is not None:
+                kept = next((d for d, (a, b) in enumerate(zip(rows, decision.rows)) if a != b), min(len(rows), moved + 1))
+                if len(rows) > kept:
+                    resumed.append((i, kept - 1, rows[kept:]))
+            decision.tokens, decision.rows = tokens, rows
+            corrected = True
         return corrected
+
+    def _move_resumed(self, plan: VerifyPlan, out: RunOutput, resumed: list[tuple[int, int, list[int]]],
+                      taps: torch.Tensor | None) -> torch.Tensor | None:
+        """Trees whose redone decision went on past the nodes the device moved: those nodes' K/V move too (node
+        c at depth d to base + d, as commit_accepted does, from base + depth of the last node kept), and the
+        taps in accepted order take theirs."""
+        q, max_len = plan.widths[0], self.cache.max_len
+        width = 1 + max(len(nodes) for _, _, nodes in resumed)
+        # slot rows of each last kept node (not the batch's write_index: `layout-ahead` has moved it on)
+        base = to_device([plan.reqs[i].slot * max_len + plan.reqs[i].cached_len + kept for i, kept, _ in resumed],
+                         self.device)
+        counts = to_device([1 + len(nodes) for _, _, nodes in resumed], self.device)
+        nodes = to_device([[0, *(c - kept for c in path), *[0] * (width - 1 - len(path))] for _, kept, path in resumed],
+                          self.device)
+        self.cache.commit_accepted(base, counts, nodes)
+        if taps is None:
+            return None
+        dst = [i * q + kept + y for i, kept, path in resumed for y in range(1, len(path) + 1)]
+        src = [i * q + c for i, _, path in resumed for c in path]
+        taps = taps.clone()
+        taps[to_device(dst, self.device)] = out.taps[to_device(src, self.device)]
+        return taps
 
     @staticmethod
     def _children(plan: VerifyPlan, i: int) -> dict[tuple[int, int], int]:
