@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # H200: token forcing of every drafter on the embedded model (chain, tree, n-gram assist on each, PARD,
-# n-gram; in bf16 also a tree with the target's weights as B12), one dtype, HumanEval prompts; one JSON verdict per drafter
+# n-gram; a tree under a JSON schema; in bf16 also a tree with the target's weights as B12), one dtype, HumanEval prompts; one JSON verdict per drafter
 # in $OUT/force (gpu_exact.sh packs them). PARD has no
 # shipped checkpoint: a random one of the target's family and vocabulary stands in (forcing checks the
 # output, whatever the drafter proposes).
@@ -51,6 +51,12 @@ run tree-assist-two-level --speculative-algorithm dflash --speculative-num-draft
 # the same with ragged graphs: requests of different widths packed into one graph per (batch, rows) bucket
 run chain-assist-ragged --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 1 \
     --speculative-ngram-assist 2 --mechanisms two-level,ragged,device-acceptance,early-launch,layout-ahead
+# a tree with a JSON schema (HumanEval prompts do not ask for JSON: the grammar overrules the target often, and the
+# decisions it redoes after the device's acceptance go on down the drafts the device left in place)
+run tree-assist-schema --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 4 \
+    --speculative-ngram-assist 2 --json-schema '{"type": "object", "properties": {"name": {"type": "string",
+    "maxLength": 40}, "summary": {"type": "string", "maxLength": 200}, "arguments": {"type": "integer"}},
+    "required": ["name", "summary", "arguments"], "additionalProperties": false}'
 # the target's weights as B12 (against a bf16 reference of its own), with every mechanism a tree takes
 if [ "$dtype" = bfloat16 ]; then
     run tree-assist-b12 --speculative-algorithm dflash --speculative-num-draft-tokens 16 --speculative-eagle-topk 4 \
