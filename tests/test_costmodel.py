@@ -64,7 +64,8 @@ def test_costmodel_cli_measures_the_tiny_model(tiny_dir, tmp_path, capsys):
     report = json.loads((tmp_path / "costmodel.json").read_text())
     assert report["shapes"]["block"] == 8 and report["shapes"]["drafter_weight_bytes"] == 0
     assert report["floors"]["batch"] == 2 and report["measured"]["tau"] >= 1
-    assert report["measured"]["speedup"] <= report["floors"]["speedup_ceiling"]  # the plausibility bound
+    # both timed here (a shared CPU): finite, not ordered (the ordering is test_each_gap_is_worth_..., on fixed numbers)
+    assert all(math.isfinite(v) and v > 0 for v in (report["measured"]["speedup"], report["floors"]["speedup_ceiling"]))
     assert {g["name"] for g in report["gaps"]} == {"draft", "verify", "host and overhead", "acceptance (tau)"}
     assert (tmp_path / "costmodel.png").is_file() and "gaps, by the speedup" in capsys.readouterr().out
     with pytest.raises(SystemExit):
