@@ -73,6 +73,17 @@ def test_bad_tree_settings():
         TreeBuilder(2, 10, 2, torch.device("cpu"))  # 6 paths over 2 slots
 
 
+def test_a_tree_deeper_than_the_cuda_kernel_takes_is_refused_up_front(monkeypatch):
+    """On CUDA the tree is built by one Triton kernel of bounded depth: a deeper block is refused at start,
+    naming the flags, not at the first draft (CPU, whose torch build takes any depth, builds it)."""
+    import specpilot.drafters.draft_tree as draft_tree
+
+    monkeypatch.setattr(draft_tree, "HAS_TRITON", True)
+    with pytest.raises(ValueError, match="--speculative-num-draft-tokens <= 16"):
+        TreeBuilder(4, 31, 31, torch.device("cuda"))
+    assert TreeBuilder(4, 20, 20, torch.device("cpu")).depth == 20
+
+
 def test_trees_stay_closed_under_prefixes_at_ties_and_extremes():
     """A chosen node's parent is always chosen (else the node would hang off the wrong ancestor and the
     target would score it out of context): probabilities of exactly 1, equal ones, and log scores far

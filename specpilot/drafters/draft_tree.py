@@ -26,8 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from specpilot.kernels.softmax_topk import top_k_indices
+from specpilot.kernels.tree_build import MAX_DEPTH as MAX_KERNEL_DEPTH
+from specpilot.kernels.tree_build import MAX_TOPK as MAX_KERNEL_TOPK
 from specpilot.kernels.tree_build import tree_build_triton
-from specpilot.kernels.triton_support import pick_backend
+from specpilot.kernels.triton_support import HAS_TRITON, pick_backend
 from specpilot.state.tree import TreeLayout
 
 MAX_DEVIATIONS = 2
@@ -72,6 +74,11 @@ class TreeBuilder:
             raise ValueError(f"a draft tree needs top-k >= 2, got {topk}")
         if not 1 <= num_nodes <= MAX_TREE_NODES:
             raise ValueError(f"a draft tree holds 1..{MAX_TREE_NODES} draft nodes, got {num_nodes}")
+        if device.type == "cuda" and HAS_TRITON and (depth > MAX_KERNEL_DEPTH or topk > MAX_KERNEL_TOPK):
+            # said here, before the candidate tables (minutes of host work for deep trees), not at the first draft
+            raise ValueError(f"a draft tree on CUDA spans at most {MAX_KERNEL_DEPTH} slots of top-{MAX_KERNEL_TOPK} "
+                             f"(--speculative-num-draft-tokens <= {MAX_KERNEL_DEPTH + 1}, --speculative-eagle-topk <= "
+                             f"{MAX_KERNEL_TOPK}), got {depth} slots of top-{topk}")
         self.topk, self.num_nodes, self.depth = topk, num_nodes, depth
         paths = _candidate_paths(depth, topk)  # index 0: the root (empty path)
         if len(paths) - 1 < num_nodes:
