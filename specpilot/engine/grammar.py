@@ -7,14 +7,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import torch
-import xgrammar
 
 from specpilot.config import SamplingParams
 
+if TYPE_CHECKING:
+    import xgrammar
+
 MAX_DRAFT_DEPTH = 64  # the matcher keeps this many tokens to roll back (a verify path's length)
+
+
+def _xgrammar() -> ModuleType:
+    """xgrammar, imported on first use: the engine imports this module where only its GPU paths are wanted (a bare
+    GPU image without it runs the engine's benchmarks); structured output alone needs it."""
+    try:
+        import xgrammar
+    except ModuleNotFoundError as err:
+        raise ValueError("structured output needs xgrammar, which is not installed here") from err
+    return xgrammar
 
 
 class GrammarCompiler:
@@ -24,8 +37,8 @@ class GrammarCompiler:
         if tokenizer is None:
             raise ValueError("structured output needs the model's tokenizer")
         self.vocab_size = vocab_size
-        self._compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(tokenizer,
-                                                                                          vocab_size=vocab_size))
+        xgr = _xgrammar()
+        self._compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size))
         self._compiled = lru_cache(maxsize=64)(self._compile)
 
     def _compile(self, kind: str, spec: str) -> xgrammar.CompiledGrammar:
@@ -41,7 +54,7 @@ class GrammarCompiler:
             compiled = self._compiled(kind, spec)
         except Exception as err:  # xgrammar's parse errors carry no common type
             raise ValueError(f"{kind}: {err}") from err
-        grammar = RequestGrammar(xgrammar.GrammarMatcher(compiled, max_rollback_tokens=MAX_DRAFT_DEPTH),
+        grammar = RequestGrammar(_xgrammar().GrammarMatcher(compiled, max_rollback_tokens=MAX_DRAFT_DEPTH),
                                  self.vocab_size)
         if not grammar.can_start():
             raise ValueError(f"{kind}: no token of this model's vocabulary can start it")
@@ -80,7 +93,7 @@ class RequestGrammar:
         a chain's j, a tree's parents[j], 0 being the committed token's). Walked depth first, one accept and one rollback per draft. A draft the grammar
         refuses cannot be reached (its parent's row excludes it), nor can a path past the grammar's end:
         their rows decide nothing, and allow everything."""
-        mask = xgrammar.allocate_token_bitmask(1 + len(drafts), self.vocab_size)
+        mask = _xgrammar().allocate_token_bitmask(1 + len(drafts), self.vocab_size)
         mask.fill_(-1)
         children: list[list[int]] = [[] for _ in range(1 + len(drafts))]
         for j in range(len(drafts)):
@@ -137,14 +150,14 @@ class RequestGrammar:
                 self.matcher.rollback(advanced)
 
     def _allowed(self) -> torch.Tensor:
-        mask = xgrammar.allocate_token_bitmask(1, self.vocab_size)
+        mask = _xgrammar().allocate_token_bitmask(1, self.vocab_size)
         self.matcher.fill_next_token_bitmask(mask, 0)
         return mask
 
     def masks_along(self, tokens: list[int]) -> torch.Tensor:
         """Bitmask rows [len(tokens), ceil(V / 32)]: row j allows the ids the grammar allows after tokens[:j]
         from this state, which it returns to."""
-        mask = xgrammar.allocate_token_bitmask(len(tokens), self.vocab_size)
+        mask = _xgrammar().allocate_token_bitmask(len(tokens), self.vocab_size)
         mask.fill_(-1)
         taken = 0
         for row, token in enumerate(tokens):
@@ -162,5 +175,5 @@ class RequestGrammar:
 def constrain(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """-inf where the grammar forbids (in place, like the stop bans): logits [rows, V], `bitmask` from
     RequestGrammar.bitmask (the compiler knows V, ids past the tokenizer's own included)."""
-    xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True))
+    _xgrammar().apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True))
     return logits
