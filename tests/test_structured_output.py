@@ -127,11 +127,16 @@ def test_drafts_are_accepted_up_to_the_first_that_breaks_or_misses(spelled, firs
         assert full and all(n == min(first_error, block - 1 - tree) + 1 for n in full)
 
 
-def test_the_drafter_reads_the_taps_of_the_redone_decision(spelled, monkeypatch):
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph paths"])
+def test_the_drafter_reads_the_taps_of_the_redone_decision(spelled, monkeypatch, graphs):
     """After a tree's device acceptance, a decision the grammar redoes down other drafts hands the drafter those
-    drafts' taps: each request's first taps are its decided path's rows, in order (what its context is made of)."""
+    drafts' taps: each request's first taps are its decided path's rows, in order (what its context is made of);
+    the draft launched early from the old decision is dropped."""
     path, dflash = spelled
-    step_type = type(engine(path, speculative_draft_model_path=str(dflash), **SPEC["dflash tree + assist"]).speculation)
+    if graphs:
+        monkeypatch.setattr(GraphBackend, "capture", staticmethod(eager_capture))
+    spec = dict(SPEC["dflash tree + assist"], cuda_graphs=graphs, speculative_draft_model_path=str(dflash))
+    step_type = type(engine(path, **spec).speculation)
     accept, resumed = step_type.accept, []
     move = step_type._move_resumed
 
@@ -145,9 +150,13 @@ def test_the_drafter_reads_the_taps_of_the_redone_decision(spelled, monkeypatch)
 
     monkeypatch.setattr(step_type, "accept", checked)
     monkeypatch.setattr(step_type, "_move_resumed", lambda self, *a: (resumed.append(a[2]), move(self, *a))[1])
-    eng = engine(path, speculative_draft_model_path=str(dflash), **SPEC["dflash tree + assist"])
+    eng = engine(path, **spec)
+    assert ("layout-ahead" in eng.mechanisms) == graphs
+    ar = engine(path)
     for kind in CONSTRAINTS:
-        eng.generate(prompts(eng), SamplingParams(max_new_tokens=60, **{kind: CONSTRAINTS[kind]}))
+        params = SamplingParams(max_new_tokens=60, **{kind: CONSTRAINTS[kind]})
+        assert [r.output_ids for r in eng.generate(prompts(eng), params)] == \
+            [r.output_ids for r in ar.generate(prompts(ar), params)]
     assert resumed  # some decision went on down drafts the device had not moved
 
 
