@@ -71,13 +71,20 @@ SPEC = {"ngram": {"speculative_algorithm": "ngram", "speculative_num_draft_token
         "dflash tree + assist": {"speculative_algorithm": "dflash", "speculative_eagle_topk": 3,
                                  "speculative_ngram_assist": 1},
         "dflash tree, host walk": {"speculative_algorithm": "dflash", "speculative_eagle_topk": 3,
-                                   "mechanisms": frozenset()}}
+                                   "mechanisms": frozenset()},
+        # the graph paths (their eager stand-in): a draft launched early overwrites the drafter graph's outputs,
+        # which the step's draft views, before the grammar check walks them
+        "dflash chain, graph paths": {"speculative_algorithm": "dflash", "cuda_graphs": True},
+        "dflash tree + assist, graph paths": {"speculative_algorithm": "dflash", "speculative_eagle_topk": 3,
+                                              "speculative_ngram_assist": 1, "cuda_graphs": True}}
 
 
 @pytest.mark.parametrize("kind", CONSTRAINTS)
 @pytest.mark.parametrize("drafter", SPEC)
-def test_constrained_speculation_equals_constrained_ar(spelled, kind, drafter):
+def test_constrained_speculation_equals_constrained_ar(spelled, kind, drafter, monkeypatch):
     path, dflash = spelled
+    if SPEC[drafter].get("cuda_graphs"):
+        monkeypatch.setattr(GraphBackend, "capture", staticmethod(eager_capture))
     params = SamplingParams(max_new_tokens=60, **{kind: CONSTRAINTS[kind]})
     ar_engine = engine(path)
     ar = ar_engine.generate(prompts(ar_engine), params)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, cached_property
 from itertools import accumulate
 from typing import TYPE_CHECKING
@@ -261,13 +261,14 @@ class SpeculativeStep:
             accepted, taps, host, graphed = self._accept_on_device(plan, out)
             clock.mark()
             launched = "early-launch" in self.mechanisms
+            drafted = self._drafts_to_check(plan, launched)
             if launched:
                 self.engine.drafter.launch_next(reqs, out.batch, accepted, taps)
                 clock.mark()
             # the one sync: rows of the bucket's requests, of which the first len(reqs) are ours
             decisions = Accepted.unpack(host.tolist(), out.batch.batch_size, plan.widths[0], len(reqs))
             resumed: list[tuple[int, int, list[int]]] = []
-            corrected = self._check_grammars(plan, out.logits, decisions, resumed if tree is not None else None)
+            corrected = self._check_grammars(plan, out.logits, decisions, drafted, resumed if tree is not None else None)
             if resumed:  # the launched draft took the device's old taps for these nodes' context
                 taps = self._move_resumed(plan, out, resumed, taps)
                 if launched:
@@ -276,7 +277,7 @@ class SpeculativeStep:
             return Acceptance(decisions, taps, launched, graphed, corrected)
         logits = out.logits if banned is None else suppress(out.logits, banned)
         decisions = self._walk(plan, logits)  # syncs
-        corrected = self._check_grammars(plan, logits, decisions)
+        corrected = self._check_grammars(plan, logits, decisions, plan.draft)
         clock.mark()
         taps = out.taps
         if tree is not None:  # per request: its count, then its rows padded to q
@@ -359,6 +360,7 @@ class SpeculativeStep:
         host = HostCopy.of(accepted.pack() if settled else torch.cat([accepted.pack(), q_lens]))
         clock.mark()
         launched = "early-launch" in self.mechanisms and out.taps is not None
+        drafted = self._drafts_to_check(plan, launched)
         if launched:  # as a verify graph of the bucket's requests and width q would have left them
             pad = batch.batch_size - n
             fills = {"counts": 1}  # a padding request commits one token (0) at its scratch slot's start
@@ -372,7 +374,8 @@ class SpeculativeStep:
             plan.settle(values[-n:])
             values = values[:-n]
         decisions = Accepted.unpack(values, n, q, n)
-        return Acceptance(decisions, out.taps, launched, corrected=self._check_grammars(plan, out.logits, decisions))
+        return Acceptance(decisions, out.taps, launched,
+                          corrected=self._check_grammars(plan, out.logits, decisions, drafted))
 
     def _acceptance(self, batch: ForwardBatch, logits: torch.Tensor, verify_taps: torch.Tensor | None,
                     host: torch.Tensor | None = None,
@@ -442,10 +445,21 @@ class SpeculativeStep:
         afterwards where something reads them (`commit`)."""
         return req.grammar is not None and req.params.greedy and not self.engine.stops.bans((req,))
 
-    def _check_grammars(self, plan: VerifyPlan, logits: torch.Tensor, decisions: list[Decision],
+    def _drafts_to_check(self, plan: VerifyPlan, launching: bool) -> Draft:
+        """The drafts a grammar check after acceptance may walk: copied (on the device) where a draft launched
+        early will overwrite them — a drafter graph's outputs, which the plan's draft views — and a request needs
+        the check."""
+        draft = plan.draft
+        if not launching or draft.bucket is None or not any(self._checked_after(plan.reqs[i]) for i in plan.constrained):
+            return draft
+        tree = draft.tree if draft.tree is None else replace(draft.tree, parents=draft.tree.parents.clone())
+        return replace(draft, tokens=draft.tokens.clone(), tree=tree)
+
+    def _check_grammars(self, plan: VerifyPlan, logits: torch.Tensor, decisions: list[Decision], drafted: Draft,
                         resumed: list[tuple[int, int, list[int]]] | None = None) -> bool:
         """Each request checked after acceptance: its decided tokens against its grammar, and from the first
-        it refuses, the decision redone (RequestGrammar.recheck; in place) down the drafts. Where the device
+        it refuses, the decision redone (RequestGrammar.recheck; in place) down the drafts (`drafted`, the plan's
+        as they were verified: `_drafts_to_check`). Where the device
         already moved a tree's accepted K/V (`resumed` given) the redone decision goes on only through nodes
         whose K/V that move left in place (rows past the accepted count); each request that did is appended to
         `resumed` as (index, depth of the last node kept, the nodes past it) for `_move_resumed`. Returns
@@ -463,7 +477,7 @@ class SpeculativeStep:
             moved = len(decision.rows) - 1 if resumed is not None else 0  # rows 1..moved were written over
 
             def children(i: int = i, moved: int = moved) -> dict[tuple[int, int], int]:
-                return {key: row for key, row in self._children(plan, i).items() if row > moved}
+                return {key: row for key, row in self._children(drafted, plan.widths[i], i).items() if row > moved}
 
             redone = req.grammar.recheck(decision.tokens, decision.rows, children, decide)
             if redone is None:
@@ -500,8 +514,8 @@ class SpeculativeStep:
         return taps
 
     @staticmethod
-    def _children(plan: VerifyPlan, i: int) -> dict[tuple[int, int], int]:
-        draft, w = plan.draft, plan.widths[i]
+    def _children(draft: Draft, w: int, i: int) -> dict[tuple[int, int], int]:
+        """Request i's drafted (row, token) -> child row, over its verify width `w`."""
         tokens = draft.tokens[i, : w - 1].tolist()
         return draft_children(tokens, None if draft.tree is None else draft.tree.parents[i, : w - 1].tolist())
 
