@@ -7,11 +7,14 @@ per-slot top-K lists are compared with the reference tokens after the committed 
   acceptance needs);
 - τ of a top-1 chain (1 + the run of top-1 hits), of a perfect tree over these lists (1 + the run of top-K
   hits: the most a tree over this drafter's candidates can accept), the block's own ceiling (the block size),
-  and the τ the tree actually reached.
+  and the τ the tree actually reached;
+- with --tree-nodes, τ of trees of those many nodes built from the same lists and probabilities (TreeBuilder's
+  likeliest paths, as the drafter builds its own of block - 1 nodes): what a wider verify would accept, each
+  step from the same committed prefix.
 Only requests whose speculative output equals AR's count (on CPU float rounding can part them).
 
     python benchmarks/drafter_ceiling.py [--dataset humaneval math mtbench sharegpt] [--num-prompts 10]
-        [--max-new-tokens 64] [--topk 4] [--device cpu] [--out DIR]
+        [--max-new-tokens 64] [--topk 4] [--tree-nodes 15 31 63] [--device cpu] [--out DIR]
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from specpilot.bench.charts import save  # noqa: E402
 from specpilot.bench.datasets import apply_chat_template, load_prompts  # noqa: E402
 from specpilot.bench.provenance import collect, label  # noqa: E402
 from specpilot.config import SamplingParams  # noqa: E402
+from specpilot.drafters.draft_tree import TreeBuilder  # noqa: E402
 from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
+from specpilot.state.tree import TreeLayout  # noqa: E402
 
 
 def _engine(args: argparse.Namespace, speculate: bool) -> Engine:
@@ -43,9 +48,9 @@ def _engine(args: argparse.Namespace, speculate: bool) -> Engine:
     return Engine.from_config(EngineConfig(device=args.device, max_running_requests=args.batch, **spec))
 
 
-def _record_drafts(engine: Engine) -> list[tuple[list[str], list[int], torch.Tensor]]:
-    """Per verify step: its requests' ids, their committed output lengths, and the drafter's top-K ids
-    [n, block - 1, K] (slot j predicts output position length + j)."""
+def _record_drafts(engine: Engine) -> list[tuple[list[str], list[int], torch.Tensor, torch.Tensor]]:
+    """Per verify step: its requests' ids, their committed output lengths, and the drafter's top-K ids and
+    probabilities [n, block - 1, K] (slot j predicts output position length + j)."""
     drafter, records = engine.drafter, []
     propose, tree_pass = drafter.propose, drafter._tree_pass
     pending: list = []
@@ -55,7 +60,7 @@ def _record_drafts(engine: Engine) -> list[tuple[list[str], list[int], torch.Ten
         return propose(reqs)
 
     def recording_tree_pass(top, ids, hint):
-        records.append((*pending, ids.cpu()))
+        records.append((*pending, ids.cpu(), top.float().cpu()))
         return tree_pass(top, ids, hint)
 
     drafter.propose, drafter._tree_pass = recording_propose, recording_tree_pass
@@ -75,7 +80,10 @@ def ceiling(name: str, args: argparse.Namespace) -> dict:
     depth = engine.drafter.block_size - 1
     top1, topk, top1_run, topk_run = ([[] for _ in range(depth)] for _ in range(4))
     chain_tau, tree_tau = [], []
-    for rids, lengths, ids in records:
+    sized = {n: [] for n in args.tree_nodes}  # τ of a tree of n nodes over the same lists, per step
+    builders = {n: TreeBuilder(args.topk, n, depth, torch.device("cpu")) for n in args.tree_nodes}
+    for rids, lengths, ids, probs in records:
+        layouts = {n: b.build(probs, ids) for n, b in builders.items()}
         for i, (rid, start) in enumerate(zip(rids, lengths)):
             ref = same.get(rid)
             if ref is None or start >= len(ref):
@@ -95,6 +103,8 @@ def ceiling(name: str, args: argparse.Namespace) -> dict:
                                        if h != ref[start + j]), min(depth, len(ref) - start)))
             tree_tau.append(1 + next((j for j in range(min(depth, len(ref) - start))
                                       if ref[start + j] not in ids[i, j].tolist()), min(depth, len(ref) - start)))
+            for n, layout in layouts.items():
+                sized[n].append(1 + _accepted(layout, i, ref[start:]))
 
     def mean(xs: list[bool]) -> float | None:
         return round(sum(xs) / len(xs), 4) if xs else None
@@ -104,7 +114,20 @@ def ceiling(name: str, args: argparse.Namespace) -> dict:
             "slots": [{"slot": j + 1, "top1": mean(top1[j]), "topk": mean(topk[j]), "top1_given_prefix":
                        mean(top1_run[j]), "topk_given_prefix": mean(topk_run[j])} for j in range(depth)],
             "tau_chain_top1": statistics.fmean(chain_tau), "tau_tree_oracle": statistics.fmean(tree_tau),
-            "tau_tree_actual": engine.spec_stats.tau}
+            "tau_tree_actual": engine.spec_stats.tau,
+            "tau_by_tree_nodes": {n: statistics.fmean(v) for n, v in sized.items() if v}}
+
+
+def _accepted(layout: TreeLayout, i: int, ref: list[int]) -> int:
+    """How many of request i's tree nodes a greedy verify accepts against the reference continuation."""
+    tokens, parents = layout.tokens[i].tolist(), layout.parents[i].tolist()
+    node, depth = 0, 0
+    while depth < len(ref):
+        child = next((j + 1 for j, (t, p) in enumerate(zip(tokens, parents)) if p == node and t == ref[depth]), None)
+        if child is None:
+            break
+        node, depth = child, depth + 1
+    return depth
 
 
 def chart(rows: list[dict], path: Path, footer: str) -> Path:
@@ -130,6 +153,7 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--topk", type=int, default=4)
+    ap.add_argument("--tree-nodes", type=int, nargs="*", default=[], help="τ of trees of these many nodes too")
     ap.add_argument("--batch", type=int, default=8, help="prompts decoded together")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out")
@@ -140,7 +164,8 @@ def main() -> None:
         r = rows[-1]
         print(f"{name}: {r['identical_to_ar']}/{r['prompts']} prompts equal AR, {r['steps']} steps; τ top-1 chain "
               f"{r['tau_chain_top1']:.2f}, tree ceiling {r['tau_tree_oracle']:.2f}, tree reached "
-              f"{r['tau_tree_actual']:.2f} (block {r['block']})", flush=True)
+              f"{r['tau_tree_actual']:.2f} (block {r['block']})" + "".join(
+                  f"; {n} nodes {t:.2f}" for n, t in r["tau_by_tree_nodes"].items()), flush=True)
     prov = collect(torch.device(args.device), None)
     out = out_dir(args.out)
     write_json(out / "drafter_ceiling.json", {"provenance": prov, "command": " ".join(sys.argv), "rows": rows})
