@@ -268,7 +268,8 @@ class SpeculativeStep:
             # the one sync: rows of the bucket's requests, of which the first len(reqs) are ours
             decisions = Accepted.unpack(host.tolist(), out.batch.batch_size, plan.widths[0], len(reqs))
             resumed: list[tuple[int, int, list[int]]] = []
-            corrected = self._check_grammars(plan, out.logits, decisions, drafted, resumed if tree is not None else None)
+            corrected = self._check_grammars(plan, out.logits, decisions, drafted,
+                                             resumed if tree is not None else None)
             if resumed:  # the launched draft took the device's old taps for these nodes' context
                 taps = self._move_resumed(plan, out, resumed, taps)
                 if launched:
@@ -450,7 +451,8 @@ class SpeculativeStep:
         early will overwrite them — a drafter graph's outputs, which the plan's draft views — and a request needs
         the check."""
         draft = plan.draft
-        if not launching or draft.bucket is None or not any(self._checked_after(plan.reqs[i]) for i in plan.constrained):
+        checked = any(self._checked_after(plan.reqs[i]) for i in plan.constrained)
+        if not launching or draft.bucket is None or not checked:
             return draft
         tree = draft.tree if draft.tree is None else replace(draft.tree, parents=draft.tree.parents.clone())
         return replace(draft, tokens=draft.tokens.clone(), tree=tree)
@@ -459,11 +461,11 @@ class SpeculativeStep:
                         resumed: list[tuple[int, int, list[int]]] | None = None) -> bool:
         """Each request checked after acceptance: its decided tokens against its grammar, and from the first
         it refuses, the decision redone (RequestGrammar.recheck; in place) down the drafts (`drafted`, the plan's
-        as they were verified: `_drafts_to_check`). Where the device
-        already moved a tree's accepted K/V (`resumed` given) the redone decision goes on only through nodes
-        whose K/V that move left in place (rows past the accepted count); each request that did is appended to
-        `resumed` as (index, depth of the last node kept, the nodes past it) for `_move_resumed`. Returns
-        whether any changed (what the device prepared for the next step assumed the old decisions)."""
+        as they were verified: `_drafts_to_check`). Where the device already moved a tree's accepted K/V
+        (`resumed` given) the redone decision goes on only through nodes whose K/V that move left in place (rows
+        past the accepted count); each request that did is appended to `resumed` as (index, depth of the last
+        node kept, the nodes past it) for `_move_resumed`. Returns whether any changed (what the device prepared
+        for the next step assumed the old decisions)."""
         corrected = False
         for i in plan.constrained:
             req, decision, lo = plan.reqs[i], decisions[i], plan.offsets[i]
@@ -483,8 +485,9 @@ class SpeculativeStep:
             if redone is None:
                 continue
             tokens, rows = redone
-            if resumed is not None:
-                kept = next((d for d, (a, b) in enumerate(zip(rows, decision.rows)) if a != b), min(len(rows), moved + 1))
+            if resumed is not None:  # the rows both decisions share, then those the redone one went on through
+                kept = next((d for d, (a, b) in enumerate(zip(rows, decision.rows)) if a != b),
+                            min(len(rows), moved + 1))
                 if len(rows) > kept:
                     resumed.append((i, kept - 1, rows[kept:]))
             decision.tokens, decision.rows = tokens, rows
