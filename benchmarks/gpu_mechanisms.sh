@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# H200, inside `gpu_ferry.sh run`: what two-level and ragged do to offline throughput against speculation on every
-# step and AR (benchmarks/mechanism_cost.py: modes interleaved on one engine, host milliseconds per stage), for
-# chains (AR, spec, two-level of one width per pass, ragged) and top-4 trees (AR, spec, two-level), at B=8 and 32,
+# H200, inside `gpu_ferry.sh run`: what two-level, ragged and the budget do to offline throughput against
+# speculation on every step and AR (benchmarks/mechanism_cost.py: modes interleaved on one engine, host milliseconds
+# per stage), for chains (AR, spec, two-level of one width per pass, ragged), top-4 trees (AR, spec, two-level) and
+# top-4 trees under the budget (AR, spec, budget: where speculation loses, AR steps instead), at B=8 and 32,
 # HumanEval prompts (the wheels carried; ShareGPT needs .ferry/extra).
-#   [TOKENS=128] [REPEATS=3] bash benchmarks/gpu_mechanisms.sh      -> $OUT/mechanisms/b{8,32}_{chains,trees}/*.json
+#   [TOKENS=128] [REPEATS=3] [SETS="chains trees budget"] bash benchmarks/gpu_mechanisms.sh
+#       -> $OUT/mechanisms/b{8,32}_{chains,trees,budget}/*.json
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}/mechanisms
 for b in 32 8; do
-    for drafts in "chains ragged 1" "trees two-level 4"; do
+    for drafts in "chains ragged 1" "trees two-level 4" "budget budget 4"; do
         set -- $drafts
+        [[ " ${SETS:-chains trees budget} " == *" $1 "* ]] || continue
         echo "== B=$b $1"
         timeout 240 python3 benchmarks/mechanism_cost.py --mechanism "$2" --topk "$3" --dataset humaneval --device cuda \
             --batch-size "$b" --max-new-tokens "${TOKENS:-128}" --repeats "${REPEATS:-3}" --out "$out/b${b}_$1" 2>&1 \
