@@ -110,15 +110,22 @@ def _tree_batch(slot: int, start: int, tokens: list[int], parents: list[int], ma
         bits.append((bits[p] if p >= 0 else 0) | (1 << i))
         depth.append(depth[p] + 1 if p >= 0 else 0)
     batch.positions = torch.tensor([start + d for d in depth])
-    batch.tree_mask = torch.tensor(bits, dtype=torch.int64)
+    batch.tree_mask = torch.tensor([b - (1 << 64) if b >> 63 else b for b in bits], dtype=torch.int64)  # bit 63: sign
     batch.tree_parents = torch.tensor([max(p, 0) for p in parents])
     return batch
 
 
-def test_a_tree_verify_equals_decoding_each_path_and_commits_the_accepted_one(pair):
+def _random_parents(rows: int, seed: int) -> list[int]:
+    """A tree of `rows` verify rows (the root's first, parent -1), each node's parent an earlier row."""
+    g = torch.Generator().manual_seed(seed)
+    return [-1, *(int(torch.randint(0, i, (1,), generator=g)) for i in range(1, rows))]
+
+
+@pytest.mark.parametrize("parents", [[-1, 0, 0, 1, 1, 2, 3, 3, 6, 0, 9, 10], _random_parents(64, 7)],
+                         ids=["12 rows", "64 rows (every bit of a row's mask)"])
+def test_a_tree_verify_equals_decoding_each_path_and_commits_the_accepted_one(pair, parents):
     _, ours = pair
     prompt = prompts(1, seed=5)[0]
-    parents = [-1, 0, 0, 1, 1, 2, 3, 3, 6, 0, 9, 10]
     tokens = torch.randint(3, 320, (len(parents),), generator=torch.Generator().manual_seed(6)).tolist()
 
     def sequential(ids: list[int]) -> torch.Tensor:
@@ -145,7 +152,7 @@ def test_a_tree_verify_equals_decoding_each_path_and_commits_the_accepted_one(pa
     for node in range(len(parents)):
         torch.testing.assert_close(logits[node], sequential([tokens[j] for j in path(node)]), rtol=1e-4, atol=1e-4)
 
-    accepted = path(8)  # 0 -> 1 -> 3 -> 6 -> 8
+    accepted = max((path(node) for node in range(len(parents))), key=len)  # the deepest: 0 -> 1 -> 3 -> 6 -> 8 of 12
     nodes = torch.tensor([accepted + [0] * (len(parents) - len(accepted))])
     with torch.no_grad():
         kv.commit_accepted(torch.tensor([slot * kv.max_len + len(prompt)]), torch.tensor([len(accepted)]), nodes)
