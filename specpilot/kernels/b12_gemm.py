@@ -6,7 +6,8 @@ in ``BLOCK_K`` tiles in order, one fp32 accumulator fed by ``tl.dot``, no split-
 warpgroups for tiles of 128 rows or more, each the same 64-row wgmma) with the weight tile's load replaced by
 its decode. A loop iteration takes one 256-column block, i.e. 256 / BLOCK_K tiles: the block's code bytes,
 loaded once, give its first half's codes (low nibbles) and its second half's (high), so every plane byte is
-read once, in 16-byte runs pipelined through shared memory. The decode takes four weights a handful of
+read once, in 16-byte runs pipelined through shared memory (where K is a multiple of 16, which the JIT specializes
+on; other K load byte by byte — benchmarks/b12_codegen.py shows the code either way). The decode takes four weights a handful of
 integer instructions in byte lanes (packed PTX; the plain-integer twin is what the interpreter runs), no
 division and no gather: exponent = code == 15 ? the row's block alt : base + code, the alts loaded an
 iteration ahead.
