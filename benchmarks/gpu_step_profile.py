@@ -1,6 +1,7 @@
-"""H200: where a speculative step's time goes, embedded target + shipped DFlash drafter, B=1.
+"""H200: where a speculative step's time goes, embedded target + shipped DFlash drafter, at B=1 or a batch.
 
-For each configuration, HumanEval prompts are generated greedily one at a time (AR, then speculative);
+For each configuration, HumanEval prompts are generated greedily --batch-size at a time (AR, then speculative;
+a batch's requests ignore EOS, so it stays whole);
 a step's time (speculative TPOT x tau) is compared with the device time of its CUDA graphs (verify,
 acceptance, the drafter's prep, body and tree build), each replayed back to back and all of them chained
 in step order, with no host work between them: the rest is time the GPU waits (host work, launch gaps,
@@ -9,7 +10,7 @@ one request decoded under the profiler shows where the device sits idle (the gap
 by the work on either side).
 
     python benchmarks/gpu_step_profile.py [--out DIR] [--num-prompts 8] [--topk 1 4] [--assist 0 2]
-        [--temperature T --top-p P] [--batch-invariant 1 0]
+        [--temperature T --top-p P] [--batch-invariant 1 0] [--batch-size 32 --num-prompts 32]
 """
 
 from __future__ import annotations
@@ -86,51 +87,53 @@ def idle_gaps(spans: list[tuple[str, float, float]], steps: int, top: int = 12) 
             "gaps": [{"before": b, "after": a, "count": len(g), "us_per_step": sum(g) / steps} for (b, a), g in ranked]}
 
 
-def timeline(engine: Engine, prompt: list[int], params: SamplingParams) -> dict:
-    """One request decoded under the profiler (device activity only, so the host runs at its own pace)."""
+def timeline(engine: Engine, batch: list[list[int]], params: SamplingParams) -> dict:
+    """One batch decoded under the profiler (device activity only, so the host runs at its own pace)."""
     engine.reset_spec_stats()
     torch.cuda.synchronize()
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-        engine.generate([prompt], params)
+        engine.generate(batch, params)
         torch.cuda.synchronize()
     spans = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
     return idle_gaps(spans, max(engine.spec_stats.steps, 1))
 
 
-def tpot_ms(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int]:
-    """Mean time per output token after the first (as `specpilot bench` reports it), the prompts one at a
-    time (B=1), and the tokens generated."""
-    reqs = [r for p in prompts for r in engine.generate([p], params)]
+def tpot_ms(engine: Engine, prompts: list[list[int]], params: SamplingParams, batch: int) -> tuple[float, int]:
+    """Mean time per output token after the first (as `specpilot bench` reports it), the prompts `batch` at a
+    time, and the tokens generated."""
+    reqs = [r for i in range(0, len(prompts), batch) for r in engine.generate(prompts[i : i + batch], params)]
     tpots = [(r.finished_time - r.first_token_time) / (len(r.output_ids) - 1) for r in reqs if len(r.output_ids) > 1]
     return 1e3 * statistics.mean(tpots), sum(len(r.output_ids) for r in reqs)
 
 
-def profile(topk: int, assist: int, invariant: bool, prompts: list[list[int]], params: SamplingParams) -> dict:
+def profile(topk: int, assist: int, invariant: bool, prompts: list[list[int]], params: SamplingParams,
+            batch: int) -> dict:
     engine = Engine.from_config(EngineConfig(
         device="cuda", speculative_algorithm="dflash", speculative_num_draft_tokens=BLOCK,
-        speculative_eagle_topk=topk, speculative_ngram_assist=assist, max_running_requests=8,
+        speculative_eagle_topk=topk, speculative_ngram_assist=assist, max_running_requests=max(8, batch),
         batch_invariant=invariant))
     engine.warm_up()
     with engine.autoregressive():
-        ar_ms, _ = tpot_ms(engine, prompts, params)
+        ar_ms, _ = tpot_ms(engine, prompts, params, batch)
     engine.reset_spec_stats()
-    spec_ms, tokens = tpot_ms(engine, prompts, params)
+    spec_ms, tokens = tpot_ms(engine, prompts, params, batch)
     stats = engine.spec_stats
     drafter = engine.drafter.model if assist else engine.drafter  # under the lookup wrapper
-    draft = drafter.graphs[1]
+    b = min(size for q, size in engine.runner.graphs if q == 1 and size >= batch)  # the batch's graph bucket
+    draft = drafter.graphs[b]
     step = engine.speculation
-    graphs = {"ar_graph": engine.runner.graphs[(1, 1)].graph, "verify_graph": engine.runner.graphs[(BLOCK, 1)].graph,
-              "acceptance_graph": step.acceptance[(BLOCK, 1)].graph, "draft_prep_graph": draft.prep,
+    graphs = {"ar_graph": engine.runner.graphs[(1, b)].graph, "verify_graph": engine.runner.graphs[(BLOCK, b)].graph,
+              "acceptance_graph": step.acceptance[(BLOCK, b)].graph, "draft_prep_graph": draft.prep,
               "draft_body_graph": draft.graph, "draft_tree_graph": draft.tree_graph,
-              "tree_placement_graph": step.placement.get(1)}
+              "tree_placement_graph": step.placement.get(b)}
     bare = {k: replay_ms(g) if g is not None else 0.0 for k, g in graphs.items()}
     step_graphs = [g for k, g in graphs.items() if k != "ar_graph" and g is not None]
     chained = chain_ms(step_graphs)
     kernel_tables = {k: kernels(g) for k, g in graphs.items() if g is not None}
-    waits = timeline(engine, prompts[0], params)
-    step_ms = spec_ms * stats.tau  # a verify pass commits tau tokens
+    waits = timeline(engine, prompts[:batch], params)
+    step_ms = spec_ms * stats.tau  # a verify pass commits tau tokens a request, the batch's requests together
     return {
-        "topk": topk, "assist": assist, "batch_invariant": invariant, "tau": stats.tau, "steps": stats.steps, "tokens": tokens,
+        "batch_size": batch, "graph_bucket": b, "topk": topk, "assist": assist, "batch_invariant": invariant, "tau": stats.tau, "steps": stats.steps, "tokens": tokens,
         "ar_tpot_ms": ar_ms, "spec_tpot_ms": spec_ms, "speedup": ar_ms / spec_ms, "step_ms": step_ms,
         "step_split_ms": {k: 1e3 * v / stats.steps for k, v in stats.time_split(wait=True).items()},
         "bare_replay_ms": bare, "chained_step_graphs_ms": chained, "kernels": kernel_tables, "timeline": waits,
@@ -149,14 +152,17 @@ def main() -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--batch-invariant", type=int, nargs="+", choices=[0, 1], default=[1],
                    help="1: the batch-invariant kernels (the default path), 0: the fastest kernel per pass")
+    p.add_argument("--batch-size", type=int, default=1, help="requests decoded together (ignoring EOS where > 1)")
     args = p.parse_args()
+    if args.num_prompts < args.batch_size:
+        p.error(f"--num-prompts ({args.num_prompts}) must be at least --batch-size ({args.batch_size})")
     out = out_dir(args.out)
     probe = Engine.from_config(EngineConfig(device="cuda", cuda_graphs=False, max_running_requests=1))
     prompts = [apply_chat_template(probe.tokenizer, q) for q in load_prompts("humaneval", args.num_prompts)]
     del probe
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            seed=1 if args.temperature > 0 else None)
-    rows = [profile(k, a, bool(i), prompts, params) for i in args.batch_invariant for k in args.topk
+                            seed=1 if args.temperature > 0 else None, ignore_eos=args.batch_size > 1)
+    rows = [profile(k, a, bool(i), prompts, params, args.batch_size) for i in args.batch_invariant for k in args.topk
             for a in args.assist]
     write_json(out / "step_profile.json", rows)
     print("inv topk assist   tau  AR TPOT  spec TPOT  speedup  step ms (draft/verify/other)  "
