@@ -39,6 +39,7 @@ from specpilot.bench.provenance import collect, label  # noqa: E402
 from specpilot.config import SamplingParams  # noqa: E402
 from specpilot.drafters.draft_tree import TreeBuilder  # noqa: E402
 from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
+from specpilot.engine.verify import draft_children  # noqa: E402
 from specpilot.state.tree import TreeLayout  # noqa: E402
 
 
@@ -120,13 +121,10 @@ def ceiling(name: str, args: argparse.Namespace) -> dict:
 
 def _accepted(layout: TreeLayout, i: int, ref: list[int]) -> int:
     """How many of request i's tree nodes a greedy verify accepts against the reference continuation."""
-    tokens, parents = layout.tokens[i].tolist(), layout.parents[i].tolist()
+    children = draft_children(layout.tokens[i].tolist(), layout.parents[i].tolist())
     node, depth = 0, 0
-    while depth < len(ref):
-        child = next((j + 1 for j, (t, p) in enumerate(zip(tokens, parents)) if p == node and t == ref[depth]), None)
-        if child is None:
-            break
-        node, depth = child, depth + 1
+    while depth < len(ref) and (node, ref[depth]) in children:
+        node, depth = children[(node, ref[depth])], depth + 1
     return depth
 
 

@@ -6,7 +6,7 @@ for token and a draft that breaks the grammar is rejected like any other mismatc
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
+from functools import cache, lru_cache
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 MAX_DRAFT_DEPTH = 64  # the matcher keeps this many tokens to roll back (a verify path's length)
 
 
+@cache  # on every mask's path: imported once
 def _xgrammar() -> ModuleType:
     """xgrammar, imported on first use: the engine imports this module where only its GPU paths are wanted (a bare
     GPU image without it runs the engine's benchmarks); structured output alone needs it."""

@@ -7,10 +7,10 @@ warpgroups for tiles of 128 rows or more, each the same 64-row wgmma) with the w
 its decode. A loop iteration takes one 256-column block, i.e. 256 / BLOCK_K tiles: the block's code bytes,
 loaded once, give its first half's codes (low nibbles) and its second half's (high), so every plane byte is
 read once, in 16-byte runs pipelined through shared memory (where K is a multiple of 16, which the JIT specializes
-on; other K load byte by byte — benchmarks/b12_codegen.py shows the code either way). The decode takes four weights a handful of
-integer instructions in byte lanes (packed PTX; the plain-integer twin is what the interpreter runs), no
-division and no gather: exponent = code == 15 ? the row's block alt : base + code, the alts loaded an
-iteration ahead.
+on; other K load byte by byte — benchmarks/b12_codegen.py shows the code either way). The decode takes four
+weights a handful of integer instructions in byte lanes (packed PTX; the plain-integer twin is what the
+interpreter runs), no division and no gather: exponent = code == 15 ? the row's block alt : base + code, the
+alts loaded an iteration ahead.
 
 Hard escapes cost nothing where absent: a program's rows lie in one group of 256, so each block's escapes
 are one run of segments. The program loads every block's range and first entry before its K loop, with a
@@ -110,8 +110,8 @@ if HAS_TRITON:
     # Four weights at once ($0, $1: two bf16 each) from their sign/mantissa bytes ($2), code bytes ($3) and
     # base and alt exponent bytes ($4, $5); byte lanes throughout, which never carry (base + code <= 255).
     # The exponents come as byte tiles like the others, so lane i of every operand is element i's whichever
-    # layout Triton packs the four elements from (along a row or across rows). A lane whose code is 15 takes the alt: code + 0x71 has its top bit set,
-    # which prmt's sign mode spreads over the lane. Then high byte = sign | exponent >> 1, low byte =
+    # layout Triton packs the four elements from (along a row or across rows). A lane whose code is 15 takes
+    # the alt: code + 0x71 has its top bit set, which prmt's sign mode spreads over the lane. Then high byte = sign | exponent >> 1, low byte =
     # exponent << 7 | mantissa, interleaved into bf16 pairs. Not marked pure: Triton would otherwise move the
     # MMA operand's layout above it, onto the byte loads, which then read a byte or two at a time, and keep
     # the code bytes loaded twice.
