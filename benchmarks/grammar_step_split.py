@@ -1,7 +1,9 @@
 """Where τ goes under a JSON schema: constrained speculative decoding of structured_cost.py's prompts, its steps
 split into those where the grammar redid the device's decision (refused the target's plain argmax) and the rest,
 with the mean tokens each commits. The rest are steps the grammar left alone: their τ is the drafter's on the
-constrained text itself.
+constrained text itself. And of the steps that ended at a rejected draft, those where the grammar refused every
+draft offered there (a chain's next draft, a tree's children of the last accepted node), at the first draft or
+deeper: drafts no constrained target can take.
 
     python benchmarks/grammar_step_split.py [--device cpu] [--num-prompts 6] [--max-new-tokens 96] [--topk 4]
         [--ngram-assist 3] [--out DIR]
@@ -43,11 +45,21 @@ def main() -> None:
     redone: set[tuple[str, int]] = set()  # (request, its step) where the grammar changed the decision
     check = SpeculativeStep._check_grammars
 
-    def watched(step, plan, logits, decisions, *rest):
+    rejected = {"steps": 0, "all_refused": 0, "all_refused_at_first": 0}
+
+    def watched(step, plan, logits, decisions, drafted, *rest):
         before = [list(d.tokens) for d in decisions]
-        corrected = check(step, plan, logits, decisions, *rest)
+        corrected = check(step, plan, logits, decisions, drafted, *rest)
         redone.update((plan.reqs[i].rid, len(plan.reqs[i].accept_lengths))
                       for i, (b, d) in enumerate(zip(before, decisions)) if b != d.tokens)
+        for i in plan.constrained:
+            offered = [token for (row, token) in step._children(drafted, plan.widths[i], i)
+                       if row == decisions[i].rows[-1]]
+            if offered and plan.reqs[i].grammar is not None:
+                refused = _refused(plan.reqs[i].grammar.matcher, decisions[i].tokens[:-1], offered)
+                rejected["steps"] += 1
+                rejected["all_refused"] += refused
+                rejected["all_refused_at_first"] += refused and len(decisions[i].tokens) == 1
         return corrected
 
     SpeculativeStep._check_grammars = watched
@@ -59,11 +71,34 @@ def main() -> None:
             split["redone" if (r.rid, step) in redone else "left_alone"].append(n)
     result = {"provenance": collect(engine.device, str(engine.dtype)), "command": " ".join(sys.argv),
               **{k: {"steps": len(v), "mean_tokens": statistics.mean(v) if v else None} for k, v in split.items()},
-              "tau": sum(map(sum, split.values())) / sum(map(len, split.values()))}
+              "tau": sum(map(sum, split.values())) / sum(map(len, split.values())), "rejections": rejected}
     print(f"tau {result['tau']:.2f}: steps the grammar redid {len(split['redone'])}, "
           f"{result['redone']['mean_tokens'] or 0:.2f} tokens each; left alone {len(split['left_alone'])}, "
-          f"{result['left_alone']['mean_tokens'] or 0:.2f} each")
+          f"{result['left_alone']['mean_tokens'] or 0:.2f} each; of {rejected['steps']} steps ending at a rejected draft, "
+          f"the grammar refused every draft offered in {rejected['all_refused']} "
+          f"({rejected['all_refused_at_first']} at the first draft)")
     write_json(out_dir(args.out) / "grammar_step_split.json", result)
+
+
+def _refused(matcher, path: list[int], offered: list[int]) -> bool:
+    """Whether the grammar, after `path` from the matcher's state, refuses every token of `offered` (the state is
+    left as it was)."""
+    taken = 0
+    for token in path:
+        if matcher.is_terminated() or not matcher.accept_token(token):
+            break
+        taken += 1
+    refused = taken < len(path) or matcher.is_terminated()
+    if not refused:
+        refused = True
+        for token in offered:
+            if matcher.accept_token(token):
+                matcher.rollback(1)
+                refused = False
+                break
+    if taken:
+        matcher.rollback(taken)
+    return refused
 
 
 if __name__ == "__main__":
