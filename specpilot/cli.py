@@ -770,6 +770,8 @@ def _cmd_registry(args: argparse.Namespace) -> int:
         for col in columns:
             table.add_column(col, overflow="fold")
         for entry in entries[kind]:
+            if entry.get("on_by_default") is False:
+                entry = entry | {"summary": f"(off unless asked for) {entry['summary']}"}
             table.add_row(*(_cell(entry[col]) for col in columns))
         console.print(table)
     return 0

@@ -18,6 +18,7 @@ import torch
 from specpilot.config import SamplingParams
 from specpilot.drafters.base import DrafterContext
 from specpilot.engine.config import EngineConfig, resolve_device, resolve_dtype
+from specpilot.engine.ahead import AheadDecode
 from specpilot.engine.memory import KVPlan, kv_bytes_per_token, plan_kv, return_freed_memory
 from specpilot.engine.budget import SpeculationBudget
 from specpilot.engine.cost_table import CostTable, cache_path, key_for, load_cost_table
@@ -31,6 +32,7 @@ from specpilot.engine.stops import StopChecker
 from specpilot.engine.two_level import VerifyLengths, verify_widths
 from specpilot.engine.verify import Verifier
 from specpilot.kernels.slot_attention import MAX_TREE_Q_LEN
+from specpilot.kernels.softmax_topk import row_argmax
 from specpilot.kernels.triton_support import HAS_TRITON
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import Checkpoint, load_checkpoint
@@ -42,6 +44,7 @@ from specpilot.state.cache import KVCache
 from specpilot.state.pages import PageTable
 from specpilot.state.graphs import GraphBackend
 from specpilot.state.request import Request
+from specpilot.state.transfer import HostCopy
 
 if TYPE_CHECKING:
     from specpilot.drafters.base import Drafter
@@ -176,6 +179,7 @@ class Engine:
         if self.weights_info()["format"] == "b12":  # weights shared with a twin that asked for them
             self.mechanisms |= {"b12"}
         self.speculation = SpeculativeStep(self) if self._drafter else None
+        self.ahead = AheadDecode(self.runner) if "overlap" in self.mechanisms else None
         self.budget = SpeculationBudget() if "budget" in self.mechanisms else None
         self.verify_lengths = VerifyLengths(self._cost_table()) if "two-level" in self.mechanisms else None
         if self.verify_lengths is not None and self._drafter.capabilities.trees:
@@ -346,7 +350,7 @@ class Engine:
 
     def _decode(self, reqs: list[Request]) -> list[Request]:
         if self.drafter is None:
-            return self._sample_and_commit(reqs, self._decode_pass(reqs).logits)
+            return self._decode_ar(list(reqs))
         if self.budget is None:
             return self.speculation(reqs)
         batch = list(reqs)  # `reqs` is the running list, which the step's retirements shrink
@@ -356,6 +360,31 @@ class Engine:
         self.budget.record(len(batch), speculate, sum(len(r.output_ids) for r in batch) - before,
                            time.perf_counter() - start)
         return finished
+
+    def _decode_ar(self, reqs: list[Request]) -> list[Request]:
+        """An AR step; under `overlap` (engine/ahead.py) from the pass the previous step launched where it still
+        holds, and launching the next one before the host commits, where this batch allows it."""
+        taken = self.ahead.take(reqs) if self.ahead is not None else None
+        if taken is None:
+            logits = self._decode_pass(reqs).logits
+        else:
+            logits, kept, whole = taken
+            if not whole:  # some joined (they wait a step) or finished: the launched rows as they are
+                return self._sample_and_commit([reqs[i] for i in kept], logits)
+        if self.ahead is None or not self._overlappable(reqs):
+            return self._sample_and_commit(reqs, logits)
+        tokens = row_argmax(logits)
+        chosen = HostCopy.of(tokens)  # queued before the next pass: waits for this one's tokens alone
+        self.ahead.launch(reqs, tokens)
+        finished = self._commit_chosen(reqs, chosen.tolist(), None)
+        self.ahead.committed()
+        return finished
+
+    def _overlappable(self, reqs: list[Request]) -> bool:
+        """Whether the host needs nothing of this step's logits but their argmax: greedy requests without a grammar,
+        banned ids or logprobs, no token forcing, and a decode graph for the batch."""
+        return (self.forcing is None and self.ahead.can_launch(len(reqs)) and not self.stops.bans(reqs)
+                and all(r.params.greedy and r.grammar is None and not r.params.return_logprob for r in reqs))
 
     def _decode_pass(self, reqs: list[Request]) -> RunOutput:
         return self.runner.forward([r.slot for r in reqs], [r.cached_len for r in reqs],
@@ -396,7 +425,11 @@ class Engine:
         for i, r in enumerate(reqs):
             if r.grammar is not None:
                 constrain(logits[i : i + 1], r.grammar.bitmask([]))
-        tokens = choose_tokens(logits, reqs)
+        return self._commit_chosen(reqs, choose_tokens(logits, reqs), logits)
+
+    def _commit_chosen(self, reqs: list[Request], tokens: list[int], logits: torch.Tensor | None) -> list[Request]:
+        """Commit one chosen token a request (`logits`: the rows they were chosen from, where forcing or
+        logprobs read them); retire those that finished."""
         finished, forcing = [], self.forcing is not None
         for i, (r, t) in enumerate(zip(reqs, tokens)):
             n, done = self.commit_tokens(r, [t], logits[i : i + 1] if forcing or r.params.return_logprob else None)

@@ -181,6 +181,10 @@ MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism("ragged", "a verify whose requests take different widths (two-level's chains) runs packed, without "
               "padding between requests, as the CUDA graph of its (batch, total rows) bucket rather than eagerly",
               ("plan", "verify"), _graphs, by_default=False),
+    # off unless asked for until the H200 measures what it saves (the optimizer picks it where it pays)
+    Mechanism("overlap", "an AR decode step launches the next pass before the host reads its tokens (inputs advanced "
+              "on the device from this pass's argmax), so the host's commit runs beside it; greedy batches without "
+              "grammars, banned ids, logprobs or forcing", ("commit",), _graphs, by_default=False),
     # off unless asked for (or the checkpoint is B12): converting the weights takes time at load
     Mechanism("b12", "the target's matrices held as B12 (12 bits a weight) and multiplied by a kernel that decodes "
               "them in registers: bf16's bits, three quarters of its bytes", ("propose", "verify"), _bf16_weights,
@@ -264,7 +268,7 @@ def catalog(device: str, algorithm: str | None) -> dict[str, list[dict[str, Any]
     return {"tunables": [{"name": t.name, "flag": t.flag, "domain": t.domain,
                           "default": _jsonable(defaults[t.field]), "stages": list(t.stages)} for t in TUNABLES],
             "mechanisms": [{"name": m.name, "stages": list(m.stages), "needs": list(NEEDS.get(m.name, ())),
-                            "summary": m.summary} for m in MECHANISMS]}
+                            "on_by_default": m.by_default, "summary": m.summary} for m in MECHANISMS]}
 
 
 def _jsonable(value: Any) -> Any:
