@@ -48,6 +48,23 @@ def test_overlap_decodes_like_plain_ar_through_joins_and_finishes(tiny, graphs):
     assert launched > steps // 2, (launched, steps)
 
 
+def test_overlap_goes_on_as_requests_finish(tiny, graphs):  # noqa: F811
+    """Requests of different lengths, all admitted at once: after the first decode step's host fill every step
+    takes the launched pass (the finished requests' rows moved out on the device), the same tokens as plain."""
+    ckpt, _ = tiny
+    prompts = mixed_prompts(ckpt.config.vocab_size, 4, seed=8)
+    plain = [r.output_ids for r in _engine(ckpt, False).generate(prompts, _params(4))]
+    engine = _engine(ckpt, True)
+    reqs = [engine.add_request(p, sp) for p, sp in zip(prompts, _params(4))]
+    engine.step()  # prefill
+    assert engine.last_step == "prefill"
+    before = engine.runner.static[1].fills
+    while engine.has_work:
+        engine.step()
+    assert [r.output_ids for r in reqs] == plain
+    assert engine.runner.static[1].fills == before + 1
+
+
 def test_overlap_falls_back_where_the_host_reads_the_logits(tiny, graphs):  # noqa: F811
     """Sampled, logprob and stop-banning requests beside greedy ones: each step they share runs plain (their
     tokens need the host's reading of the logits); the greedy ones overlap again once they are alone."""

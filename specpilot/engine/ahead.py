@@ -32,6 +32,18 @@ class _Launched:
     logits: torch.Tensor  # the graph's output rows for them (valid until the graph's next replay)
 
 
+@dataclass
+class Taken:
+    """What a step takes from the launched pass: the logits rows of the requests it still decodes (`kept`, their
+    indices in the step's batch) and where those rows lie among the pass's (`rows`, on the device; None: its
+    first len(kept) rows, in order), of `launched` rows in all."""
+
+    logits: torch.Tensor
+    kept: list[int]
+    rows: torch.Tensor | None
+    launched: int
+
+
 class AheadDecode:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
@@ -41,10 +53,9 @@ class AheadDecode:
         """Whether a decode graph holds n requests (the pass just run for them was that graph's)."""
         return self.runner.graph_for(1, n) is not None
 
-    def take(self, reqs: list[Request]) -> tuple[torch.Tensor, list[int], bool] | None:
-        """The launched pass's logits for those of `reqs` it still decodes, their indices in `reqs`, and whether
-        `reqs` is exactly its batch in its order (the decode inputs then hold its pass, to launch the next from).
-        None: no pass is launched, or it decodes none of them. The pass is used up either way."""
+    def take(self, reqs: list[Request]) -> Taken | None:
+        """The launched pass's rows for those of `reqs` it still decodes, in their order. None: no pass is
+        launched, it no longer holds, or it decodes none of them. The pass is used up either way."""
         launched, self.launched = self.launched, None
         if launched is None or launched.fills != self.runner.static[1].fills:
             return None
@@ -57,22 +68,32 @@ class AheadDecode:
                 kept.append(i)
         if not rows:
             return None
-        if rows == list(range(len(launched.reqs))):
-            return launched.logits, kept, len(kept) == len(reqs)
-        return launched.logits.index_select(0, to_device(rows, launched.logits.device)), kept, False
+        if rows == list(range(len(rows))):
+            return Taken(launched.logits[: len(rows)], kept, None, len(launched.reqs))
+        index = to_device(rows, launched.logits.device)
+        return Taken(launched.logits.index_select(0, index), kept, index, len(launched.reqs))
 
-    def launch(self, reqs: list[Request], tokens: torch.Tensor) -> None:
+    def launch(self, reqs: list[Request], tokens: torch.Tensor, taken: Taken | None = None) -> None:
         """Replay the decode graph of `reqs` one token further: `tokens` ([n], on the device) are the tokens
-        chosen from the pass that just ran for exactly these requests, in order, through that same graph (whose
-        inputs hold its pass). `committed` must follow, with the lengths once the tokens are committed."""
+        chosen for them from the pass that just ran, through a decode graph whose inputs still hold it: a pass
+        for exactly these requests, or the launched pass they were `taken` from (its rows are moved to the
+        front in their order first, the rest aimed at the scratch slot). `committed` must follow, once the
+        tokens are committed."""
         static, n = self.runner.static[1], len(reqs)
+        fields = (static.input_ids, static.positions, static.write_index, static.slot_ids, static.kv_lens)
+        if taken is not None and taken.rows is not None:
+            for field in fields:
+                field[:n] = field.index_select(0, taken.rows)
+        if taken is not None and taken.launched > n:  # rows past the batch: as a host fill leaves padding
+            scratch = (0, 0, static.scratch * static.max_len, static.scratch, 1)
+            for field, value in zip(fields, scratch):
+                field[n : taken.launched] = value
         static.input_ids[:n].copy_(tokens)
         for field in (static.positions, static.write_index, static.kv_lens):
             field[:n] += 1
         graph = self.runner.graph_for(1, n)
         graph.graph.replay()
         self.launched = _Launched(list(reqs), [], static.fills, graph.logits[:n])
-
     def committed(self) -> None:
         """The launched pass's requests have committed the tokens it decodes from."""
         if self.launched is not None:

@@ -368,14 +368,14 @@ class Engine:
         if taken is None:
             logits = self._decode_pass(reqs).logits
         else:
-            logits, kept, whole = taken
-            if not whole:  # some joined (they wait a step) or finished: the launched rows as they are
-                return self._sample_and_commit([reqs[i] for i in kept], logits)
+            logits = taken.logits
+            if len(taken.kept) < len(reqs):  # some joined: they wait a step, the others take the launched rows
+                return self._sample_and_commit([reqs[i] for i in taken.kept], logits)
         if self.ahead is None or not self._overlappable(reqs):
             return self._sample_and_commit(reqs, logits)
         tokens = row_argmax(logits)
         chosen = HostCopy.of(tokens)  # queued before the next pass: waits for this one's tokens alone
-        self.ahead.launch(reqs, tokens)
+        self.ahead.launch(reqs, tokens, taken)
         finished = self._commit_chosen(reqs, chosen.tolist(), None)
         self.ahead.committed()
         return finished
