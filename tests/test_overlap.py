@@ -36,16 +36,15 @@ def test_overlap_decodes_like_plain_ar_through_joins_and_finishes(tiny, graphs):
     prompts = mixed_prompts(ckpt.config.vocab_size, 9, seed=4)  # 9 requests through 4 slots
     plain = [r.output_ids for r in _engine(ckpt, False).generate(prompts, _params(9))]
     engine = _engine(ckpt, True)
-    assert engine.ahead is not None
-    fills, steps, launched = engine.runner.static[1], 0, 0
+    take, taken = engine.ahead.take, []
+    engine.ahead.take = lambda reqs: (taken.append((len(reqs), take(reqs))), taken[-1][1])[1]
     reqs = [engine.add_request(p, sp) for p, sp in zip(prompts, _params(9))]
     while engine.has_work:
-        before = fills.fills
         engine.step()
-        steps += engine.last_step == "decode"
-        launched += engine.last_step == "decode" and fills.fills == before  # a launched pass, no host fill
     assert [r.output_ids for r in reqs] == plain
-    assert launched > steps // 2, (launched, steps)
+    joined = [t for n, t in taken if t is not None and len(t.kept) < n]
+    # every decode step but the first takes the pass the one before launched, joins included
+    assert taken[0][1] is None and all(t is not None for _, t in taken[1:]) and joined
 
 
 def test_overlap_goes_on_as_requests_finish(tiny, graphs):  # noqa: F811

@@ -10,7 +10,10 @@ pass's logits instead of running one.
 A launched pass is used only where it still holds: the decode inputs were not filled from the host since, and
 each request it decodes has committed exactly the tokens it had when the pass launched (a speculative step,
 or anything else that committed, makes it stale: its rows are recomputed, writing the same K/V). Requests that
-finished meanwhile are left out (their rows wasted); requests that joined wait for the next step. A pass runs
+finished meanwhile are left out (their rows wasted; the others' rows move to the front on the device before
+the next launch). Requests that joined (after a prefill step) decide nothing in the step that takes the pass
+launched without them: that step's next pass is filled from the host with them in it (the others' chosen
+tokens written in on the device), so they decide one step later than plain steps would have them. A pass runs
 the same graph on the same inputs as a host-filled one, so the tokens are the same."""
 
 from __future__ import annotations
@@ -73,27 +76,36 @@ class AheadDecode:
         index = to_device(rows, launched.logits.device)
         return Taken(launched.logits.index_select(0, index), kept, index, len(launched.reqs))
 
-    def launch(self, reqs: list[Request], tokens: torch.Tensor, taken: Taken | None = None) -> None:
-        """Replay the decode graph of `reqs` one token further: `tokens` ([n], on the device) are the tokens
-        chosen for them from the pass that just ran, through a decode graph whose inputs still hold it: a pass
-        for exactly these requests, or the launched pass they were `taken` from (its rows are moved to the
-        front in their order first, the rest aimed at the scratch slot). `committed` must follow, once the
-        tokens are committed."""
+    def launch(self, reqs: list[Request], tokens: torch.Tensor, taken: Taken | None) -> None:
+        """Replay the decode graph of `reqs` one token further. `tokens` ([k], on the device) are those chosen
+        from the pass that just ran: for all of `reqs`, through a decode graph whose inputs hold it (`taken`
+        None); or for those the launched pass still decodes (`taken`). Where those are all of `reqs`, the
+        pass's inputs advance on the device, its rows moved to the front in their order first and the rest
+        aimed at the scratch slot; where requests joined, the host fills the inputs (the joined requests' newest
+        tokens, the others' places one further) and the chosen tokens go in on the device. `committed` must
+        follow, once the tokens are committed."""
         static, n = self.runner.static[1], len(reqs)
-        fields = (static.input_ids, static.positions, static.write_index, static.slot_ids, static.kv_lens)
-        if taken is not None and taken.rows is not None:
-            for field in fields:
-                field[:n] = field.index_select(0, taken.rows)
-        if taken is not None and taken.launched > n:  # rows past the batch: as a host fill leaves padding
-            scratch = (0, 0, static.scratch * static.max_len, static.scratch, 1)
-            for field, value in zip(fields, scratch):
-                field[n : taken.launched] = value
-        static.input_ids[:n].copy_(tokens)
-        for field in (static.positions, static.write_index, static.kv_lens):
-            field[:n] += 1
         graph = self.runner.graph_for(1, n)
+        if taken is not None and len(taken.kept) < n:
+            old = set(taken.kept)
+            static.fill([r.slot for r in reqs], [r.cached_len + (i in old) for i, r in enumerate(reqs)],
+                        [[0] if i in old else [r.output_ids[-1]] for i, r in enumerate(reqs)], graph.batch.batch_size)
+            static.input_ids[to_device(taken.kept, tokens.device)] = tokens
+        else:
+            fields = (static.input_ids, static.positions, static.write_index, static.slot_ids, static.kv_lens)
+            if taken is not None and taken.rows is not None:
+                for field in fields:
+                    field[:n] = field.index_select(0, taken.rows)
+            if taken is not None and taken.launched > n:  # rows past the batch: as a host fill leaves padding
+                scratch = (0, 0, static.scratch * static.max_len, static.scratch, 1)
+                for field, value in zip(fields, scratch):
+                    field[n : taken.launched] = value
+            static.input_ids[:n].copy_(tokens)
+            for field in (static.positions, static.write_index, static.kv_lens):
+                field[:n] += 1
         graph.graph.replay()
         self.launched = _Launched(list(reqs), [], static.fills, graph.logits[:n])
+
     def committed(self) -> None:
         """The launched pass's requests have committed the tokens it decodes from."""
         if self.launched is not None:

@@ -366,17 +366,15 @@ class Engine:
         holds, and launching the next one before the host commits, where this batch allows it."""
         taken = self.ahead.take(reqs) if self.ahead is not None else None
         if taken is None:
-            logits = self._decode_pass(reqs).logits
-        else:
-            logits = taken.logits
-            if len(taken.kept) < len(reqs):  # some joined: they wait a step, the others take the launched rows
-                return self._sample_and_commit([reqs[i] for i in taken.kept], logits)
+            logits, deciding = self._decode_pass(reqs).logits, reqs
+        else:  # requests that joined since it launched decide nothing this step
+            logits, deciding = taken.logits, [reqs[i] for i in taken.kept]
         if self.ahead is None or not self._overlappable(reqs):
-            return self._sample_and_commit(reqs, logits)
+            return self._sample_and_commit(deciding, logits)
         tokens = row_argmax(logits)
         chosen = HostCopy.of(tokens)  # queued before the next pass: waits for this one's tokens alone
         self.ahead.launch(reqs, tokens, taken)
-        finished = self._commit_chosen(reqs, chosen.tolist(), None)
+        finished = self._commit_chosen(deciding, chosen.tolist(), None)
         self.ahead.committed()
         return finished
 
