@@ -123,7 +123,7 @@ def profile(topk: int, assist: int, invariant: bool, prompts: list[list[int]], p
     draft = drafter.graphs[b]
     step = engine.speculation
     graphs = {"ar_graph": engine.runner.graphs[(1, b)].graph, "verify_graph": engine.runner.graphs[(BLOCK, b)].graph,
-              "acceptance_graph": step.acceptance[(BLOCK, b)].graph, "draft_prep_graph": draft.prep,
+              "acceptance_graph": step.acceptance[(BLOCK, b)].graph, "draft_prep_graph": draft.preps[0][1] if draft.preps else None,
               "draft_body_graph": draft.graph, "draft_tree_graph": draft.tree_graph,
               "tree_placement_graph": step.placement.get(b)}
     bare = {k: replay_ms(g) if g is not None else 0.0 for k, g in graphs.items()}

@@ -78,9 +78,10 @@ class OracleDrafter(Drafter):
     name = "oracle"
 
     def __init__(self, block_size: int, stock: dict[str, list[int]], first_error: int, vocab: int,
-                 tree: bool = False) -> None:
+                 tree: bool = False, device: torch.device | str = "cpu") -> None:
         super().__init__(block_size)
         self.stock, self.first_error, self.vocab, self.tree = stock, first_error, vocab, tree
+        self.device = torch.device(device)  # where its drafts are made, as a drafter on the engine's device does
 
     def propose(self, reqs: list[Request]) -> Draft:
         drafts = []
@@ -90,13 +91,14 @@ class OracleDrafter(Drafter):
             cont = ref[n : n + self.num_proposals]
             cont = cont + [0] * (self.num_proposals - len(cont))
             drafts.append([t if j < self.first_error else (t + 1) % self.vocab for j, t in enumerate(cont)])
-        tokens = torch.tensor(drafts, dtype=torch.int64)
+        tokens = torch.tensor(drafts, dtype=torch.int64, device=self.device)
         if not self.tree:
             return Draft(tokens)
         n, k = tokens.shape
         tokens = torch.cat([(tokens[:, :1] + 1) % self.vocab, tokens[:, :-1]], dim=1)
-        parents = torch.tensor([0, 0, *range(2, k)])
-        nodes = torch.arange(k + 1)
+        parents = torch.tensor([0, 0, *range(2, k)], device=self.device)
+        nodes = torch.arange(k + 1, device=self.device)
         ancestors = torch.where(nodes < 2, (1 << (nodes + 1)) - 1, (1 << (nodes + 1)) - 1 - 2)  # node j: 0, 2..j
-        return Draft(tokens, tree=TreeLayout(tokens, parents.expand(n, k), torch.tensor([1, *range(1, k)]).expand(n, k),
+        depths = torch.tensor([1, *range(1, k)], device=self.device)
+        return Draft(tokens, tree=TreeLayout(tokens, parents.expand(n, k), depths.expand(n, k),
                                              ancestors.expand(n, k + 1)))

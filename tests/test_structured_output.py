@@ -120,7 +120,7 @@ def test_drafts_are_accepted_up_to_the_first_that_breaks_or_misses(spelled, firs
     cand = engine(path, cuda_graphs=True, **spec) if graphs else engine(path)
     reqs = [cand.add_request(p, params) for p in prompts(cand)]
     oracle = OracleDrafter(block, {r.rid: a for r, a in zip(reqs, ar)}, first_error, cand.checkpoint.config.vocab_size,
-                           tree)
+                           tree, cand.device)
     if graphs:  # in place of the drafter the graphs were captured for (the setter would set up eager passes)
         cand._drafter = oracle
     else:
