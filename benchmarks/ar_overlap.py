@@ -1,9 +1,11 @@
 """`overlap` on and off: the engine's AR step (host work included) against its decode graph's replay, on
-Llama-3.1-8B shapes with synthetic bf16 weights, per batch size. Two AR engines over the same weights (one with
+Llama-3.1-8B shapes with synthetic bf16 weights (or `--target embedded`: the embedded model, through the ferry),
+per batch size. Two AR engines over the same weights (one with
 `--mechanisms overlap`), interleaved `--repeats` times; rows give median, min and max, the step over the graph
 (issue goal: <= 1.10 at B=32) and whether both decoded the same tokens.
 
-    python benchmarks/ar_overlap.py [--out DIR] [--batch 1 8 32] [--repeats 3] [--smoke]   (--smoke: tiny, CPU)
+    python benchmarks/ar_overlap.py [--out DIR] [--batch 1 8 32] [--repeats 3] [--target llama8b|embedded]
+        [--smoke]   (--smoke: tiny, CPU)
 """
 
 from __future__ import annotations
@@ -36,17 +38,25 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--target", choices=["llama8b", "embedded"], default="llama8b")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (the graphs' eager stand-in)")
     args = ap.parse_args()
     device = torch.device("cpu" if args.smoke else "cuda")
     if args.smoke:
         GraphBackend.capture = staticmethod(eager_capture)
-    cfg, dtype = (TINY, torch.float32) if args.smoke else (LLAMA31_8B, torch.bfloat16)
-    model = synthetic_model(cfg, device, dtype)
-    ckpt = Checkpoint(config=cfg, state_dict={}, tokenizer=None, source="synthetic")
+    dtype = torch.float32 if args.smoke else torch.bfloat16
     config = EngineConfig(device=device.type, dtype=str(dtype).removeprefix("torch."),
                           max_running_requests=max(args.batch), context_length=args.context + args.new_tokens + 32)
-    engines = {mode: Engine(ckpt, replace(config, mechanisms=m), model=model) for mode, m in MODES.items()}
+    if args.target == "embedded":
+        first = Engine.from_config(replace(config, mechanisms=MODES["plain"]))
+        ckpt, model, cfg = first.checkpoint, first.model, first.checkpoint.config
+    else:
+        cfg = TINY if args.smoke else LLAMA31_8B
+        model = synthetic_model(cfg, device, dtype)
+        ckpt, first = Checkpoint(config=cfg, state_dict={}, tokenizer=None, source="synthetic"), None
+    engines = {mode: first if mode == "plain" and first is not None else Engine(ckpt, replace(config, mechanisms=m),
+                                                                                  model=model)
+               for mode, m in MODES.items()}
     rng = random.Random(0)
     rows = []
     for b in args.batch:
@@ -74,7 +84,8 @@ def main() -> None:
               f"with overlap (graph {graph_ms or float('nan'):.3f} ms){over}; same tokens {row['same_tokens']}")
     result = {"provenance": collect(device, str(dtype)), "command": " ".join(sys.argv),
               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (smoke)",
-              "target": "Llama-3.1-8B shapes, synthetic bf16" if not args.smoke else "tiny llama", "context":
+              "target": ckpt.source if args.target == "embedded" else "Llama-3.1-8B shapes, synthetic bf16"
+              if not args.smoke else "tiny llama", "context":
               args.context, "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": rows}
     write_json(out_dir(args.out) / "ar_overlap.json", result)
 
