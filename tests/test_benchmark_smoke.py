@@ -35,6 +35,13 @@ def test_gpu_spec_smoke_with_replayed_acceptance(tmp_path, target):
     assert ("invariant" in result["rows"][0]) == (target == "llama")
 
 
+def test_ar_overlap_smoke(tmp_path):
+    run_script("ar_overlap.py", "--batch", "1", "3", "--repeats", "1", "--new-tokens", "10", "--context", "12",
+               "--out", str(tmp_path))
+    result = json.loads((tmp_path / "ar_overlap.json").read_text())
+    assert [r["batch"] for r in result["rows"]] == [1, 3] and all(r["same_tokens"] for r in result["rows"])
+
+
 def test_gpu_page_size_smoke(tmp_path):
     run_script("gpu_page_size.py", "--repeats", "1", "--iters", "1", "--prompt-lengths", "30", "300", "1000",
                "--out", str(tmp_path))
