@@ -1,6 +1,8 @@
 """What the B12 kernel compiles to for Hopper, without a GPU: its launch config for each shape (as b12_gemm picks
 it), then the PTX's static instruction counts (per thread: the K loop's body once, the pipeline's prologue and
-epilogue around it) — global, async and shared-memory traffic, the decode's integer work, the MMAs. Integer arguments and pointers carry the 16-divisibility the JIT
+epilogue around it) — global, async and shared-memory traffic, the decode's integer work, the MMAs — and, where
+the triton install ships nvdisasm, the SASS of the K loop's body alone (what ptxas made of it: the instructions a
+thread issues per 256-column block, by opcode). Integer arguments and pointers carry the 16-divisibility the JIT
 specializes them with at these shapes (else loads compile byte by byte). Compare two versions of the kernel by
 running it in each checkout; pass PYTHONPATH to another triton (the device's) to see its codegen.
 
@@ -10,8 +12,11 @@ running it in each checkout; pass PYTHONPATH to another triton (the device's) to
 from __future__ import annotations
 
 import argparse
+import collections
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import triton
@@ -36,7 +41,30 @@ COUNTS = {"global loads": r"\bld\.global", "async copies (16 B)": r"\bcp\.async\
           "all instructions": r"^\s+[a-z][a-z0-9_.]*\s"}
 
 
-def compile_for(m: int, n: int, k: int) -> tuple[dict, str]:
+NVDISASM = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+
+
+def loop_sass(cubin: bytes) -> dict[str, int] | None:
+    """Opcode counts of the kernel's longest loop body in SASS (from a label to the backward branch that returns
+    to it), or None without nvdisasm."""
+    if not NVDISASM.exists():
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        lines = subprocess.run([str(NVDISASM), "-c", f.name], capture_output=True, text=True, check=True).stdout.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", line))}
+    loops = [(labels[m.group(1)], i) for i, line in enumerate(lines)
+             if (m := re.search(r"BRA `\((\.L_x_\d+)\)", line)) and labels.get(m.group(1), i) < i]
+    if not loops:
+        return None
+    start, end = max(loops, key=lambda span: span[1] - span[0])
+    ops = collections.Counter(m.group(1) for line in lines[start:end + 1] if (m := SASS_LINE.match(line)))
+    return dict(ops.most_common()) | {"all": sum(ops.values())}
+
+
+def compile_for(m: int, n: int, k: int) -> tuple[dict, str, bytes]:
     config, chosen = invariant_config(m, n, k)
     block_m = chosen or block_m_for(m)
     full, half = b12.halves(k)
@@ -58,7 +86,7 @@ def compile_for(m: int, n: int, k: int) -> tuple[dict, str]:
     launch["warps_per_sm"] = round(launch["programs"] * launch["num_warps"] / H200_SMS, 2)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": launch["num_warps"], "num_stages": launch["num_stages"]})
-    return launch, compiled.asm["ptx"]
+    return launch, compiled.asm["ptx"], compiled.asm["cubin"]
 
 
 def main() -> None:
@@ -71,10 +99,13 @@ def main() -> None:
     for name in args.shapes:
         n, k = SHAPES[name]
         for m in args.m:
-            launch, ptx = compile_for(m, n, k)
+            launch, ptx, cubin = compile_for(m, n, k)
             counts = {label: len(re.findall(pattern, ptx, flags=re.M)) for label, pattern in COUNTS.items()}
-            rows.append({"shape": name, "m": m, "launch": launch, "ptx_counts": counts})
+            sass = loop_sass(cubin)
+            rows.append({"shape": name, "m": m, "launch": launch, "ptx_counts": counts, "k_loop_sass": sass})
             print(f"{name:8s} M={m:<3d} {launch}\n    " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+            if sass is not None:
+                print("    K loop SASS: " + ", ".join(f"{k} {v}" for k, v in sass.items()))
     write_json(out_dir(args.out) / "b12_codegen.json", {"triton": triton.__version__, "rows": rows})
 
 
