@@ -23,7 +23,11 @@ JIT-compile with the machine's nvcc in a background thread while ours are checke
 importable) ours are still checked and timed.
 
     python benchmarks/gpu_attention_backends.py [--out DIR] [--repeats 3] [--contexts 1024 4096]
-        [--batches 1 8 32 64] [--shapes llama8b embedded] [--fixed-split-pages 4]
+        [--batches 1 8 32 64] [--shapes llama8b embedded] [--fixed-split-pages 4] [--invariant-forms]
+
+`--invariant-forms`: our invariant kernel also pinned to each of its launch forms (tile height, key splits over
+programs or folded in one, a program per tree token), timed beside its own choice and checked bitwise against it:
+which form a shape should take (the kernel's heuristics in kernels/slot_attention.py).
 
 On the H200, FlashInfer comes as wheels: `bash benchmarks/gpu_ferry.sh flashinfer` here, then a run call carrying
 .ferry/flashinfer: bash benchmarks/gpu_ferry.sh run 'python3 benchmarks/gpu_attention_backends.py'.
@@ -78,6 +82,12 @@ MIN_CALLS = 8  # per graph: its launch is a small share of what it times
 FI_WORKSPACE_BYTES = 4 << 30
 
 Attend = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (k pool, v pool) of one layer -> output rows
+# --invariant-forms: the invariant kernel's launch forms pinned (each gives the kernel's bits: timed beside `inv`, the
+# kernel's own choice, and checked bitwise against it)
+INVARIANT_FORMS: dict[str, dict[str, Any]] = {
+    "inv_m16": {"block_m": 16}, "inv_m32": {"block_m": 32}, "inv_split": {"split_grid": True},
+    "inv_fold": {"split_grid": False}, "inv_m32_split": {"block_m": 32, "split_grid": True},
+    "inv_token": {"per_token": True}}
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -230,17 +240,20 @@ def build_flashinfer(head_dims: list[int]) -> float:
 
 
 class Ours:
-    def __init__(self, invariant: bool) -> None:
-        self.name = "inv" if invariant else "fast"
-        self.invariant = invariant
+    def __init__(self, invariant: bool, form: str | None = None) -> None:
+        """`form` (invariant only): one of INVARIANT_FORMS, the launch pinned instead of the kernel's choice."""
+        self.name = ("inv" if invariant else "fast") if form is None else form
+        self.invariant, self.form = invariant, INVARIANT_FORMS.get(form, {})
         self.partner = self.name  # whose verify rows its decode is checked against
 
     def prepare(self, p: Pass) -> Attend | None:
         b, table = p.batch, p.cache.page_table
+        if self.form.get("per_token") and b.tree_mask is None:
+            return None  # a program per token is a tree pass's form
         if self.invariant:
             return lambda k, v: slot_attention_invariant(p.q, k, v, b.slot_ids, b.q_starts, b.q_lens, b.kv_lens,
                                                          b.positions, p.scale, b.max_q_len, b.tree_mask, b.tail_rows,
-                                                         table)
+                                                         table, **self.form)
         splits = kv_splits(p.q.device, b.batch_size, p.cache.k[0].shape[2])  # the engine's choice per batch
         return lambda k, v: slot_attention_triton(p.q, k, v, b.slot_ids, b.q_starts, b.q_lens, b.kv_lens, p.scale,
                                                   max_q_len=b.max_q_len, num_kv_splits=splits,
@@ -424,13 +437,19 @@ def time_case(shape: str, ctx: int, batch: int, backends: list[Backend], repeats
                                "errors": {}}
         ref = reference(p)
         graphs = {}
+        inv_out = None
         runs = {}  # a graph reads its plan's buffers (FlashInfer's wrapper holds them): keep each alive beside it
         for be in backends:
             try:
                 attend = be.prepare(p)
                 if attend is None:
                     continue
-                row["rel_err"][be.name] = rel_err(attend(cache.k[0], cache.v[0]), ref)
+                out = attend(cache.k[0], cache.v[0])
+                row["rel_err"][be.name] = rel_err(out, ref)
+                if be.name == "inv":
+                    inv_out = out
+                elif be.name in INVARIANT_FORMS:  # a pinned form: the kernel's bits whatever the launch
+                    row.setdefault("same_bits_as_inv", {})[be.name] = bool(torch.equal(out, inv_out))
                 if isinstance(be, FlashInfer):
                     row["plan_us"][be.name] = be.plan_us
                 runs[be.name] = over_layers(attend, cache, calls)
@@ -496,6 +515,8 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    ap.add_argument("--invariant-forms", action="store_true",
+                    help=f"also time the invariant kernel pinned to each launch form ({', '.join(INVARIANT_FORMS)})")
     ap.add_argument("--fixed-split-pages", type=int, default=SPLIT_KEYS // PAGE_SIZE,
                     help="FlashInfer's fixed split size, in pages (default: our invariant kernel's split)")
     args = ap.parse_args()
@@ -515,7 +536,7 @@ def main() -> None:
     checks = {shape: CheckData(*SHAPES[shape], device, gen) for shape in args.shapes}
     report = {shape: check(data, ours) for shape, data in checks.items()}
     fi_info: dict[str, Any] = {"version": getattr(fi, "__version__", None), "error": fi_error, "jit_build_s": None}
-    backends = list(ours)
+    backends = list(ours) + ([Ours(True, form) for form in INVARIANT_FORMS] if args.invariant_forms else [])
     if build is not None:
         try:
             fi_info["jit_build_s"] = build.result()
