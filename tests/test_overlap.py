@@ -6,6 +6,8 @@ SPECPILOT_TEST_DEVICE=cuda the real graphs."""
 from __future__ import annotations
 
 import pytest
+import torch
+from test_budget import _alternating
 from test_speculative import GREEDY, TEST_DEVICE, TEST_DTYPE, mixed_prompts, tiny  # noqa: F401  (module fixture)
 
 from specpilot.config import SamplingParams
@@ -102,6 +104,51 @@ def test_speculative_steps_between_overlapped_ar_steps(tiny, graphs):  # noqa: F
         while engine.has_work:
             engine.step()
     assert [r.output_ids for r in reqs] == ar
+
+
+def _budget_engine(ckpt, paths, overlap: bool, **spec) -> Engine:
+    spec = dict(speculative_algorithm="dflash", speculative_draft_model_path=str(paths["dflash"]), **spec)
+    defaults = _engine(ckpt, False, **spec).mechanisms
+    return Engine(ckpt, EngineConfig(device=TEST_DEVICE, dtype=TEST_DTYPE, max_running_requests=4, context_length=256,
+                                     mechanisms=defaults | {"budget"} | ({"overlap"} if overlap else set()), **spec))
+
+
+PATTERN = (False, False, False, True, False, False, True, True)  # the budget's modes, step by step (True: speculate)
+
+
+@pytest.mark.parametrize("topk,assist", [(1, 0), (3, 1)], ids=["chain", "tree+assist"])
+def test_budget_ar_steps_overlap(tiny, graphs, topk, assist):  # noqa: F811
+    """The budget's AR steps take the launched passes: runs of AR steps between speculative ones, through joins,
+    decode what AR alone does."""
+    ckpt, paths = tiny
+    prompts = mixed_prompts(ckpt.config.vocab_size, 6, seed=9)  # 6 requests in 4 slots: joins mid-run
+    ar = [r.output_ids for r in _engine(ckpt, False).generate(prompts, GREEDY)]
+    engine = _budget_engine(ckpt, paths, True, speculative_eagle_topk=topk, speculative_ngram_assist=assist)
+    _alternating(engine, PATTERN)
+    take, taken = engine.ahead.take, []
+    engine.ahead.take = lambda reqs: (taken.append(take(reqs)), taken[-1])[1]
+    assert [r.output_ids for r in engine.generate(prompts, GREEDY)] == ar
+    assert sum(t is not None for t in taken) >= 5
+
+
+def test_budget_ar_steps_keep_the_drafter_s_context_under_overlap(tiny, graphs):  # noqa: F811
+    """Each overlapped AR step hands the drafter its committed token's taps (copied before the next pass
+    overwrites the graph's): the DFlash context rows equal those of the same steps without overlap, bit for bit."""
+    ckpt, paths = tiny
+    prompt = mixed_prompts(ckpt.config.vocab_size, 1, seed=5)[0]
+    params = SamplingParams(max_new_tokens=60, ignore_eos=True)
+    contexts = []
+    for overlap in (False, True):
+        engine = _budget_engine(ckpt, paths, overlap)
+        _alternating(engine, PATTERN)
+        req = engine.add_request(prompt, params)
+        while len(req.output_ids) < 40:
+            engine.step()
+        length = len(prompt) + 30  # written by now in both runs (the newest rows wait for the next draft)
+        drafter = engine.drafter
+        contexts.append([torch.cat(drafter.cache.read(layer, req.slot, length))
+                         for layer in range(len(drafter.model.layers))])
+    assert all(torch.equal(a, b) for a, b in zip(*contexts))
 
 
 def test_overlap_needs_graphs(tiny):  # noqa: F811

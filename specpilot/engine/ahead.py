@@ -1,4 +1,5 @@
-"""`overlap`: AR decode steps that keep the device one pass ahead of the host.
+"""`overlap`: AR decode steps (of an engine without a drafter, `Engine.autoregressive()`, or the `budget`'s AR
+steps) that keep the device one pass ahead of the host.
 
 A plain AR step fills the decode graph's inputs from the host, replays it, waits for the chosen tokens and
 commits them, so the device idles while the host commits and fills. Under `overlap`, once a batch's tokens are
@@ -33,15 +34,17 @@ class _Launched:
     lengths: list[int]  # their output lengths once the tokens it decodes from were committed
     fills: int  # the decode inputs' host fills when it launched: one more since means they were replaced
     logits: torch.Tensor  # the graph's output rows for them (valid until the graph's next replay)
+    taps: torch.Tensor | None  # and their tap rows, where the target keeps taps for a drafter
 
 
 @dataclass
 class Taken:
-    """What a step takes from the launched pass: the logits rows of the requests it still decodes (`kept`, their
-    indices in the step's batch) and where those rows lie among the pass's (`rows`, on the device; None: its
-    first len(kept) rows, in order), of `launched` rows in all."""
+    """What a step takes from the launched pass: the logits (and tap) rows of the requests it still decodes
+    (`kept`, their indices in the step's batch) and where those rows lie among the pass's (`rows`, on the device;
+    None: its first len(kept) rows, in order), of `launched` rows in all."""
 
     logits: torch.Tensor
+    taps: torch.Tensor | None
     kept: list[int]
     rows: torch.Tensor | None
     launched: int
@@ -71,10 +74,13 @@ class AheadDecode:
                 kept.append(i)
         if not rows:
             return None
+        taps = launched.taps
         if rows == list(range(len(rows))):
-            return Taken(launched.logits[: len(rows)], kept, None, len(launched.reqs))
+            return Taken(launched.logits[: len(rows)], None if taps is None else taps[: len(rows)], kept, None,
+                         len(launched.reqs))
         index = to_device(rows, launched.logits.device)
-        return Taken(launched.logits.index_select(0, index), kept, index, len(launched.reqs))
+        return Taken(launched.logits.index_select(0, index), None if taps is None else taps.index_select(0, index),
+                     kept, index, len(launched.reqs))
 
     def launch(self, reqs: list[Request], tokens: torch.Tensor, taken: Taken | None) -> None:
         """Replay the decode graph of `reqs` one token further. `tokens` ([k], on the device) are those chosen
@@ -104,7 +110,8 @@ class AheadDecode:
             for field in (static.positions, static.write_index, static.kv_lens):
                 field[:n] += 1
         graph.graph.replay()
-        self.launched = _Launched(list(reqs), [], static.fills, graph.logits[:n])
+        self.launched = _Launched(list(reqs), [], static.fills, graph.logits[:n],
+                                  None if graph.taps is None else graph.taps[:n])
 
     def committed(self) -> None:
         """The launched pass's requests have committed the tokens it decodes from."""

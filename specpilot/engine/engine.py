@@ -361,21 +361,31 @@ class Engine:
                            time.perf_counter() - start)
         return finished
 
-    def _decode_ar(self, reqs: list[Request]) -> list[Request]:
+    def _decode_ar(self, reqs: list[Request], drafter_commit: bool = False) -> list[Request]:
         """An AR step; under `overlap` (engine/ahead.py) from the pass the previous step launched where it still
-        holds, and launching the next one before the host commits, where this batch allows it."""
+        holds, and launching the next one before the host commits, where this batch allows it. `drafter_commit`:
+        the drafter is told of each request's committed token with its row's taps, as after a verify pass."""
         taken = self.ahead.take(reqs) if self.ahead is not None else None
         if taken is None:
-            logits, deciding = self._decode_pass(reqs).logits, reqs
+            out = self._decode_pass(reqs)
+            logits, taps, deciding = out.logits, out.taps, reqs
         else:  # requests that joined since it launched decide nothing this step
-            logits, deciding = taken.logits, [reqs[i] for i in taken.kept]
+            logits, taps, deciding = taken.logits, taken.taps, [reqs[i] for i in taken.kept]
+        if drafter_commit and taps is not None:  # copied: the graph's outputs are overwritten by its next pass
+            taps = taps[: len(deciding)].clone()
         if self.ahead is None or not self._overlappable(reqs):
-            return self._sample_and_commit(deciding, logits)
-        tokens = row_argmax(logits)
-        chosen = HostCopy.of(tokens)  # queued before the next pass: waits for this one's tokens alone
-        self.ahead.launch(reqs, tokens, taken)
-        finished = self._commit_chosen(deciding, chosen.tolist(), None)
-        self.ahead.committed()
+            finished = self._sample_and_commit(deciding, logits)
+        else:
+            tokens = row_argmax(logits)
+            chosen = HostCopy.of(tokens)  # queued before the next pass: waits for this one's tokens alone
+            self.ahead.launch(reqs, tokens, taken)
+            finished = self._commit_chosen(deciding, chosen.tolist(), None)
+            self.ahead.committed()
+        if drafter_commit:
+            done = {id(r) for r in finished}
+            going = [i for i, r in enumerate(deciding) if id(r) not in done]
+            self.drafter.commit([deciding[i] for i in going], [1] * len(going),
+                                [None if taps is None else taps[i : i + 1] for i in going])
         return finished
 
     def _overlappable(self, reqs: list[Request]) -> bool:
@@ -390,17 +400,11 @@ class Engine:
 
     def _decode_beside_drafter(self, reqs: list[Request]) -> list[Request]:
         """An AR step while speculation is paused (`budget`): what the device prepared for a next verify no
-        longer holds, and the drafter is told of each request's one committed token (with its row's taps,
-        copied: a graph's outputs are overwritten by the next pass) as after a verify pass. `reqs`: a list of
-        the caller's, not the running list, which retiring the finished shrinks."""
+        longer holds, and the drafter is told of each request's one committed token (with its row's taps) as
+        after a verify pass. `reqs`: a list of the caller's, not the running list, which retiring the finished
+        shrinks."""
         self.speculation.invalidate()
-        out = self._decode_pass(reqs)
-        taps = None if out.taps is None else out.taps[: len(reqs)].clone()
-        finished = {id(r) for r in self._sample_and_commit(reqs, out.logits)}
-        going = [i for i, r in enumerate(reqs) if id(r) not in finished]
-        self.drafter.commit([reqs[i] for i in going], [1] * len(going),
-                            [None if taps is None else taps[i : i + 1] for i in going])
-        return [r for r in reqs if id(r) in finished]
+        return self._decode_ar(reqs, drafter_commit=True)
 
     def mask_as_decoded(self, params: SamplingParams, output: list[int], logits: torch.Tensor) -> torch.Tensor:
         """The rows [len(output), V] that decided `output` (a teacher-forced pass's), masked in place as a
