@@ -89,22 +89,23 @@ def test_output_is_ar_s_whichever_mode_decides(tiny, topk, assist):  # noqa: F81
     assert engine.budget.ar_steps and engine.budget.spec_steps
 
 
+def drafter_context(engine: Engine, prompt: list[int], pattern: tuple[bool, ...]) -> list[torch.Tensor]:
+    """Per drafter layer, the DFlash context rows of a request's prompt and first 30 new positions, once 40 tokens
+    are decoded under the budget's modes `pattern` (written by then: the newest rows wait for the next draft)."""
+    _alternating(engine, pattern)
+    req = engine.add_request(prompt, SamplingParams(max_new_tokens=60, ignore_eos=True))
+    while len(req.output_ids) < 40:
+        engine.step()
+    drafter = engine.drafter
+    return [torch.cat(drafter.cache.read(layer, req.slot, len(prompt) + 30)) for layer in range(len(drafter.model.layers))]
+
+
 def test_the_drafter_keeps_its_context_through_ar_steps(tiny):  # noqa: F811
     """The DFlash context rows of every committed position equal those pure speculation writes."""
     ckpt, paths = tiny
     prompt = mixed_prompts(ckpt.config.vocab_size, 1, seed=5)[0]
-    params = SamplingParams(max_new_tokens=60, ignore_eos=True)
-    contexts = []
-    for pattern in ((True,), (False, False, True, False, True, True, False)):
-        engine = _engine(ckpt, paths, mechanisms=frozenset({"budget"}))
-        _alternating(engine, pattern)
-        req = engine.add_request(prompt, params)
-        while len(req.output_ids) < 40:
-            engine.step()
-        length = len(prompt) + 30  # written by now in both runs (the newest rows wait for the next draft)
-        drafter = engine.drafter
-        contexts.append([torch.cat(drafter.cache.read(layer, req.slot, length))
-                         for layer in range(len(drafter.model.layers))])
+    contexts = [drafter_context(_engine(ckpt, paths, mechanisms=frozenset({"budget"})), prompt, pattern)
+                for pattern in ((True,), (False, False, True, False, True, True, False))]
     for mixed, pure in zip(*contexts):
         torch.testing.assert_close(mixed, pure, atol=2e-3, rtol=2e-3)
 

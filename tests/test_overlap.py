@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_budget import _alternating
+from test_budget import _alternating, drafter_context
 from test_speculative import GREEDY, TEST_DEVICE, TEST_DTYPE, mixed_prompts, tiny  # noqa: F401  (module fixture)
 
 from specpilot.config import SamplingParams
@@ -136,18 +136,7 @@ def test_budget_ar_steps_keep_the_drafter_s_context_under_overlap(tiny, graphs):
     overwrites the graph's): the DFlash context rows equal those of the same steps without overlap, bit for bit."""
     ckpt, paths = tiny
     prompt = mixed_prompts(ckpt.config.vocab_size, 1, seed=5)[0]
-    params = SamplingParams(max_new_tokens=60, ignore_eos=True)
-    contexts = []
-    for overlap in (False, True):
-        engine = _budget_engine(ckpt, paths, overlap)
-        _alternating(engine, PATTERN)
-        req = engine.add_request(prompt, params)
-        while len(req.output_ids) < 40:
-            engine.step()
-        length = len(prompt) + 30  # written by now in both runs (the newest rows wait for the next draft)
-        drafter = engine.drafter
-        contexts.append([torch.cat(drafter.cache.read(layer, req.slot, length))
-                         for layer in range(len(drafter.model.layers))])
+    contexts = [drafter_context(_budget_engine(ckpt, paths, overlap), prompt, PATTERN) for overlap in (False, True)]
     assert all(torch.equal(a, b) for a, b in zip(*contexts))
 
 
