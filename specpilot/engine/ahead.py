@@ -98,17 +98,9 @@ class AheadDecode:
                         [[0] if i in old else [r.output_ids[-1]] for i, r in enumerate(reqs)], graph.batch.batch_size)
             static.input_ids[to_device(taken.kept, tokens.device)] = tokens
         else:
-            fields = (static.input_ids, static.positions, static.write_index, static.slot_ids, static.kv_lens)
-            if taken is not None and taken.rows is not None:
-                for field in fields:
-                    field[:n] = field.index_select(0, taken.rows)
-            if taken is not None and taken.launched > n:  # rows past the batch: as a host fill leaves padding
-                scratch = (0, 0, static.scratch * static.max_len, static.scratch, 1)
-                for field, value in zip(fields, scratch):
-                    field[n : taken.launched] = value
-            static.input_ids[:n].copy_(tokens)
-            for field in (static.positions, static.write_index, static.kv_lens):
-                field[:n] += 1
+            if taken is not None:
+                static.keep(taken.rows, n, taken.launched)
+            static.advance(n, tokens)
         graph.graph.replay()
         self.launched = _Launched(list(reqs), [], static.fills, graph.logits[:n],
                                   None if graph.taps is None else graph.taps[:n])

@@ -3,7 +3,8 @@
 A graph is captured per batch-size bucket, and every bucket's batch is a prefix view of the same
 buffers, so one fill serves whichever bucket runs. Rows past the real requests point at the scratch
 slot: a smaller batch in a larger bucket never writes into live requests' K/V. The target's runner
-fills them from the host (one copy from pinned memory); the drafter's graphs lay them out on the device.
+fills them from the host (one copy from pinned memory); the drafter's graphs lay them out on the device, and
+under `overlap` the decode inputs move on there (`advance`, `keep`: engine/ahead.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class StaticBatch:
         self.slot_ids.fill_(scratch_slot)
         self.kv_lens.fill_(q)
         self.fills = 0  # host fills so far: a layout made on the device holds until the next one
+        # q = 1 (decode): the buffer as its six fields' rows, and the values a padding row holds after a fill
+        self._fields = self.dev.view(6, max_b) if q == 1 else None
+        self._padding = torch.tensor([0, 0, scratch_slot * max_len, scratch_slot, q, q], device=device)
 
     def batch(self, b: int, num_kv_splits: int) -> ForwardBatch:
         n = b * self.q
@@ -82,6 +86,22 @@ class StaticBatch:
             self.tree_mask.copy_(self.chain[0])
             self.tree_parents.copy_(self.chain[1])
         self.fills += 1
+
+
+    def advance(self, n: int, tokens: torch.Tensor) -> None:
+        """Decode inputs (q = 1), on the device: the first n requests take `tokens` ([n]) one position further, as a
+        host fill of their next tokens would lay them out."""
+        self.input_ids[:n].copy_(tokens)
+        self._fields[1:3, :n] += 1  # positions and cache rows
+        self.kv_lens[:n] += 1
+
+    def keep(self, rows: torch.Tensor | None, n: int, of: int) -> None:
+        """Decode inputs (q = 1) of `of` requests, on the device: those of `rows` ([n]; None: the first n) move to the
+        front in that order, and the rest up to `of` aim at the scratch slot as a fill's padding does."""
+        if rows is not None:
+            self._fields[:, :n] = self._fields.index_select(1, rows)
+        if of > n:
+            self._fields[:, n:of] = self._padding[:, None]
 
 
 class RaggedStaticBatch:
