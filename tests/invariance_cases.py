@@ -96,6 +96,10 @@ def attention_report(device: str, dtype: torch.dtype, ctx: int = 250, kv_heads: 
     decode = torch.cat([_attend(q_new[i : i + 1], k, v, [0], [0], [1], [ctx + i + 1], [ctx + i]) for i in range(NEW)])
     chain = _attend(q_new, k, v, [0], [0], [NEW], [length], new_pos)
     report["chain verify"] = _differing(chain, decode)
+    tall = {} if dtype == torch.float32 else {"32-row tiles": {"block_m": 32}}  # float32 keeps 16 (its FMA dots)
+    for name, form in tall.items():
+        report[f"chain verify, {name}"] = _differing(_attend(q_new, k, v, [0], [0], [NEW], [length], new_pos, **form),
+                                                     decode)
 
     # Beside a decode and a 5-token verify of other slots, in the middle of the batch.
     others = randn(1 + 5, heads, head_dim)
@@ -132,9 +136,10 @@ def attention_report(device: str, dtype: torch.dtype, ctx: int = 250, kv_heads: 
         k[1, ctx + node], v[1, ctx + node], tree_q[node] = k[0, ctx + d], v[0, ctx + d], q_new[d]
     tree_pos = [ctx + d for d in depth]
     on_path = torch.tensor(path, device=device) + 1
-    for name, per_token in (("packed rows", False), ("a program per token", True)):
+    tree_forms = {"packed rows": {"per_token": False}, "a program per token": {"per_token": True}} | tall
+    for name, form in tree_forms.items():
         tree = _attend(torch.cat([others[:1], tree_q]), k, v, [2, 1], [0, 1], [1, NEW], [40, length],
-                       [39, *tree_pos], tree_mask=[1, *bits], per_token=per_token)
+                       [39, *tree_pos], tree_mask=[1, *bits], **form)
         report[f"tree verify, {name}"] = _differing(tree[on_path], decode[: len(path)])
 
     for page in PAGES:
@@ -146,9 +151,9 @@ def attention_report(device: str, dtype: torch.dtype, ctx: int = 250, kv_heads: 
         paged_prefill = _attend(prompt_q, pk, pv, [0], [0], [length], [length], list(range(length)),
                                 page_table=table)
         report[f"paged {page}: prefill"] = _differing(paged_prefill[ctx:], decode)
-        for name, per_token in (("packed rows", False), ("a program per token", True)):
+        for name, form in tree_forms.items():
             tree = _attend(torch.cat([others[:1], tree_q]), pk, pv, [2, 1], [0, 1], [1, NEW], [40, length],
-                           [39, *tree_pos], tree_mask=[1, *bits], per_token=per_token, page_table=table)
+                           [39, *tree_pos], tree_mask=[1, *bits], page_table=table, **form)
             report[f"paged {page}: tree verify, {name}"] = _differing(tree[on_path], decode[: len(path)])
     return report
 

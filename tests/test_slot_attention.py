@@ -447,3 +447,30 @@ def test_triton_through_a_page_table_gives_the_same_bits(triton_errors: dict[str
 
 if __name__ == "__main__":
     print(json.dumps(_triton_errors()))
+
+
+# The H100 sweep of session 27 (docs/RESULTS.md, gpu_attention_backends.py --invariant-forms, context 1024): per
+# (shape, batch, pass) the launch that measured fastest, or within 3% of it, as (block_m, split_grid).
+# llama8b: 8 kv heads, group 4, head_dim 128; embedded: 3 kv heads, group 3, head_dim 64.
+H100_FASTEST = {
+    ("llama8b", 8, "decode"): (16, True), ("llama8b", 16, "decode"): (16, True),
+    ("llama8b", 32, "decode"): (16, False), ("llama8b", 8, "chain"): (32, False),
+    ("llama8b", 16, "chain"): (32, False), ("llama8b", 32, "chain"): (32, False),
+    ("llama8b", 8, "tree"): (16, True), ("llama8b", 16, "tree"): (32, True), ("llama8b", 32, "tree"): (32, False),
+    ("llama8b", 64, "tree"): (32, False), ("embedded", 64, "decode"): (16, True),
+    ("embedded", 32, "chain"): (16, True), ("embedded", 64, "chain"): (16, False),
+    ("embedded", 32, "tree"): (16, True), ("embedded", 64, "tree"): (16, True),
+}
+
+
+@pytest.mark.parametrize("case", list(H100_FASTEST))
+def test_invariant_launch_takes_the_forms_the_sweep_measured_fastest(case, monkeypatch) -> None:
+    import specpilot.kernels.slot_attention as sa
+
+    monkeypatch.setattr(sa, "_sm_count", lambda device: 132)  # an H100's (and an H200's) SMs
+    shape, batch, kind = case
+    kv_heads, group, head_dim = {"llama8b": (8, 4, 128), "embedded": (3, 3, 64)}[shape]
+    launch = sa.invariant_launch(torch.device("cuda"), batch, kv_heads, group, 1 if kind == "decode" else 16,
+                                 head_dim, kind == "tree", torch.bfloat16)
+    assert (launch.block_m, launch.split_grid) == H100_FASTEST[case]
+    assert not launch.per_token

@@ -32,6 +32,7 @@ Two implementations share one contract:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -47,8 +48,10 @@ from specpilot.kernels.triton_support import (
 __all__ = [
     "HAS_TRITON",
     "INVARIANT_BLOCK_M",
+    "InvariantLaunch",
     "SPLIT_KEYS",
     "TREE_TABLE_KEYS",
+    "invariant_launch",
     "kv_splits",
     "slot_attention",
     "slot_attention_invariant",
@@ -68,8 +71,13 @@ SPLIT_KEYS = 256
 INVARIANT_BLOCK_N = 64
 INVARIANT_BLOCK_M = 16
 TREE_TABLE_KEYS = 2 * INVARIANT_BLOCK_N
-_BLOCK_M32_WAVES = 4  # 16-row programs per SM from which 32-row tiles pay
 INVARIANT_SPLIT_GRID_MAX_Q = 64  # passes of at most this many queries per request spread splits over programs
+# The invariant kernel's launch on CUDA, by kind of pass (every choice gives the same bits; the H100 sweep of
+# session 27 in docs/RESULTS.md): 16-row programs per SM from which 32-row tiles pay, and work units per SM
+# (programs weighted by block_m x head_dim / (16 x 64)) under which the key splits spread over programs. Tree
+# programs walk their tokens' gathered tiles one after another, so they gain from spreading longest.
+_BLOCK_M32_PROGRAMS_PER_SM = {"decode": 1, "chain": 1, "tree": 3}
+_SPLIT_GRID_UNITS_PER_SM = {"decode": 2, "chain": 3, "tree": 8}
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -718,14 +726,22 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _split_the_grid(device: torch.device, max_q_len: int, programs: int) -> bool:
+def _pass_kind(max_q_len: int, tree: bool) -> str:
+    return "decode" if max_q_len == 1 else "tree" if tree else "chain"
+
+
+def _split_the_grid(device: torch.device, max_q_len: int, kind: str, programs: int, block_m: int,
+                    head_dim: int) -> bool:
     """Which form of the invariant kernel a pass takes (both give the same bits): the key splits spread over
-    programs (then combined) for passes of up to INVARIANT_SPLIT_GRID_MAX_Q queries per request, on CUDA only
-    while their row-block programs alone would leave SMs idle (a decode or verify of few requests); else one
-    program folds every split (the H200 sweep in docs/RESULTS.md). The interpreter keeps both forms in use."""
+    programs (then combined) for passes of up to INVARIANT_SPLIT_GRID_MAX_Q queries per request, on CUDA while
+    their row-block programs' work is under _SPLIT_GRID_UNITS_PER_SM of the pass's kind (a decode or verify of
+    few requests); else one program folds every split. The interpreter keeps both forms in use."""
     if max_q_len > INVARIANT_SPLIT_GRID_MAX_Q:
         return False
-    return device.type != "cuda" or programs < _sm_count(device)
+    if device.type != "cuda":
+        return True
+    units = programs * block_m * head_dim // (INVARIANT_BLOCK_M * 64)
+    return units < _SPLIT_GRID_UNITS_PER_SM[kind] * _sm_count(device)
 
 
 def kv_splits(device: torch.device, batch_size: int, num_kv_heads: int) -> int:
@@ -918,16 +934,18 @@ def tree_tail_rows(positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Te
     return torch.where(virtual <= positions[:, None], rows, 0).to(torch.int32)
 
 
-def _invariant_block_m(device: torch.device, rows_max: int, programs16: int, tree: bool, dtype: torch.dtype) -> int:
+def _invariant_block_m(device: torch.device, rows_max: int, programs16: int, kind: str, dtype: torch.dtype) -> int:
     """(token, head) rows per program (the same bits at 16 and 32): 32 halves the programs re-reading a
-    request's keys, which pays on CUDA only once the 16-row programs (`programs16`) are several waves of SMs
-    (B=32 verifies); fewer, 16 is faster (docs/RESULTS.md's sweep). Off CUDA any full 32 takes 32, so the
-    interpreter keeps both heights in use. Trees stay at 16: their per-token tiles cost every row of a
-    program. float32 stays at 16: its dots are FMA loops whose register layout, and so its row sums' order,
-    follow the tile height (16-bit dtypes take one MMA layout per row at either)."""
-    if dtype == torch.float32 or tree or rows_max < 32:
+    request's keys, which pays on CUDA once the 16-row programs (`programs16`) fill the SMs
+    (_BLOCK_M32_PROGRAMS_PER_SM; a tree's more, as its per-token tiles cost every row of a program) and the
+    taller tile pads few rows (48 rows take three 16-row tiles, two 32-row tiles would compute 64). Off CUDA
+    every such pass takes 32, so the interpreter keeps both heights in use. float32 stays at 16: its dots are
+    FMA loops whose register layout, and so its row sums' order, follow the tile height (16-bit dtypes take
+    one MMA layout per row at either)."""
+    padded16, padded32 = triton.cdiv(rows_max, 16) * 16, triton.cdiv(rows_max, 32) * 32
+    if dtype == torch.float32 or rows_max < 32 or 16 * padded32 > 17 * padded16:
         return INVARIANT_BLOCK_M
-    if device.type == "cuda" and programs16 < _BLOCK_M32_WAVES * _sm_count(device):
+    if device.type == "cuda" and programs16 < _BLOCK_M32_PROGRAMS_PER_SM[kind] * _sm_count(device):
         return INVARIANT_BLOCK_M
     return 32
 
@@ -938,6 +956,32 @@ def _per_token_tree(device: torch.device, tree: bool, group: int, programs16: in
     tokens' gathered tiles in turn); with more, packing saves re-reading the shared context (the H200 tree
     sweep in docs/RESULTS.md puts the crossover between the embedded model's B=1 and B=8)."""
     return tree and device.type == "cuda" and group <= INVARIANT_BLOCK_M and 4 * programs16 < _sm_count(device)
+
+
+@dataclass(frozen=True)
+class InvariantLaunch:
+    """How the invariant kernel launches a pass (every choice gives the same bits)."""
+
+    block_m: int  # (token, head) rows per program: 16 or 32
+    per_token: bool  # a tree pass: one token's rows per program
+    split_grid: bool  # the key splits spread over programs, then combined
+
+
+def invariant_launch(device: torch.device, batch: int, num_kv_heads: int, group: int, max_q_len: int,
+                     head_dim: int, tree: bool, dtype: torch.dtype, block_m: int | None = None,
+                     per_token: bool | None = None, split_grid: bool | None = None) -> InvariantLaunch:
+    """The launch the invariant kernel takes for a pass of `batch` requests of up to `max_q_len` queries, each
+    choice its own unless pinned."""
+    rows_max = max_q_len * group
+    programs16 = triton.cdiv(rows_max, INVARIANT_BLOCK_M) * batch * num_kv_heads
+    kind = _pass_kind(max_q_len, tree)
+    block_m = block_m or _invariant_block_m(device, rows_max, programs16, kind, dtype)
+    per_token = _per_token_tree(device, tree, group, programs16) if per_token is None else per_token
+    if split_grid is None:
+        programs = (max_q_len if per_token else triton.cdiv(rows_max, block_m)) * batch * num_kv_heads
+        split_grid = _split_the_grid(device, max_q_len, kind, programs,
+                                     INVARIANT_BLOCK_M if per_token else block_m, head_dim)
+    return InvariantLaunch(block_m, per_token, split_grid)
 
 
 def slot_attention_invariant(
@@ -993,17 +1037,13 @@ def slot_attention_invariant(
     group = num_heads // num_kv_heads
     num_splits = triton.cdiv(slot_geometry(k_cache, page_table)[1], SPLIT_KEYS)
     num_rows = num_tokens * num_heads
-    rows_max = max_q_len * group
-    programs16 = triton.cdiv(rows_max, INVARIANT_BLOCK_M) * batch * num_kv_heads
-    block_m = block_m or _invariant_block_m(q.device, rows_max, programs16, tail_rows is not None, q.dtype)
-    if per_token is None:
-        per_token = _per_token_tree(q.device, tail_rows is not None, group, programs16)
-    elif per_token and (tail_rows is None or group > block_m):
+    launch = invariant_launch(q.device, batch, num_kv_heads, group, max_q_len, head_dim, tail_rows is not None,
+                              q.dtype, block_m, per_token, split_grid)
+    block_m, per_token, split_grid = launch.block_m, launch.per_token, launch.split_grid
+    if per_token and (tail_rows is None or group > block_m):
         raise ValueError(f"per_token needs a tree pass (tree_mask) and at most block_m ({block_m}) query heads "
                          f"per kv head, got tree_mask={'set' if tail_rows is not None else None}, {group} heads")
-    row_blocks = max_q_len if per_token else triton.cdiv(rows_max, block_m)
-    if split_grid is None:
-        split_grid = _split_the_grid(q.device, max_q_len, row_blocks * batch * num_kv_heads)
+    row_blocks = max_q_len if per_token else triton.cdiv(max_q_len * group, block_m)
     if split_grid:
         part_o = torch.empty((num_splits, num_rows, head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_splits, num_rows), dtype=torch.float32, device=q.device)
