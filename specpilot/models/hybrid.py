@@ -133,8 +133,7 @@ class GatedAttention(nn.Module):
         cache.v[self.slot].view(-1, hk, d).index_copy_(0, batch.write_index, v.to(cache.kv.dtype))
         o = slot_attention(q.contiguous(), cache.k[self.slot], cache.v[self.slot], batch.slot_ids, batch.q_starts,
                            batch.q_lens, batch.kv_lens, scale=d**-0.5, causal=batch.causal,
-                           max_q_len=batch.max_q_len, tree_mask=batch.tree_mask, page_table=cache.page_table,
-                           backend="torch")
+                           max_q_len=batch.max_q_len, tree_mask=batch.tree_mask, page_table=cache.page_table)
         return self.o_proj(o.reshape(t, h * d) * torch.sigmoid(gate.reshape(t, h * d)))
 
 
