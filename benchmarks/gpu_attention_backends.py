@@ -23,11 +23,13 @@ JIT-compile with the machine's nvcc in a background thread while ours are checke
 importable) ours are still checked and timed.
 
     python benchmarks/gpu_attention_backends.py [--out DIR] [--repeats 3] [--contexts 1024 4096]
-        [--batches 1 8 32 64] [--shapes llama8b embedded] [--fixed-split-pages 4] [--invariant-forms]
+        [--batches 1 8 32 64] [--shapes llama8b embedded] [--fixed-split-pages 4] [--invariant-forms] [--fast-splits]
 
 `--invariant-forms`: our invariant kernel also pinned to each of its launch forms (tile height, key splits over
 programs or folded in one, a program per tree token), timed beside its own choice and checked bitwise against it:
-which form a shape should take (the kernel's heuristics in kernels/slot_attention.py).
+which form a shape should take (the kernel's heuristics in kernels/slot_attention.py). `--fast-splits`: the fast
+kernel also pinned to 1, 2, 4 and 8 key splits (the engine's choice is `kv_splits`; the drafters' block attention
+takes it too), which gives different bits by design.
 
 On the H200, FlashInfer comes as wheels: `bash benchmarks/gpu_ferry.sh flashinfer` here, then a run call carrying
 .ferry/flashinfer: bash benchmarks/gpu_ferry.sh run 'python3 benchmarks/gpu_attention_backends.py'.
@@ -88,6 +90,7 @@ INVARIANT_FORMS: dict[str, dict[str, Any]] = {
     "inv_m16": {"block_m": 16}, "inv_m32": {"block_m": 32}, "inv_split": {"split_grid": True},
     "inv_fold": {"split_grid": False}, "inv_m32_split": {"block_m": 32, "split_grid": True},
     "inv_token": {"per_token": True}}
+FAST_SPLITS = {f"fast_s{n}": n for n in (1, 2, 4, 8)}  # --fast-splits: the fast kernel's key splits pinned
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -241,9 +244,11 @@ def build_flashinfer(head_dims: list[int]) -> float:
 
 class Ours:
     def __init__(self, invariant: bool, form: str | None = None) -> None:
-        """`form` (invariant only): one of INVARIANT_FORMS, the launch pinned instead of the kernel's choice."""
+        """`form`: one of INVARIANT_FORMS (invariant) or FAST_SPLITS (fast), the launch pinned instead of the
+        kernel's or the engine's choice."""
         self.name = ("inv" if invariant else "fast") if form is None else form
         self.invariant, self.form = invariant, INVARIANT_FORMS.get(form, {})
+        self.splits = FAST_SPLITS.get(form)
         self.partner = self.name  # whose verify rows its decode is checked against
 
     def prepare(self, p: Pass) -> Attend | None:
@@ -254,7 +259,7 @@ class Ours:
             return lambda k, v: slot_attention_invariant(p.q, k, v, b.slot_ids, b.q_starts, b.q_lens, b.kv_lens,
                                                          b.positions, p.scale, b.max_q_len, b.tree_mask, b.tail_rows,
                                                          table, **self.form)
-        splits = kv_splits(p.q.device, b.batch_size, p.cache.k[0].shape[2])  # the engine's choice per batch
+        splits = self.splits or kv_splits(p.q.device, b.batch_size, p.cache.k[0].shape[2])  # the engine's choice
         return lambda k, v: slot_attention_triton(p.q, k, v, b.slot_ids, b.q_starts, b.q_lens, b.kv_lens, p.scale,
                                                   max_q_len=b.max_q_len, num_kv_splits=splits,
                                                   tree_mask=b.tree_mask, page_table=table)
@@ -517,6 +522,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     ap.add_argument("--invariant-forms", action="store_true",
                     help=f"also time the invariant kernel pinned to each launch form ({', '.join(INVARIANT_FORMS)})")
+    ap.add_argument("--fast-splits", action="store_true",
+                    help=f"also time the fast kernel pinned to each key split count ({', '.join(FAST_SPLITS)})")
     ap.add_argument("--fixed-split-pages", type=int, default=SPLIT_KEYS // PAGE_SIZE,
                     help="FlashInfer's fixed split size, in pages (default: our invariant kernel's split)")
     args = ap.parse_args()
@@ -536,7 +543,8 @@ def main() -> None:
     checks = {shape: CheckData(*SHAPES[shape], device, gen) for shape in args.shapes}
     report = {shape: check(data, ours) for shape, data in checks.items()}
     fi_info: dict[str, Any] = {"version": getattr(fi, "__version__", None), "error": fi_error, "jit_build_s": None}
-    backends = list(ours) + ([Ours(True, form) for form in INVARIANT_FORMS] if args.invariant_forms else [])
+    backends = list(ours) + ([Ours(True, form) for form in INVARIANT_FORMS] if args.invariant_forms else []) + (
+        [Ours(False, form) for form in FAST_SPLITS] if args.fast_splits else [])
     if build is not None:
         try:
             fi_info["jit_build_s"] = build.result()
