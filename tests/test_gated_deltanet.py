@@ -14,7 +14,14 @@ from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDel
 from triton_interpret import interpreter_fixture
 
 from specpilot.kernels.gated_delta import ancestor_bits
-from specpilot.models.gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, RecurrentState, Spans
+from specpilot.models.gated_deltanet import (
+    GatedDeltaNet,
+    GatedDeltaNetConfig,
+    RecurrentState,
+    Spans,
+    TreePass,
+    commit_states,
+)
 
 CPU = torch.device("cpu")
 
@@ -82,6 +89,29 @@ def test_a_tree_verify_gives_every_node_its_path_s_output_and_commits_the_accept
             committed = ours.commit(state, tree, path)
             torch.testing.assert_close(committed.ssm, after.ssm, rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(committed.conv, after.conv)
+
+
+def test_a_pass_s_requests_commit_together_as_each_would_alone():
+    """commit_states over a batch of paths of different lengths (an empty one, one past the conv window, the
+    padding between) gives each request the state its path alone commits: conv windows bit for bit."""
+    _, ours = pair(3)
+    g = torch.Generator().manual_seed(6)
+    parents = [-1, 0, 0, 1, 1, 2, 3, 3, 6, 0, 9, 10, 5, 12, 13, 8]
+    with torch.no_grad():
+        states = [ours(torch.randn(5 + i, 64, generator=g) * 0.5, RecurrentState.zeros(ours.cfg, CPU, torch.float32))[1]
+                  for i in range(4)]
+        trees = [ours.verify_tree(torch.randn(16, 64, generator=g) * 0.5, state, parents)[1] for state in states]
+        paths = [_path(parents, 8), [], _path(parents, 4), [0]]
+        # the pass's TreePass: the requests' nodes one block after another
+        joined = TreePass(*(torch.cat([getattr(t, f) for t in trees], dim=1 if f in ("u", "G") else 0)
+                            for f in ("mixed", "k", "u", "G")))
+        conv, ssm = commit_states(torch.stack([s.conv for s in states]), torch.stack([s.ssm for s in states]), joined,
+                                  [[16 * i + node for node in path] for i, path in enumerate(paths)])
+    for i, (state, tree, path) in enumerate(zip(states, trees, paths)):
+        alone = ours.commit(state, tree, path)
+        assert torch.equal(conv[i], alone.conv)
+        torch.testing.assert_close(ssm[i], alone.ssm, rtol=1e-6, atol=1e-7)
+    assert torch.equal(ssm[1], states[1].ssm) and torch.equal(conv[1], states[1].conv)
 
 
 def test_the_snapshot_baseline_verifies_and_commits_the_same():

@@ -43,8 +43,8 @@ import torch
 
 from specpilot.kernels.triton_support import pick_backend, require_triton, tl, triton
 
-__all__ = ["ancestor_bits", "gated_delta_chunked", "gated_delta_commit", "gated_delta_decode",
-           "gated_delta_decode_reference", "gated_delta_decode_triton", "gated_delta_prefill",
+__all__ = ["ancestor_bits", "gated_delta_chunked", "gated_delta_commit", "gated_delta_commit_paths",
+           "gated_delta_decode", "gated_delta_decode_reference", "gated_delta_decode_triton", "gated_delta_prefill",
            "gated_delta_prefill_reference", "gated_delta_recurrent", "gated_delta_spans_triton", "gated_delta_tree",
            "gated_delta_verify", "gated_delta_verify_reference"]
 
@@ -155,12 +155,30 @@ def gated_delta_commit(state: torch.Tensor, k: torch.Tensor, u: torch.Tensor, G:
     from gated_delta_tree): e^{G_m} S0 + sum over the path of e^{G_m - G_j} k_j u_j^T, m its last node."""
     if not path:
         return state
+    return gated_delta_commit_paths(state[None], k, u, G, [path])[0]
+
+
+def gated_delta_commit_paths(states: torch.Tensor, k: torch.Tensor, u: torch.Tensor, G: torch.Tensor,
+                             paths: list[list[int]]) -> torch.Tensor:
+    """`gated_delta_commit` of B requests of one verify pass at once: states [B, Hv, Dk, Dv], each path rows of
+    the pass's k [T, Hk, Dk], u [Hv, T, Dv] and G [Hv, T] (root first); an empty path keeps its state. The
+    paths are padded to the longest with rows weighted zero, so a pass's commit costs the same few launches
+    whatever its batch."""
+    longest = max(map(len, paths), default=0)
+    if longest == 0:
+        return states
+    device = u.device
+    rows = torch.tensor([p + [p[-1] if p else 0] * (longest - len(p)) for p in paths], device=device)  # [B, P]
+    taken = torch.tensor([[j < len(p) for j in range(longest)] for p in paths], device=device)
+    last = rows[:, -1]
     rep = u.shape[0] // k.shape[1]
-    keys = k.repeat_interleave(rep, dim=1).transpose(0, 1).to(u.dtype)[:, path]  # [Hv, P, Dk]
-    m = path[-1]
-    weights = (G[:, m, None] - G[:, path]).exp()  # [Hv, P]
-    return G[:, m, None, None].exp() * state.to(u.dtype) + torch.einsum("hpk,hpv->hkv", keys * weights[:, :, None],
-                                                                         u[:, path])
+    keys = k[rows].repeat_interleave(rep, dim=2).permute(0, 2, 1, 3).to(u.dtype)  # [B, Hv, P, Dk]
+    values = u[:, rows].permute(1, 0, 2, 3)  # [B, Hv, P, Dv]
+    g_last = G[:, last].t()  # [B, Hv]
+    weights = torch.where(taken[:, None, :], (g_last[:, :, None] - G[:, rows].permute(1, 0, 2)).exp(), 0.0)
+    after = g_last.exp()[:, :, None, None] * states.to(u.dtype) + torch.einsum("bhpk,bhpv->bhkv",
+                                                                                keys * weights[..., None], values)
+    return torch.where(taken[:, 0, None, None, None], after, states.to(u.dtype))
 
 
 def _spans(slots: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor) -> list[tuple[int, int, int]]:

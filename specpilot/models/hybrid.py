@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specpilot.kernels.slot_attention import slot_attention
-from specpilot.models.gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, RecurrentState, Spans, commit_state
+from specpilot.models.gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, Spans, commit_states
 from specpilot.models.rope import RotaryTable
 from specpilot.state.batch import ForwardBatch
 from specpilot.models.checkpoint import Checkpoint
@@ -221,8 +221,7 @@ class HybridLayer(nn.Module):
         layer = self.state_slot
         out, tree = self.linear_attn.forward_spans(h, states.conv[:, layer], states.ssm[:, layer], spans)
         if tree is not None:
-            for slot, start, n in spans.host:
-                states.pending[slot, layer] = tree.part(start, n)
+            states.pending[layer] = (tree, {slot: start for slot, start, _ in spans.host})
         return out
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, states: RecurrentCache,
@@ -261,13 +260,16 @@ class HybridCache(KVCache):
         self.recurrent.ssm[dst].copy_(self.recurrent.ssm[src])
 
     def commit_paths(self, slots: list[int], paths: list[list[int]]) -> None:
-        """Each DeltaNet layer's state of slots[i] becomes the one after its verify's accepted paths[i]."""
+        """Each DeltaNet layer's state of slots[i] becomes the one after its verify's accepted paths[i] (node
+        indices within the request's block): all the pass's requests at once, layer by layer."""
         states = self.recurrent
-        for slot, path in zip(slots, paths):
-            for layer in range(states.conv.shape[1]):
-                tree = states.pending.pop((slot, layer))
-                after = commit_state(RecurrentState(*states.get(slot, layer)), tree, path)
-                states.put(slot, layer, after.conv, after.ssm)
+        index = torch.tensor(slots, device=states.conv.device)
+        for layer in range(states.conv.shape[1]):
+            tree, starts = states.pending.pop(layer)
+            rows = [[starts[slot] + node for node in path] for slot, path in zip(slots, paths)]
+            conv, ssm = commit_states(states.conv[index, layer], states.ssm[index, layer], tree, rows)
+            states.conv[index, layer] = conv
+            states.ssm[index, layer] = ssm
 
 
 class HybridTransformer(nn.Module):

@@ -15,16 +15,10 @@ class RecurrentCache:
                  dtype: torch.dtype, device: torch.device) -> None:
         self.conv = torch.zeros(num_slots + 1, num_layers, *conv_shape, dtype=dtype, device=device)
         self.ssm = torch.zeros(num_slots + 1, num_layers, *ssm_shape, dtype=torch.float32, device=device)
-        self.pending: dict[tuple[int, int], Any] = {}  # (slot, layer) -> a verify's tree pass, until its commit
+        # layer -> a verify's tree pass and each of its requests' first row by slot, until its commit
+        self.pending: dict[int, Any] = {}
 
     def reset(self, slot: int) -> None:
         """A new request in `slot`: nothing before its first token."""
         self.conv[slot].zero_()
         self.ssm[slot].zero_()
-
-    def get(self, slot: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.conv[slot, layer], self.ssm[slot, layer]
-
-    def put(self, slot: int, layer: int, conv: torch.Tensor, ssm: torch.Tensor) -> None:
-        self.conv[slot, layer].copy_(conv)
-        self.ssm[slot, layer].copy_(ssm)
