@@ -23,6 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
@@ -101,6 +103,25 @@ def per_step(engine: Engine, prompts: list[list[int]], new_tokens: int,
 KERNELS = {"fastest": False, "invariant": True}  # EngineConfig.batch_invariant
 
 
+def profile_steps(engine: Engine, prompts: list[list[int]], rids: list[str], top: int, label: str) -> None:
+    """Operators by device time over 8 AR, then 8 speculative, decode steps (prefill left out)."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    for spec in (False, True):
+        with engine.autoregressive() if not spec else nullcontext():
+            params = SamplingParams(max_new_tokens=8 * (engine.drafter.block_size if spec else 1) + 1, ignore_eos=True)
+            for p, rid in zip(prompts, rids):  # the timed runs' ids: a replayed trace's reference is theirs
+                engine.add_request(p, params, rid=rid)
+            engine.step()  # prefill
+            with torch_profile(activities=activities) as prof:
+                for _ in range(8):
+                    engine.step()
+            while engine.has_work:
+                engine.step()
+        print(f"\n{label}, {'speculative' if spec else 'AR'}: 8 steps")
+        print(prof.key_averages().table(sort_by=sort, row_limit=top))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=None)
@@ -114,6 +135,9 @@ def main() -> None:
     ap.add_argument("--replay", default=None, metavar="BENCH_JSON[:DATASET]",
                     help="replayed acceptance from a specpilot bench JSON's accept histogram")
     ap.add_argument("--replay-tau", type=float, default=None, help="the replayed trace scaled to this tau")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after timing, print the N operators of most device time in 8 AR and 8 speculative steps "
+                         "at the largest batch (torch.profiler)")
     args = ap.parse_args()
     trace = None
     if args.replay:
@@ -192,6 +216,9 @@ def main() -> None:
                              + ("; output head zeroed: every argmax is token 0" if hybrid else "")) if trace
               else "the drafter's own",
               "repeats": args.repeats, "rows": rows}
+    if args.profile:
+        for kernels, engine in engines.items():
+            profile_steps(engine, prompts, rids[kernels], args.profile, f"{kernels}, B={args.batch[-1]}")
     write_json(out_dir(args.out) / "gpu_spec.json", result)
     print(f"\n{result['device']}: {result['target']}; {result['drafter']}; context {args.context}; acceptance: "
           f"{result['acceptance']}")
