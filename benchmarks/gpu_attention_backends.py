@@ -89,7 +89,8 @@ Attend = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (k pool, v pool
 INVARIANT_FORMS: dict[str, dict[str, Any]] = {
     "inv_m16": {"block_m": 16}, "inv_m32": {"block_m": 32}, "inv_split": {"split_grid": True},
     "inv_fold": {"split_grid": False}, "inv_m32_split": {"block_m": 32, "split_grid": True},
-    "inv_token": {"per_token": True}}
+    "inv_token": {"per_token": True}, "inv_prefetch": {"prefetch": True},
+    "inv_prefetch_m32": {"prefetch": True, "block_m": 32}}
 FAST_SPLITS = {f"fast_s{n}": n for n in (1, 2, 4, 8)}  # --fast-splits: the fast kernel's key splits pinned
 
 
@@ -253,8 +254,8 @@ class Ours:
 
     def prepare(self, p: Pass) -> Attend | None:
         b, table = p.batch, p.cache.page_table
-        if self.form.get("per_token") and b.tree_mask is None:
-            return None  # a program per token is a tree pass's form
+        if (self.form.get("per_token") or self.form.get("prefetch")) and b.tree_mask is None:
+            return None  # a tree pass's forms
         if self.invariant:
             return lambda k, v: slot_attention_invariant(p.q, k, v, b.slot_ids, b.q_starts, b.q_lens, b.kv_lens,
                                                          b.positions, p.scale, b.max_q_len, b.tree_mask, b.tail_rows,

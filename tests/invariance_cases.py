@@ -136,7 +136,8 @@ def attention_report(device: str, dtype: torch.dtype, ctx: int = 250, kv_heads: 
         k[1, ctx + node], v[1, ctx + node], tree_q[node] = k[0, ctx + d], v[0, ctx + d], q_new[d]
     tree_pos = [ctx + d for d in depth]
     on_path = torch.tensor(path, device=device) + 1
-    tree_forms = {"packed rows": {"per_token": False}, "a program per token": {"per_token": True}} | tall
+    tree_forms = {"packed rows": {"per_token": False}, "a program per token": {"per_token": True},
+                  "packed rows, loads a tile ahead": {"per_token": False, "prefetch": True}} | tall
     for name, form in tree_forms.items():
         tree = _attend(torch.cat([others[:1], tree_q]), k, v, [2, 1], [0, 1], [1, NEW], [40, length],
                        [39, *tree_pos], tree_mask=[1, *bits], **form)

@@ -605,11 +605,58 @@ if HAS_TRITON:
         return acc, l_i, m_i
 
     @triton.jit
+    def _gathered_pair(t, j, first, hi, tok_hi, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs, stride_vn,
+                       pos_ptr, table_ptr, q_start, gather_lo, BLOCK_N: tl.constexpr, TABLE: tl.constexpr,
+                       HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr):
+        """Token t's j-th gathered tile from `first` on, loaded: (whether it folds at all, its live lanes, K, V).
+        A token past tok_hi folds none and reads nothing."""
+        dims = tl.arange(0, HEAD_DIM)
+        pos = tl.load(pos_ptr + q_start + t, mask=t <= tok_hi, other=-1).to(tl.int32)
+        start = first + j * BLOCK_N
+        end = tl.minimum(hi, pos + 1)
+        live = start < end
+        virtual = start + tl.arange(0, BLOCK_N)
+        lane_ok = virtual < end  # none when the tile starts past the token's keys (a tile ends by hi)
+        table = table_ptr + (q_start + t).to(tl.int64) * TABLE - gather_lo
+        phys = tl.load(table + virtual, mask=lane_ok, other=0)
+        k_off, v_off = _key_offsets(phys, lane_ok, page_row, stride_ks, stride_kn, stride_vs, stride_vn, PAGE, PAGED)
+        k_tile = tl.load(k_base + k_off[:, None] + dims[None, :], mask=lane_ok[:, None], other=0.0)
+        v_tile = tl.load(v_base + v_off[:, None] + dims[None, :], mask=lane_ok[:, None], other=0.0)
+        return live, lane_ok, k_tile, v_tile
+
+    @triton.jit
+    def _gathered_tiles_prefetched(
+        acc, l_i, m_i, q_tile, tok, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs, stride_vn, qk_scale,
+        pos_ptr, table_ptr, q_start, tok_lo, tok_hi, gather_lo, lo, hi, BLOCK_N: tl.constexpr, TABLE: tl.constexpr,
+        HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ):
+        """`_gathered_tiles`' tiles in the same order, the next (token, tile) pair's table and K/V loaded before
+        the current one folds, so a token's dependent loads (position, table, rows) overlap the previous fold
+        instead of stalling it. A token's table reaches two tiles, so pairs (t, 0), (t, 1) cover it."""
+        first = tl.maximum(lo, gather_lo)
+        if first < tl.minimum(hi, gather_lo + TABLE):
+            live, lane_ok, k_tile, v_tile = _gathered_pair(
+                tok_lo, 0, first, hi, tok_hi, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs, stride_vn,
+                pos_ptr, table_ptr, q_start, gather_lo, BLOCK_N, TABLE, HEAD_DIM, PAGE, PAGED)
+            for i in range(0, (tok_hi - tok_lo + 1) * 2):
+                nxt = i + 1
+                live_n, ok_n, k_n, v_n = _gathered_pair(
+                    tok_lo + nxt // 2, nxt % 2, first, hi, tok_hi, k_base, v_base, page_row, stride_ks, stride_kn,
+                    stride_vs, stride_vn, pos_ptr, table_ptr, q_start, gather_lo, BLOCK_N, TABLE, HEAD_DIM, PAGE,
+                    PAGED)
+                if live:
+                    s = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION) * qk_scale
+                    s = tl.where((tok == tok_lo + i // 2)[:, None] & lane_ok[None, :], s, float("-inf"))
+                    acc, l_i, m_i = _online_update(acc, l_i, m_i, s, v_tile, DOT_PRECISION)
+                live, lane_ok, k_tile, v_tile = live_n, ok_n, k_n, v_n
+        return acc, l_i, m_i
+
+    @triton.jit
     def _split_partial(q_tile, tok, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs, stride_vn, qk_scale,
                        key_end, block_end, block_full, lo, pos_ptr, table_ptr, q_start, tok_lo, tok_hi, gather_lo,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, TABLE: tl.constexpr,
-                       HEAD_DIM: tl.constexpr, TREE: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr):
+                       HEAD_DIM: tl.constexpr, TREE: tl.constexpr, PREFETCH: tl.constexpr, PAGE: tl.constexpr,
+                       PAGED: tl.constexpr, DOT_PRECISION: tl.constexpr):
         """The partial of keys [lo, lo + SPLIT): the tiles every row reads from the cache as they lie, each row's
         cut at its own key_end, then (TREE) the tiles from gather_lo on, read per token through its table."""
         hi = tl.minimum(lo + SPLIT, block_end)
@@ -627,7 +674,13 @@ if HAS_TRITON:
             key_end, key_end, 0, mid, hi, MASKED=True, TREE=False, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, PAGE=PAGE,
             PAGED=PAGED, DOT_PRECISION=DOT_PRECISION,
         )
-        if TREE:
+        if TREE and PREFETCH:
+            acc, l_i, m_i = _gathered_tiles_prefetched(
+                acc, l_i, m_i, q_tile, tok, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs, stride_vn,
+                qk_scale, pos_ptr, table_ptr, q_start, tok_lo, tok_hi, gather_lo, lo, lo + SPLIT, BLOCK_N, TABLE,
+                HEAD_DIM, PAGE, PAGED, DOT_PRECISION,
+            )
+        elif TREE:
             acc, l_i, m_i = _gathered_tiles(
                 acc, l_i, m_i, q_tile, tok, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs, stride_vn,
                 qk_scale, pos_ptr, table_ptr, q_start, tok_lo, tok_hi, gather_lo, lo, lo + SPLIT, BLOCK_N, TABLE,
@@ -642,8 +695,8 @@ if HAS_TRITON:
         stride_kh, stride_vs, stride_vn, stride_vh, stride_ot, stride_oh,
         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, TABLE: tl.constexpr, SPLIT_GRID: tl.constexpr,
-        TREE: tl.constexpr, PER_TOKEN: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
-        DOT_PRECISION: tl.constexpr,
+        TREE: tl.constexpr, PER_TOKEN: tl.constexpr, PREFETCH: tl.constexpr, PAGE: tl.constexpr,
+        PAGED: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ):
         # Program = (row block, request x kv head, split). With SPLIT_GRID, each program stores its split's
         # partial for the combine kernel; otherwise one program folds the splits in the same order itself.
@@ -702,7 +755,7 @@ if HAS_TRITON:
             o, lse = _split_partial(q_tile, tok, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs, stride_vn,
                                     qk_scale, key_end, block_end, block_full, part * SPLIT, pos_ptr, table_ptr,
                                     q_start, tok_lo, tok_hi, gather_lo, BLOCK_M, BLOCK_N, SPLIT, TABLE, HEAD_DIM, TREE,
-                                    PAGE, PAGED, DOT_PRECISION)
+                                    PREFETCH, PAGE, PAGED, DOT_PRECISION)
             at = part * num_rows + flat
             tl.store(part_o_ptr + at[:, None] * HEAD_DIM + dims[None, :], o, mask=row_ok[:, None])
             tl.store(part_lse_ptr + at, lse, mask=row_ok)
@@ -715,7 +768,7 @@ if HAS_TRITON:
                 o, lse = _split_partial(q_tile, tok, k_base, v_base, page_row, stride_ks, stride_kn, stride_vs,
                                         stride_vn, qk_scale, key_end, block_end, block_full, lo, pos_ptr, table_ptr,
                                         q_start, tok_lo, tok_hi, gather_lo, BLOCK_M, BLOCK_N, SPLIT, TABLE, HEAD_DIM,
-                                        TREE, PAGE, PAGED, DOT_PRECISION)
+                                        TREE, PREFETCH, PAGE, PAGED, DOT_PRECISION)
                 m, denom, acc = _merge(m, denom, acc, lse, o)
             out = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
             out_ptrs = out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
@@ -965,11 +1018,13 @@ class InvariantLaunch:
     block_m: int  # (token, head) rows per program: 16 or 32
     per_token: bool  # a tree pass: one token's rows per program
     split_grid: bool  # the key splits spread over programs, then combined
+    prefetch: bool = False  # a tree pass: each (token, tile)'s gathered loads issued before the previous folds
 
 
 def invariant_launch(device: torch.device, batch: int, num_kv_heads: int, group: int, max_q_len: int,
                      head_dim: int, tree: bool, dtype: torch.dtype, block_m: int | None = None,
-                     per_token: bool | None = None, split_grid: bool | None = None) -> InvariantLaunch:
+                     per_token: bool | None = None, split_grid: bool | None = None,
+                     prefetch: bool | None = None) -> InvariantLaunch:
     """The launch the invariant kernel takes for a pass of `batch` requests of up to `max_q_len` queries, each
     choice its own unless pinned."""
     rows_max = max_q_len * group
@@ -981,7 +1036,7 @@ def invariant_launch(device: torch.device, batch: int, num_kv_heads: int, group:
         programs = (max_q_len if per_token else triton.cdiv(rows_max, block_m)) * batch * num_kv_heads
         split_grid = _split_the_grid(device, max_q_len, kind, programs,
                                      INVARIANT_BLOCK_M if per_token else block_m, head_dim)
-    return InvariantLaunch(block_m, per_token, split_grid)
+    return InvariantLaunch(block_m, per_token, split_grid, bool(prefetch) and tree)
 
 
 def slot_attention_invariant(
@@ -1002,6 +1057,7 @@ def slot_attention_invariant(
     block_m: int | None = None,
     split_grid: bool | None = None,
     per_token: bool | None = None,
+    prefetch: bool | None = None,
 ) -> torch.Tensor:
     """Batch-invariant causal (or tree) slot attention: the module docstring's fixed reduction structure.
 
@@ -1012,8 +1068,10 @@ def slot_attention_invariant(
     order and arithmetic (`_split_the_grid`).
     A tree pass reads its nodes' ancestor tiles through ``tail_rows`` (:func:`tree_tail_rows` of ``positions``
     and ``tree_mask``): a model passes the one table its layers share, else it is made here.
-    ``block_m`` ((token, head) rows per program, 16 or 32), ``split_grid`` (which form) and ``per_token`` (a
-    tree pass: one token's rows per program) pin the launch; every choice gives the same bits.
+    ``block_m`` ((token, head) rows per program, 16 or 32), ``split_grid`` (which form), ``per_token`` (a
+    tree pass: one token's rows per program) and ``prefetch`` (a tree pass: the gathered tiles' loads a tile
+    ahead; not chosen unless pinned, until the device measures it) pin the launch; every choice gives the same
+    bits.
     """
     num_tokens, num_heads, head_dim = q.shape
     if positions.shape != (num_tokens,) or positions.dtype not in _INDEX_DTYPES:
@@ -1038,7 +1096,7 @@ def slot_attention_invariant(
     num_splits = triton.cdiv(slot_geometry(k_cache, page_table)[1], SPLIT_KEYS)
     num_rows = num_tokens * num_heads
     launch = invariant_launch(q.device, batch, num_kv_heads, group, max_q_len, head_dim, tail_rows is not None,
-                              q.dtype, block_m, per_token, split_grid)
+                              q.dtype, block_m, per_token, split_grid, prefetch)
     block_m, per_token, split_grid = launch.block_m, launch.per_token, launch.split_grid
     if per_token and (tail_rows is None or group > block_m):
         raise ValueError(f"per_token needs a tree pass (tree_mask) and at most block_m ({block_m}) query heads "
@@ -1058,7 +1116,7 @@ def slot_attention_invariant(
         k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=INVARIANT_BLOCK_N,
         SPLIT=SPLIT_KEYS, TABLE=TREE_TABLE_KEYS, SPLIT_GRID=split_grid, TREE=tail_rows is not None,
-        PER_TOKEN=per_token, PAGE=k_cache.shape[1], PAGED=page_table is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PER_TOKEN=per_token, PREFETCH=launch.prefetch, PAGE=k_cache.shape[1], PAGED=page_table is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4, num_stages=2, enable_fp_fusion=False,
     )
     if split_grid:
