@@ -20,7 +20,7 @@ from specpilot.drafters.ngram import NgramIndex
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.models.rope import RotaryTable
 from specpilot.training.data import Sample, make_batch, pad_features, tap_features
-from specpilot.training.train import ValidationStats, block_targets, draft_hidden
+from specpilot.training.train import NOT_COUNTED, ValidationStats, block_targets, draft_hidden
 
 
 def main() -> None:
@@ -49,12 +49,14 @@ def main() -> None:
     with torch.no_grad():
         hidden = draft_hidden(model, engine.model, rope, feats, batch.tokens, batch.anchors, cfg.mask_token_id,
                               cfg.block_size)
-        pred = engine.model.logits(hidden[:, :, 1:].reshape(-1, hidden.shape[-1])).argmax(-1).view(targets.shape)
-    correct = (pred == targets) & ok
+        logits = engine.model.logits(hidden[:, :, 1:].reshape(-1, hidden.shape[-1]))
+        rank = (logits > logits.gather(-1, targets.reshape(-1, 1))).sum(-1).view(targets.shape)
+    ranks = torch.where(ok, rank, NOT_COUNTED)
+    correct = ranks == 0
     stats, assisted = ValidationStats(), ValidationStats()
-    stats.add(correct, ok, batch.anchor_valid)
-    assisted.add(ngram_assisted(correct, targets, ok, batch.tokens, batch.anchors, samples, args.ngram_assist),
-                 ok, batch.anchor_valid)
+    stats.add(ranks, ok, batch.anchor_valid)
+    hits = ngram_assisted(correct, targets, ok, batch.tokens, batch.anchors, samples, args.ngram_assist)
+    assisted.add(torch.where(hits, 0, NOT_COUNTED), ok, batch.anchor_valid)
     all_anchors = 1 + correct.long().cumprod(-1).sum(-1)[batch.anchor_valid].float().mean().item()
     print(f"engine tau {engine.spec_stats.tau:.2f} | chained tau {stats.summary()['tau']:.2f} | "
           f"all-anchor tau {all_anchors:.2f} | slot-1 accuracy {stats.summary()['accuracy'][0]:.2f} | "

@@ -621,7 +621,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_train_drafter(args: argparse.Namespace) -> int:
     from dataclasses import fields
 
-    from specpilot.training.train import TrainConfig, train_drafter
+    from specpilot.training.train import TrainConfig, train_drafter, validation_taus
 
     names = {f.name for f in fields(TrainConfig)}
     config = TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
@@ -629,7 +629,7 @@ def _cmd_train_drafter(args: argparse.Namespace) -> int:
     report = train_drafter(config)
     last = report["epochs"][-1] if report["epochs"] else {}
     state = "done" if report["finished"] else f"stopped at step {report['steps']}/{report['total_steps']}"
-    tau = f", validation tau {report['validation'][-1]['tau']:.2f}" if report["validation"] else ""
+    tau = f", validation {validation_taus(report['validation'][-1])}" if report["validation"] else ""
     print(f"{state}: loss {last.get('loss', float('nan')):.4f}{tau}; wrote {config.out}")
     return 0
 

@@ -28,7 +28,9 @@ from specpilot.state.request import Request
 from specpilot.training.data import load_training_prompts
 from specpilot.training.train import (
     STATE_FILE,
+    VALIDATION_TOPK,
     TrainConfig,
+    ValidationStats,
     build_target_layer_ids,
     chained_tau,
     default_mask_token_id,
@@ -144,13 +146,36 @@ def test_chunked_head_loss_equals_whole(distill):
     results = []
     for chunk in (50 * 13 * 2, 50 * 4, 1):
         h = torch.randn(13, 8, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
-        ce, pred = lm_head_loss(h, head, targets, chunk, soft_h, distill)
+        ce, rank = lm_head_loss(h, head, targets, chunk, soft_h, distill)
         ce.sum().backward()
-        results.append((ce.detach(), pred, h.grad))
-    for ce, pred, grad in results[1:]:
+        results.append((ce.detach(), rank, h.grad))
+    for ce, rank, grad in results[1:]:
         torch.testing.assert_close(ce, results[0][0])
-        assert torch.equal(pred, results[0][1])
+        assert torch.equal(rank, results[0][1])
         torch.testing.assert_close(grad, results[0][2])
+
+
+def test_the_head_loss_ranks_the_target_token_among_the_drafter_s():
+    """rank 0: the drafter's top token; r: r tokens score above it."""
+    head = torch.eye(5)
+    h = torch.tensor([[0.1, 0.9, 0.3, 0.0, 0.5], [0.1, 0.9, 0.3, 0.0, 0.5]])
+    _, rank = lm_head_loss(h, head, torch.tensor([1, 2]))
+    assert rank.tolist() == [0, 2]
+
+
+def test_validation_chains_the_top_token_and_a_top_k_tree():
+    """One response of 4 anchors, 3 slots each: the chain accepts each anchor's leading top-1 slots, the
+    tree its leading top-4 slots; each steps over what it accepted plus the bonus token."""
+    ranks = torch.tensor([[[0, 2, 0], [5, 0, 0], [0, 0, 1], [3, 3, 3]]])  # [responses, anchors, slots]
+    ok = torch.ones_like(ranks, dtype=torch.bool)
+    stats = ValidationStats()
+    stats.add(ranks, ok, torch.ones(1, 4, dtype=torch.bool))
+    summary = stats.summary()
+    # chain: anchor 0 accepts 1 -> next at anchor 2, accepts 2 -> past the end: 2 steps, 5 tokens
+    # tree: anchor 0 accepts all 3 -> past the end: 1 step, 4 tokens
+    assert (summary["tau"], summary[f"tau_top{VALIDATION_TOPK}"]) == (2.5, 4.0)
+    assert summary["accuracy"] == [0.5, 0.5, 0.5]
+    assert summary[f"accuracy_top{VALIDATION_TOPK}"] == [0.75, 1.0, 1.0]
 
 
 def test_distilled_loss_mixes_in_the_target_distribution():

@@ -68,6 +68,8 @@ INIT_STD = 0.02
 # Vocabulary logits materialised at once (fp32) off CUDA: bounds the loss's memory at large vocabularies.
 LOGIT_CHUNK_ELEMENTS = 1 << 27
 LOGIT_BYTES = 12  # per logit element: fp32 logits, their gradient and the bf16 matmul output
+NOT_COUNTED = 1 << 30  # a slot's target rank where the slot is not counted (past its response)
+VALIDATION_TOPK = 4  # validation's tree figure: each slot's top-k candidates (the served trees' top-k)
 LOG_EVERY = 50  # steps between log lines when the console is not a terminal (no live progress bar)
 # Data generation admits new prompts once 1/8 of its slots are free: on a GPU each admission is an eager
 # prefill pass, and admitting per finished request made about one prefill for every two decode steps.
@@ -275,14 +277,16 @@ def slot_sources(final: torch.Tensor, anchors: torch.Tensor, block_size: int) ->
     return final.gather(1, pos.view(n, -1, 1).expand(-1, -1, width)).view(*pos.shape, width)
 
 
-def _ce_and_argmax(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, soft_h: torch.Tensor | None,
-                   distill: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _ce_and_rank(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, soft_h: torch.Tensor | None,
+                 distill: float) -> tuple[torch.Tensor, torch.Tensor]:
     logits = F.linear(h, head).float()
     ce = F.cross_entropy(logits, targets, reduction="none")
     if soft_h is not None:  # cross-entropy against the target's distribution (its logits from its hidden)
         soft = torch.softmax(F.linear(soft_h, head).float(), dim=-1)
         ce = (1 - distill) * ce + distill * -(soft * torch.log_softmax(logits, dim=-1)).sum(-1)
-    return ce, logits.argmax(-1)
+    with torch.no_grad():  # the target token's rank among the drafter's: logits strictly above it
+        rank = (logits > logits.gather(-1, targets[:, None])).sum(-1)
+    return ce, rank
 
 
 def logit_chunk_elements(device: torch.device) -> int:
@@ -297,14 +301,15 @@ def logit_chunk_elements(device: torch.device) -> int:
 def lm_head_loss(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor,
                  chunk_elements: int = LOGIT_CHUNK_ELEMENTS, soft_h: torch.Tensor | None = None,
                  distill: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row cross-entropy and argmax through the frozen head; with `soft_h` (the target's final hidden
+    """Per-row cross-entropy and the target token's rank (0: the drafter's top token) through the frozen head;
+    with `soft_h` (the target's final hidden
     state that decided each row's token) the cross-entropy mixes in, at weight `distill`, the one
     against the target's distribution. Beyond one chunk of rows the logits are recomputed in backward
     instead of kept (a 150K vocabulary makes them the largest activation)."""
     rows = max(1, chunk_elements // head.shape[0] // (1 if soft_h is None else 2))
     if h.shape[0] <= rows:
-        return _ce_and_argmax(h, head, targets, soft_h, distill)
-    parts = [checkpoint(_ce_and_argmax, h[i : i + rows], head, targets[i : i + rows],
+        return _ce_and_rank(h, head, targets, soft_h, distill)
+    parts = [checkpoint(_ce_and_rank, h[i : i + rows], head, targets[i : i + rows],
                         None if soft_h is None else soft_h[i : i + rows], distill, use_reentrant=False)
              for i in range(0, h.shape[0], rows)]
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
@@ -314,16 +319,16 @@ def draft_loss(hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, 
                gamma: float, chunk_elements: int = LOGIT_CHUNK_ELEMENTS, soft_h: torch.Tensor | None = None,
                distill: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy of slots 1..B-1 weighted by exp(-(k-1)/gamma) (early slots gate every later
-    acceptance), averaged over counted slots; also which counted slots the argmax got right. `soft_h`
-    [N, A, B-1, H]: the target's hidden states behind the slots' tokens (see lm_head_loss)."""
+    acceptance), averaged over counted slots; also each slot's target rank (NOT_COUNTED where not counted).
+    `soft_h` [N, A, B-1, H]: the target's hidden states behind the slots' tokens (see lm_head_loss)."""
     slots = hidden.shape[2] - 1
     weights = torch.exp(-torch.arange(slots, device=hidden.device, dtype=torch.float32) / gamma).expand(ok.shape)
-    ce, pred = lm_head_loss(hidden[:, :, 1:][ok], head, targets[ok], chunk_elements,
+    ce, rank = lm_head_loss(hidden[:, :, 1:][ok], head, targets[ok], chunk_elements,
                             None if soft_h is None else soft_h[ok], distill)
     w = weights[ok]
-    correct = torch.zeros_like(ok)
-    correct[ok] = pred == targets[ok]
-    return (ce * w).sum() / w.sum(), correct
+    ranks = torch.full(ok.shape, NOT_COUNTED, dtype=torch.long, device=ok.device)
+    ranks[ok] = rank
+    return (ce * w).sum() / w.sum(), ranks
 
 
 @dataclass
@@ -378,20 +383,44 @@ def chained_tau(accepted: list[int]) -> tuple[int, int]:
 
 @dataclass
 class ValidationStats(SlotAccuracy):
-    """Every anchor's slots, and the steps and tokens of decoding chained through them."""
+    """Every anchor's slots, and the steps and tokens of decoding chained through them: drafting each slot's
+    top token (a chain), and drafting a tree that holds each slot's VALIDATION_TOPK top tokens in every
+    combination, the most any tree of those candidates accepts (a DFlash block drafts its slots at once, so
+    a slot's candidates do not depend on the ones before it)."""
 
     steps: int = 0
     tokens: int = 0
+    topk_correct: list[int] = field(default_factory=list)
+    topk_steps: int = 0
+    topk_tokens: int = 0
 
-    def add(self, correct: torch.Tensor, ok: torch.Tensor, valid: torch.Tensor) -> None:
+    def add(self, ranks: torch.Tensor, ok: torch.Tensor, valid: torch.Tensor) -> None:
+        correct, within = ranks == 0, ranks < VALIDATION_TOPK
         self.add_slots(correct, ok)
-        accepted = correct.long().cumprod(-1).sum(-1)
-        for row, mask in zip(accepted.tolist(), valid.tolist()):
-            steps, tokens = chained_tau([a for a, v in zip(row, mask) if v])
-            self.steps, self.tokens = self.steps + steps, self.tokens + tokens
+        hits = within.sum((0, 1)).tolist()
+        self.topk_correct = [x + y for x, y in zip(self.topk_correct, hits)] if self.topk_correct else hits
+        self.steps, self.tokens = _chained(correct, valid, self.steps, self.tokens)
+        self.topk_steps, self.topk_tokens = _chained(within, valid, self.topk_steps, self.topk_tokens)
 
     def summary(self) -> dict:
-        return {"tau": self.tokens / max(self.steps, 1), "steps": self.steps, "accuracy": self.accuracy()}
+        return {"tau": self.tokens / max(self.steps, 1), "steps": self.steps, "accuracy": self.accuracy(),
+                f"tau_top{VALIDATION_TOPK}": self.topk_tokens / max(self.topk_steps, 1),
+                f"accuracy_top{VALIDATION_TOPK}": [c / max(k, 1) for c, k in zip(self.topk_correct, self.counted)]}
+
+
+def validation_taus(summary: dict) -> str:
+    """A validation's chained tau, and its top-k tree's where it has one (runs resumed from before it may not)."""
+    tree = summary.get(f"tau_top{VALIDATION_TOPK}")
+    return f"tau {summary['tau']:.2f}" + ("" if tree is None else f" (top-{VALIDATION_TOPK} tree {tree:.2f})")
+
+
+def _chained(hits: torch.Tensor, valid: torch.Tensor, steps: int, tokens: int) -> tuple[int, int]:
+    """`steps` and `tokens` plus those of decoding each response through its anchors' leading hits."""
+    accepted = hits.long().cumprod(-1).sum(-1)
+    for row, mask in zip(accepted.tolist(), valid.tolist()):
+        s, t = chained_tau([a for a, v in zip(row, mask) if v])
+        steps, tokens = steps + s, tokens + t
+    return steps, tokens
 
 
 # ---------------------------------------------------------------- optimisation
@@ -460,7 +489,7 @@ class DraftTrainer:
                            _generator(cfg.seed, "anchors", step), self.device)
         feats = self.features(batch.indices)
         targets, ok = block_targets(batch, cfg.block_size)
-        loss, correct = self._loss(batch, feats, targets, ok)
+        loss, ranks = self._loss(batch, feats, targets, ok)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         self.optimizer.step()
@@ -469,7 +498,7 @@ class DraftTrainer:
         epoch, value = step // self.steps_per_epoch, loss.item()
         while len(self.epochs) <= epoch:
             self.epochs.append(EpochStats())
-        self.epochs[epoch].add(value, correct, ok, batch.anchor_valid)
+        self.epochs[epoch].add(value, ranks == 0, ok, batch.anchor_valid)
         self.step_losses.append(value)
         self.step += 1
 
@@ -494,8 +523,8 @@ class DraftTrainer:
             indices = list(range(i, min(i + VALIDATION_CHUNK, len(source.samples))))
             batch = make_batch(source.samples, indices, self.engine.context_length, torch.Generator(), self.device)
             targets, ok = block_targets(batch, self.cfg.block_size)
-            _, correct = self._loss(batch, source(indices), targets, ok)
-            stats.add(correct, ok, batch.anchor_valid)
+            _, ranks = self._loss(batch, source(indices), targets, ok)
+            stats.add(ranks, ok, batch.anchor_valid)
         return stats.summary()
 
     def run(self, progress: Progress) -> bool:
@@ -522,7 +551,7 @@ class DraftTrainer:
     def _status(self) -> str:
         s = self.epochs[-1].summary()
         acc = " ".join(f"{a:.2f}" for a in s["accuracy"][:6])
-        val = f" | validation tau {self.validations[-1]['tau']:.2f}" if self.validations else ""
+        val = f" | validation {validation_taus(self.validations[-1])}" if self.validations else ""
         return (f"epoch {len(self.epochs)}/{self.cfg.epochs} loss {self.step_losses[-1]:.3f} "
                 f"(avg {s['loss']:.3f}) acc@1.. {acc}{val}")
 
