@@ -1,17 +1,23 @@
-"""The invariant attention kernel compiles for Hopper (sm_90) in each launch form, on a machine without a GPU.
+"""GPU kernels compile for Hopper (sm_90) on a machine without a GPU: the invariant attention in each launch form,
+B12's GEMM with its packed PTX decode.
 
 The interpreter runs the kernels' Python, not their lowering: a form whose code the interpreter accepts can still
-fail to compile for the GPU (a loop-carried value Triton cannot lower, a layout it cannot convert). Triton
-compiles for an explicit target with the ptxas its wheel ships, so CI catches that before a device run does.
+fail to compile for the GPU (a loop-carried value Triton cannot lower, a layout it cannot convert), and B12's
+inline PTX is never assembled there at all. Triton compiles for an explicit target with the ptxas its wheel
+ships, so CI catches that before a device run does.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 triton = pytest.importorskip("triton")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import b12_codegen  # noqa: E402
 
 from specpilot.kernels import slot_attention as sa  # noqa: E402
 
@@ -49,3 +55,11 @@ def test_the_invariant_attention_compiles_for_hopper(form) -> None:
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": 4, "num_stages": 2, "enable_fp_fusion": False})
     assert compiled.asm["cubin"]
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="this triton install has no ptxas")
+@pytest.mark.parametrize("mnk", [(1, 6144, 4096), (16, 4096, 14336), (64, 1000, 1000)], ids=str)
+def test_b12_gemm_and_its_packed_decode_compile_for_hopper(mnk) -> None:
+    """Llama-8B's qkv at M=1 and down at M=16, and a K with a short last block (its element-wise nibbles)."""
+    _, ptx, cubin = b12_codegen.compile_for(*mnk)
+    assert cubin and "prmt.b32" in ptx  # the packed decode's byte permutes reached the PTX
