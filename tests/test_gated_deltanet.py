@@ -13,7 +13,7 @@ from transformers import Qwen3NextConfig
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 from triton_interpret import interpreter_fixture
 
-from specpilot.kernels.gated_delta import ancestor_bits
+from specpilot.kernels.gated_delta import PaddedPaths, ancestor_bits
 from specpilot.models.gated_deltanet import (
     GatedDeltaNet,
     GatedDeltaNetConfig,
@@ -106,7 +106,8 @@ def test_a_pass_s_requests_commit_together_as_each_would_alone():
         joined = TreePass(*(torch.cat([getattr(t, f) for t in trees], dim=1 if f in ("u", "G") else 0)
                             for f in ("mixed", "k", "u", "G")))
         conv, ssm = commit_states(torch.stack([s.conv for s in states]), torch.stack([s.ssm for s in states]), joined,
-                                  [[16 * i + node for node in path] for i, path in enumerate(paths)])
+                                  PaddedPaths.of([[16 * i + node for node in path] for i, path in enumerate(paths)],
+                                                 CPU))
     for i, (state, tree, path) in enumerate(zip(states, trees, paths)):
         alone = ours.commit(state, tree, path)
         assert torch.equal(conv[i], alone.conv)

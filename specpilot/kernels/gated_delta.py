@@ -39,11 +39,13 @@ Triton kernel beside its reference: one program per (request, value head) holds 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from specpilot.kernels.triton_support import pick_backend, require_triton, tl, triton
 
-__all__ = ["ancestor_bits", "gated_delta_chunked", "gated_delta_commit", "gated_delta_commit_paths",
+__all__ = ["PaddedPaths", "ancestor_bits", "gated_delta_chunked", "gated_delta_commit", "gated_delta_commit_paths",
            "gated_delta_decode", "gated_delta_decode_reference", "gated_delta_decode_triton", "gated_delta_prefill",
            "gated_delta_prefill_reference", "gated_delta_recurrent", "gated_delta_spans_triton", "gated_delta_tree",
            "gated_delta_verify", "gated_delta_verify_reference"]
@@ -149,32 +151,45 @@ def gated_delta_tree(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     return out.transpose(0, 1), u, G
 
 
+@dataclass(frozen=True)
+class PaddedPaths:
+    """Accepted paths of one verify pass (rows of the pass, root first), padded to the longest as a commit reads
+    them; made once per pass, whatever reads it."""
+
+    rows: torch.Tensor  # [B, P] long: each path's rows, then its last row again (0 for an empty path)
+    taken: torch.Tensor  # [B, P] bool: the path's own entries
+    lengths: torch.Tensor  # [B] long
+
+    @classmethod
+    def of(cls, paths: list[list[int]], device: torch.device) -> PaddedPaths:
+        longest = max(map(len, paths), default=0)
+        rows = torch.tensor([p + [p[-1] if p else 0] * (longest - len(p)) for p in paths], dtype=torch.long,
+                            device=device).view(len(paths), longest)
+        lengths = torch.tensor([len(p) for p in paths], dtype=torch.long, device=device)
+        return cls(rows, torch.arange(longest, device=device) < lengths[:, None], lengths)
+
+
 def gated_delta_commit(state: torch.Tensor, k: torch.Tensor, u: torch.Tensor, G: torch.Tensor,
                        path: list[int]) -> torch.Tensor:
     """The state after the accepted `path` of tree nodes (root first; `k` [T, Hk, Dk] the tree's keys, u and G
     from gated_delta_tree): e^{G_m} S0 + sum over the path of e^{G_m - G_j} k_j u_j^T, m its last node."""
     if not path:
         return state
-    return gated_delta_commit_paths(state[None], k, u, G, [path])[0]
+    return gated_delta_commit_paths(state[None], k, u, G, PaddedPaths.of([path], u.device))[0]
 
 
 def gated_delta_commit_paths(states: torch.Tensor, k: torch.Tensor, u: torch.Tensor, G: torch.Tensor,
-                             paths: list[list[int]]) -> torch.Tensor:
-    """`gated_delta_commit` of B requests of one verify pass at once: states [B, Hv, Dk, Dv], each path rows of
-    the pass's k [T, Hk, Dk], u [Hv, T, Dv] and G [Hv, T] (root first); an empty path keeps its state. The
-    paths are padded to the longest with rows weighted zero, so a pass's commit costs the same few launches
-    whatever its batch."""
-    longest = max(map(len, paths), default=0)
-    if longest == 0:
+                             paths: PaddedPaths) -> torch.Tensor:
+    """`gated_delta_commit` of B requests of one verify pass at once: states [B, Hv, Dk, Dv], `paths` rows of
+    the pass's k [T, Hk, Dk], u [Hv, T, Dv] and G [Hv, T]; an empty path keeps its state. Padded entries weigh
+    zero, so a pass's commit costs the same few launches whatever its batch."""
+    if paths.rows.shape[1] == 0:
         return states
-    device = u.device
-    rows = torch.tensor([p + [p[-1] if p else 0] * (longest - len(p)) for p in paths], device=device)  # [B, P]
-    taken = torch.tensor([[j < len(p) for j in range(longest)] for p in paths], device=device)
-    last = rows[:, -1]
+    rows, taken = paths.rows, paths.taken
     rep = u.shape[0] // k.shape[1]
     keys = k[rows].repeat_interleave(rep, dim=2).permute(0, 2, 1, 3).to(u.dtype)  # [B, Hv, P, Dk]
     values = u[:, rows].permute(1, 0, 2, 3)  # [B, Hv, P, Dv]
-    g_last = G[:, last].t()  # [B, Hv]
+    g_last = G[:, rows[:, -1]].t()  # [B, Hv]
     weights = torch.where(taken[:, None, :], (g_last[:, :, None] - G[:, rows].permute(1, 0, 2)).exp(), 0.0)
     after = g_last.exp()[:, :, None, None] * states.to(u.dtype) + torch.einsum("bhpk,bhpv->bhkv",
                                                                                 keys * weights[..., None], values)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specpilot.kernels.gated_delta import (
+    PaddedPaths,
     ancestor_bits,
     gated_delta_chunked,
     gated_delta_commit_paths,
@@ -256,22 +257,19 @@ class GatedDeltaNet(nn.Module):
 
 def commit_state(state: RecurrentState, tree: TreePass, path: list[int]) -> RecurrentState:
     """The state after the accepted `path` (root first) of a verify's nodes, from its TreePass."""
-    conv, ssm = commit_states(state.conv[None], state.ssm[None], tree, [path])
+    conv, ssm = commit_states(state.conv[None], state.ssm[None], tree, PaddedPaths.of([path], tree.mixed.device))
     return RecurrentState(conv[0], ssm[0])
 
 
 def commit_states(conv: torch.Tensor, ssm: torch.Tensor, tree: TreePass,
-                  paths: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+                  paths: PaddedPaths) -> tuple[torch.Tensor, torch.Tensor]:
     """The states of B requests (conv [B, K - 1, conv_dim], ssm [B, Hv, Dk, Dv]) after their accepted paths of
-    one verify pass (rows of its TreePass, root first): each conv window moves on by its path's inputs, each
-    delta rule's state is rebuilt along its path. A few launches for the whole batch."""
+    one verify pass (rows of its TreePass): each conv window moves on by its path's inputs, each delta rule's
+    state is rebuilt along its path. A few launches for the whole batch."""
     width = conv.shape[1]
-    longest = max(map(len, paths), default=0)
-    rows = torch.tensor([p + [0] * (longest - len(p)) for p in paths], dtype=torch.long, device=tree.mixed.device)
     # each window: rows len(path) .. len(path) + K - 2 of [its conv state; its path's inputs]
-    joined = torch.cat([conv.to(tree.mixed.dtype), tree.mixed[rows]], dim=1)
-    newest = torch.tensor([len(p) for p in paths], device=joined.device)[:, None] + torch.arange(width,
-                                                                                                 device=joined.device)
+    joined = torch.cat([conv.to(tree.mixed.dtype), tree.mixed[paths.rows]], dim=1)
+    newest = paths.lengths[:, None] + torch.arange(width, device=joined.device)
     windows = joined.gather(1, newest[:, :, None].expand(-1, -1, joined.shape[2]))
     after = gated_delta_commit_paths(ssm, tree.k, tree.u, tree.G, paths)
     return windows.to(conv.dtype), after.to(ssm.dtype)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specpilot.kernels.gated_delta import PaddedPaths
 from specpilot.kernels.slot_attention import slot_attention
 from specpilot.models.gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig, Spans, commit_states
 from specpilot.models.rope import RotaryTable
@@ -221,7 +222,7 @@ class HybridLayer(nn.Module):
         layer = self.state_slot
         out, tree = self.linear_attn.forward_spans(h, states.conv[:, layer], states.ssm[:, layer], spans)
         if tree is not None:
-            states.pending[layer] = (tree, {slot: start for slot, start, _ in spans.host})
+            states.pending[layer] = (tree, spans.host)
         return out
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, states: RecurrentCache,
@@ -263,10 +264,12 @@ class HybridCache(KVCache):
         """Each DeltaNet layer's state of slots[i] becomes the one after its verify's accepted paths[i] (node
         indices within the request's block): all the pass's requests at once, layer by layer."""
         states = self.recurrent
+        pending = [states.pending.pop(layer) for layer in range(states.conv.shape[1])]
+        starts = {slot: start for slot, start, _ in pending[0][1]}  # every layer's pass laid out alike
+        rows = PaddedPaths.of([[starts[slot] + node for node in path] for slot, path in zip(slots, paths)],
+                              states.conv.device)
         index = torch.tensor(slots, device=states.conv.device)
-        for layer in range(states.conv.shape[1]):
-            tree, starts = states.pending.pop(layer)
-            rows = [[starts[slot] + node for node in path] for slot, path in zip(slots, paths)]
+        for layer, (tree, _) in enumerate(pending):
             conv, ssm = commit_states(states.conv[index, layer], states.ssm[index, layer], tree, rows)
             states.conv[index, layer] = conv
             states.ssm[index, layer] = ssm

@@ -15,7 +15,7 @@ class RecurrentCache:
                  dtype: torch.dtype, device: torch.device) -> None:
         self.conv = torch.zeros(num_slots + 1, num_layers, *conv_shape, dtype=dtype, device=device)
         self.ssm = torch.zeros(num_slots + 1, num_layers, *ssm_shape, dtype=torch.float32, device=device)
-        # layer -> a verify's tree pass and each of its requests' first row by slot, until its commit
+        # layer -> a verify's tree pass and its requests' (slot, first row, rows), until its commit
         self.pending: dict[int, Any] = {}
 
     def reset(self, slot: int) -> None:

@@ -46,7 +46,8 @@ class StaticBatch:
         self.fills = 0  # host fills so far: a layout made on the device holds until the next one
         # q = 1 (decode): the buffer as its six fields' rows, and the values a padding row holds after a fill
         self._fields = self.dev.view(6, max_b) if q == 1 else None
-        self._padding = torch.tensor([0, 0, scratch_slot * max_len, scratch_slot, q, q], device=device)
+        self._padding = torch.tensor([0, 0, scratch_slot * max_len, scratch_slot, q, q], device=device) if q == 1 \
+            else None
 
     def batch(self, b: int, num_kv_splits: int) -> ForwardBatch:
         n = b * self.q
@@ -86,7 +87,6 @@ class StaticBatch:
             self.tree_mask.copy_(self.chain[0])
             self.tree_parents.copy_(self.chain[1])
         self.fills += 1
-
 
     def advance(self, n: int, tokens: torch.Tensor) -> None:
         """Decode inputs (q = 1), on the device: the first n requests take `tokens` ([n]) one position further, as a

@@ -331,6 +331,12 @@ def draft_loss(hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, 
     return (ce * w).sum() / w.sum(), ranks
 
 
+def per_slot(sums: list[int], hits: torch.Tensor) -> list[int]:
+    """`sums` per block slot plus `hits` [N, A, slots] summed over sequences and anchors."""
+    new = hits.sum((0, 1)).tolist()
+    return [x + y for x, y in zip(sums, new)] if sums else new
+
+
 @dataclass
 class SlotAccuracy:
     """Right and counted drafts per block slot 1..B-1, summed over batches."""
@@ -339,9 +345,7 @@ class SlotAccuracy:
     counted: list[int] = field(default_factory=list)
 
     def add_slots(self, correct: torch.Tensor, ok: torch.Tensor) -> None:
-        c, k = correct.sum((0, 1)).tolist(), ok.sum((0, 1)).tolist()
-        self.correct = [x + y for x, y in zip(self.correct, c)] if self.correct else c
-        self.counted = [x + y for x, y in zip(self.counted, k)] if self.counted else k
+        self.correct, self.counted = per_slot(self.correct, correct), per_slot(self.counted, ok)
 
     def accuracy(self) -> list[float]:
         return [c / max(k, 1) for c, k in zip(self.correct, self.counted)]
@@ -397,8 +401,7 @@ class ValidationStats(SlotAccuracy):
     def add(self, ranks: torch.Tensor, ok: torch.Tensor, valid: torch.Tensor) -> None:
         correct, within = ranks == 0, ranks < VALIDATION_TOPK
         self.add_slots(correct, ok)
-        hits = within.sum((0, 1)).tolist()
-        self.topk_correct = [x + y for x, y in zip(self.topk_correct, hits)] if self.topk_correct else hits
+        self.topk_correct = per_slot(self.topk_correct, within)
         self.steps, self.tokens = _chained(correct, valid, self.steps, self.tokens)
         self.topk_steps, self.topk_tokens = _chained(within, valid, self.topk_steps, self.topk_tokens)
 
