@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+from torch import nn
 
 from specpilot.models.checkpoint import Checkpoint
 from specpilot.models.transformer import Transformer
@@ -20,6 +21,29 @@ if TYPE_CHECKING:
 
 # what a drafter's graphs read of the engine's verify and acceptance graphs of one bucket
 VerifySource = tuple[ForwardBatch, Accepted, torch.Tensor | None]
+
+
+class DraftTarget(Protocol):
+    """What a drafter that embeds and projects through the target's own vocabulary (DFlash) reads of it:
+    our Transformer, or the head of a target another engine runs (specpilot.sglang_ext.session)."""
+
+    @property
+    def config(self) -> TargetShape: ...
+
+    @property
+    def embed_tokens(self) -> nn.Module: ...
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor: ...
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+class TargetShape(Protocol):
+    """The target's shapes a drafter checks itself against."""
+
+    hidden_size: int
+    vocab_size: int
+    num_layers: int
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specpilot.drafters.base import Capabilities, Drafter, VerifySource
+from specpilot.drafters.base import Capabilities, Drafter, DraftTarget, VerifySource
 from specpilot.drafters.device_lookup import DeviceLookup
 from specpilot.drafters.dflash_model import DFlashConfig, DFlashModel, load_dflash_model, read_dflash_config
 from specpilot.drafters.draft_tree import TreeBuilder, node_confidences
@@ -25,7 +25,6 @@ from specpilot.kernels.softmax_topk import softmax_topk
 from specpilot.kernels.step_layout import lay_out_draft
 from specpilot.models.linear import Linear, use_cpu_layout
 from specpilot.models.rope import RotaryTable
-from specpilot.models.transformer import Transformer
 from specpilot.state.batch import ForwardBatch
 from specpilot.state.cache import KVCache
 from specpilot.state.pages import PageTable
@@ -44,7 +43,7 @@ class DFlashDrafter(Drafter):
 
     name = "dflash"
 
-    def __init__(self, model: DFlashModel, cfg: DFlashConfig, target: Transformer, pages: PageTable,
+    def __init__(self, model: DFlashModel, cfg: DFlashConfig, target: DraftTarget, pages: PageTable,
                  context_length: int, device: torch.device, dtype: torch.dtype, block_size: int | None = None,
                  topk: int = 1, lookup_prob: float = 0.9, num_kv_splits: int = 0) -> None:
         """`lookup_prob`: the probability a tree gives prompt lookup's tokens when it merges them into the
@@ -89,7 +88,7 @@ class DFlashDrafter(Drafter):
         self.device_lookup: DeviceLookup | None = None
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, target: Transformer, pages: PageTable, context_length: int,
+    def from_pretrained(cls, path: str | Path, target: DraftTarget, pages: PageTable, context_length: int,
                         device: torch.device, dtype: torch.dtype, **settings: float | int | None) -> DFlashDrafter:
         """`settings`: the constructor's block_size, topk, lookup_prob and num_kv_splits."""
         path = Path(path)
@@ -103,13 +102,18 @@ class DFlashDrafter(Drafter):
         return self.device_lookup
 
     # ---- protocol ---------------------------------------------------------------------------
-    @torch.inference_mode()
     def start(self, reqs: list[Request], prompt_taps: list[torch.Tensor | None]) -> None:
         """Prompt context is ragged and long: written eagerly, once."""
-        feats = torch.cat(prompt_taps)
-        positions = [p for t in prompt_taps for p in range(t.shape[0])]
-        rows = [r.slot * self.cache.max_len + p for r, t in zip(reqs, prompt_taps) for p in range(t.shape[0])]
-        self._write_context(feats, to_device(positions, self.device), to_device(rows, self.device))
+        self.extend_context(reqs, prompt_taps, [0] * len(reqs))
+
+    @torch.inference_mode()
+    def extend_context(self, reqs: list[Request], taps: list[torch.Tensor], starts: list[int]) -> None:
+        """The context rows of tokens a target ran outside a verify pass: request i's taps[i] are those of its
+        positions starts[i] onwards (a whole prompt from 0, or a chunk of one another engine prefilled)."""
+        spans = [range(s, s + t.shape[0]) for t, s in zip(taps, starts)]
+        positions = [p for span in spans for p in span]
+        rows = [r.slot * self.cache.max_len + p for r, span in zip(reqs, spans) for p in span]
+        self._write_context(torch.cat(taps), to_device(positions, self.device), to_device(rows, self.device))
 
     def commit(self, reqs: list[Request], committed: list[int], verify_taps: list[torch.Tensor | None]) -> None:
         """The committed rows' context is written by the next draft pass; rows a pass never took (a second

@@ -75,6 +75,11 @@ def apply(server_args: Any) -> None:
         # the worker verifies synchronously; SGLang refuses an algorithm without overlap support otherwise
         server_args.disable_overlap_schedule = True
         logger.warning("SPECPILOT does not support overlap scheduling yet: --disable-overlap-schedule is set.")
+    if not server_args.disable_radix_cache:
+        # our drafter keeps its own context per request, written from the taps of what the target ran: a prefix
+        # the radix cache serves would reach it without them
+        server_args.disable_radix_cache = True
+        logger.warning("SPECPILOT's drafter keeps its own context per request: --disable-radix-cache is set.")
     if server_args.enable_mixed_chunk:
         server_args.enable_mixed_chunk = False
         logger.warning("Mixed chunked prefill is disabled because of SPECPILOT speculative decoding.")
@@ -106,8 +111,10 @@ def _check_target(server_args: Any, drafter: DFlashConfig) -> None:
     why = None
     if drafter.layers.hidden_size != target.hidden_size:
         why = f"its hidden size {drafter.layers.hidden_size} is not the target's {target.hidden_size}"
-    elif any(not 0 <= i < target.num_hidden_layers for i in drafter.target_layer_ids):
-        why = f"its target_layer_ids {drafter.target_layer_ids} exceed the target's {target.num_hidden_layers} layers"
+    elif any(not 0 <= i < target.num_hidden_layers - 1 for i in drafter.target_layer_ids):
+        # SGLang captures layer i's output as layer i + 1's input: the last layer's is out of its reach
+        why = (f"its target_layer_ids {drafter.target_layer_ids} must be below the target's last layer "
+               f"({target.num_hidden_layers - 1})")
     elif not 0 <= drafter.mask_token_id < target.vocab_size:
         why = f"its mask_token_id {drafter.mask_token_id} is outside the target's vocabulary of {target.vocab_size}"
     if why is not None:

@@ -1,35 +1,41 @@
 """The worker SGLang's scheduler drives for SPECPILOT (speculative/base_spec_worker.py BaseSpecWorker; SGLang
 builds it with server_args, gpu_id, nccl_port, target_worker and its parallel-state keywords).
 
-A decode step, as the worker is to run it: our drafter proposes a chain or tree per request (args.Settings);
-`layout.verify_tensors` lays the block out as SGLang's verify input (`to_verify_input`); the target worker
-runs one TARGET_VERIFY pass; `accept.row_decisions`, the verifier's walk and `accept.to_sglang` turn its
-logits into the committed tokens in SGLang's layout; SGLang's KV bookkeeping (move_accept_tokens_to_target_
-kvcache) and a GenerationBatchResult close the step, as in SGLang's NGRAMWorker.
+Our DFlash drafter runs in SGLang's process, on its device, beside the target (session.DraftSession): it embeds
+and projects through the target's own embed_tokens and LM head (vocabulary shards joined across tensor-parallel
+ranks) and reads the target's hidden states at its layers through SGLang's DFlash capture
+(`set_dflash_layers_to_capture`, CaptureHiddenMode.FULL). Every rank drafts the same tokens from the same inputs.
 
-In place and tested on CPU: the settings and the conversions both ways. Not yet: the device half (below),
-so constructing the worker raises and a server stops at launch with the reason rather than at its first
-request.
+A prefill (extend) is SGLang's own target pass; its taps become the drafter's context. A decode step:
+
+1. the session proposes each request's chain or tree;
+2. `layout.verify_tensors` lays the block out as SGLang's tree-verify input (the full custom mask);
+3. the target runs one TARGET_VERIFY pass over it (SGLang's attention backend takes the mask);
+4. `accept.row_decisions` decides every row (greedy argmax, else keyed sampling), the verifier's walk finds the
+   accepted path, `accept.to_sglang` gives it SGLang's layout;
+5. SGLang's KV bookkeeping keeps the accepted rows' K/V, the session commits the path (the drafter's next
+   context), and a GenerationBatchResult hands the tokens to the scheduler - as in SGLang's NGRAMWorker.
+
+Not carried over: logprobs, grammars, penalties, logit bias and custom logit processors (a batch asking for
+any of them gets an error); the drafter runs eagerly (no CUDA graphs of its own yet).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
+from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
-from specpilot.sglang_ext import args
-from specpilot.sglang_ext.layout import VerifyTensors
-
-DEVICE_HALF_MISSING = (
-    "SPECPILOT's SGLang worker cannot run yet: its device half is not implemented - running SpecPilot's DFlash "
-    "drafter ({path}) inside SGLang's process on its device (fed the target's layers {layers} through SGLang's "
-    "hidden-state capture, embedding and projecting with the target's embed_tokens and vocabulary-parallel "
-    "lm_head, keeping its context K/V per req_pool_index), and the decode step around SGLang's target verify "
-    "pass. In place: registration, the server-argument checks (block size {block}, tree top-k {topk}), and "
-    "the conversions to SGLang's verify inputs and back (specpilot.sglang_ext.layout, .accept)."
-)
+from specpilot.engine.verify import Verifier
+from specpilot.sglang_ext import accept, args
+from specpilot.sglang_ext.layout import VerifyTensors, verify_tensors
+from specpilot.sglang_ext.session import DraftSession, TargetHead
 
 
 class SpecPilotWorker(BaseSpecWorker):
@@ -38,10 +44,106 @@ class SpecPilotWorker(BaseSpecWorker):
         self.server_args = server_args
         self._target_worker = target_worker
         self._draft_worker = None  # our drafter is not an SGLang TpModelWorker
-        self.settings = args.resolve(server_args)
-        s = self.settings
-        raise NotImplementedError(DEVICE_HALF_MISSING.format(path=s.draft_path, layers=s.drafter.target_layer_ids,
-                                                             block=s.block_size, topk=s.topk))
+        self.settings = s = args.resolve(server_args)
+        self.model_runner = target_worker.model_runner
+        model = self.model_runner.model
+        if not hasattr(model, "set_dflash_layers_to_capture"):
+            raise ValueError(f"--model-path {server_args.model_path}: SGLang's {type(model).__name__} cannot hand its "
+                             "hidden states to a DFlash drafter (it has no set_dflash_layers_to_capture)")
+        model.set_dflash_layers_to_capture(s.drafter.target_layer_ids)
+        head = TargetHead.of_causal_lm(model, _vocab_gather(server_args.tp_size))
+        self.device = head.lm_head_weight.device
+        self.session = DraftSession.load(s.draft_path, head, server_args.max_running_requests,
+                                         self.model_runner.model_config.context_len, self.device,
+                                         head.lm_head_weight.dtype, s.block_size, s.topk, s.ngram_assist)
+
+    def alloc_memory_pool(self, **kwargs: Any) -> None:
+        # the target's pools exist only after __init__; ours (the drafter's context) are the session's own
+        self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
+
+    def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
+        self.session.release(rid)
+
+    def forward_batch_generation(self, batch: Any, on_publish: Any = None, **_: Any) -> GenerationBatchResult:
+        info = batch.sampling_info
+        if (batch.return_logprob or batch.has_grammar or info.logit_bias is not None or info.has_custom_logit_processor
+                or (info.penalizer_orchestrator is not None and info.penalizer_orchestrator.is_required)):
+            raise ValueError("SPECPILOT decides tokens from the target's plain distribution: it does not return "
+                             "logprobs or take grammars, penalties, logit bias or custom logit processors yet")
+        if batch.forward_mode.is_extend():
+            return self._prefill(batch, on_publish)
+        if not batch.forward_mode.is_decode():  # an idle batch
+            return self._target_worker.forward_batch_generation(batch)
+        return self._verify(batch, on_publish)
+
+    def _prefill(self, batch: Any, on_publish: Any) -> GenerationBatchResult:
+        result = self._target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
+        out = result.logits_output
+        reqs = batch.reqs
+        self.session.prefill([r.rid for r in reqs], [r.origin_input_ids for r in reqs], [r.output_ids for r in reqs],
+                             batch.prefix_lens, batch.extend_lens, out.hidden_states)
+        out.hidden_states = None  # nothing for the scheduler to copy to the host
+        new_seq_lens = batch.seq_lens.clone()
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        d = self.settings.block_size
+        accept_tokens = torch.zeros(len(reqs), d, dtype=torch.int32, device=self.device)
+        accept_tokens[:, 0] = result.next_token_ids
+        accept_lens = torch.ones(len(reqs), dtype=torch.int32, device=self.device)
+        return self._result(result, result.next_token_ids, accept_tokens.flatten(), accept_lens, new_seq_lens)
+
+    def _verify(self, batch: Any, on_publish: Any) -> GenerationBatchResult:
+        reqs = batch.reqs
+        rids = [r.rid for r in reqs]
+        draft = self.session.propose(rids, [r.origin_input_ids for r in reqs], [r.output_ids for r in reqs])
+        newest = torch.tensor([r.output_ids[-1] for r in reqs], device=self.device)
+        tensors = verify_tensors(newest, draft.tokens, draft.tree, batch.seq_lens, batch.seq_lens_sum)
+        bs, d = tensors.retrieve_index.shape
+        batch.forward_mode = ForwardMode.TARGET_VERIFY
+        batch.input_ids = tensors.draft_token
+        batch.out_cache_loc = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices, req_to_token=batch.req_to_token_pool.req_to_token,
+            start_offset=batch.seq_lens, end_offset=batch.seq_lens + d, batch_size=bs, draft_token_num=d,
+            device=self.device)
+        batch.spec_info = to_verify_input(tensors)
+        result = self._target_worker.forward_batch_generation(batch, is_verify=True,
+                                                              capture_hidden_mode=CaptureHiddenMode.FULL)
+        out = result.logits_output
+        depths = tensors.positions.view(bs, d) - batch.seq_lens[:, None]
+        params = [accept.sampling_params(r.sampling_params) for r in reqs]
+        seeds = [accept.keyed_seed(r.rid, p.seed) for r, p in zip(reqs, params)]
+        output_lens = torch.tensor([len(r.output_ids) for r in reqs])
+        decisions = accept.row_decisions(out.next_token_logits, params, seeds, output_lens, depths)
+        accepted = Verifier().greedy(decisions, draft.tokens, batch.seq_lens, draft.tree)
+        predict, accept_index, accept_lens = accept.to_sglang(accepted)
+        self.session.commit(rids, accepted, out.hidden_states)
+        out.hidden_states = None
+        move_accept_tokens_to_target_kvcache(batch, accept_index, accept_lens - 1, self.token_to_kv_pool_allocator)
+        new_seq_lens = batch.seq_lens + accept_lens
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        batch.forward_mode = ForwardMode.DECODE
+        accept_tokens = predict[accept_index].flatten()  # rows past a request's count: ignored by accept_lens
+        return self._result(result, accept_tokens, accept_tokens, accept_lens, new_seq_lens)
+
+    def _result(self, result: Any, next_token_ids: torch.Tensor, accept_tokens: torch.Tensor,
+                accept_lens: torch.Tensor, new_seq_lens: torch.Tensor) -> GenerationBatchResult:
+        d = self.settings.block_size
+        return GenerationBatchResult(
+            logits_output=result.logits_output, next_token_ids=next_token_ids,
+            can_run_cuda_graph=result.can_run_cuda_graph, accept_lens=accept_lens, new_seq_lens=new_seq_lens,
+            next_draft_input=NgramVerifyInput(draft_token_num=d, new_seq_lens=new_seq_lens,
+                                              accept_tokens=accept_tokens, accept_lens=accept_lens),
+            speculative_num_draft_tokens=d)
+
+
+def _vocab_gather(tp_size: int) -> Any:
+    """What joins the LM head's vocabulary shards of a logits row across tensor-parallel ranks (None: one rank)."""
+    if tp_size == 1:
+        return None
+    from sglang.srt.distributed import tensor_model_parallel_all_gather
+
+    return lambda logits: tensor_model_parallel_all_gather(logits, dim=-1)
 
 
 def to_verify_input(tensors: VerifyTensors) -> NgramVerifyInput:

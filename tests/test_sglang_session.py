@@ -1,0 +1,144 @@
+"""The plugin's drafting (specpilot/sglang_ext/session.py) beside a target another engine runs: here
+transformers' own SmolLM2 (fp32, the embedded model) stands where SGLang's model runner does in the worker,
+handing over what SGLang hands over - a prefill's taps (in chunks), the verify pass's logits and taps of the
+laid-out block (specpilot.sglang_ext.layout: its positions and custom mask) - and the worker's acceptance
+(accept.row_decisions, the verifier's walk). The shipped DFlash drafter must then draft as well as it does in
+our own engine (its context written at the right positions), and the output must be the target's greedy one.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specpilot.bench.datasets import apply_chat_template, load_prompts
+from specpilot.config import SamplingParams
+from specpilot.drafters import EMBEDDED_DRAFTER
+from specpilot.engine.engine import Engine, EngineConfig
+from specpilot.engine.verify import Verifier
+from specpilot.sglang_ext.accept import row_decisions
+from specpilot.sglang_ext.layout import verify_tensors
+from specpilot.sglang_ext.session import DraftSession, TargetHead
+
+NEW_TOKENS = 24
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def prompts(hf_smollm) -> list[list[int]]:
+    engine = Engine.from_config(EngineConfig(device="cpu", max_running_requests=2, context_length=512))
+    return [apply_chat_template(engine.tokenizer, p) for p in load_prompts("humaneval", 2)]
+
+
+def _pass(model, tokens: list[int], positions: list[int], mask: torch.Tensor,
+          taps: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, taps) of every row: the target's pass as SGLang's runner gives it (hidden states of the
+    outputs of layers `taps`, concatenated)."""
+    with torch.no_grad():
+        out = model(torch.tensor([tokens]), attention_mask=mask[None, None], position_ids=torch.tensor([positions]),
+                    output_hidden_states=True)
+    return out.logits[0], torch.cat([out.hidden_states[i + 1][0] for i in taps], -1)
+
+
+def _drive(model, session: DraftSession, prompts: list[list[int]], chunk: int) -> tuple[list[list[int]], list[int]]:
+    """Prefill (in chunks of `chunk` tokens), then verify the session's drafts until NEW_TOKENS each. Returns
+    the outputs and the tokens each verify committed."""
+    taps = session.tap_layers
+    rids = [f"r{i}" for i in range(len(prompts))]
+    outputs: list[list[int]] = [[] for _ in prompts]
+    for i, prompt in enumerate(prompts):
+        n = len(prompt)
+        logits, prompt_taps = _pass(model, prompt, list(range(n)), torch.ones(n, n, dtype=torch.bool).tril(), taps)
+        outputs[i].append(int(logits[-1].argmax()))
+        for start in range(0, n, chunk):  # SGLang's chunked prefill: a chunk's taps from its first position
+            end = min(start + chunk, n)
+            session.prefill([rids[i]], [prompt], [outputs[i][:1] if end == n else []], [start], [end - start],
+                            prompt_taps[start:end])
+    committed: list[int] = []
+    while min(len(o) for o in outputs) < NEW_TOKENS:
+        draft = session.propose(rids, prompts, outputs)
+        seq_lens = torch.tensor([len(p) + len(o) - 1 for p, o in zip(prompts, outputs)])
+        newest = torch.tensor([o[-1] for o in outputs])
+        layout = verify_tensors(newest, draft.tokens, draft.tree, seq_lens)
+        bs, d = layout.retrieve_index.shape
+        block = layout.custom_mask.view(bs, d, d)
+        rows, row_taps = [], []
+        for b, (prompt, output) in enumerate(zip(prompts, outputs)):
+            ctx = int(seq_lens[b])
+            mask = torch.ones(ctx + d, ctx + d, dtype=torch.bool).tril()
+            mask[ctx:, ctx:] = block[b]
+            tokens = prompt + output[:-1] + layout.draft_token.view(bs, d)[b].tolist()
+            positions = list(range(ctx)) + layout.positions.view(bs, d)[b].tolist()
+            logits, t = _pass(model, tokens, positions, mask, taps)
+            rows.append(logits[ctx:])
+            row_taps.append(t[ctx:])
+        depths = layout.positions.view(bs, d) - seq_lens[:, None]
+        decisions = row_decisions(torch.cat(rows), [GREEDY] * bs, [0] * bs,
+                                  torch.tensor([len(o) for o in outputs]), depths)
+        accepted = Verifier().greedy(decisions, draft.tokens, seq_lens, draft.tree)
+        for output, new in zip(outputs, session.commit(rids, accepted, torch.cat(row_taps))):
+            output.extend(new)
+            committed.append(len(new))
+    return [o[:NEW_TOKENS] for o in outputs], committed
+
+
+@pytest.fixture(scope="module")
+def engine_tau(prompts):
+    """Mean tokens per verify of our own engine with the same drafter on the same prompts, by tree top-k."""
+    taus: dict[int, float] = {}
+
+    def tau(topk: int) -> float:
+        if topk not in taus:
+            engine = Engine.from_config(EngineConfig(device="cpu", max_running_requests=2, context_length=512,
+                                                     speculative_algorithm="dflash", speculative_num_draft_tokens=16,
+                                                     speculative_eagle_topk=topk))
+            lengths = [n for r in engine.generate(prompts, GREEDY) for n in r.accept_lengths]
+            taus[topk] = sum(lengths) / len(lengths)
+        return taus[topk]
+
+    return tau
+
+
+def _session(model, topk: int) -> DraftSession:
+    return DraftSession.load(EMBEDDED_DRAFTER, TargetHead.of_causal_lm(model), max_requests=2, context_length=512,
+                             device=torch.device("cpu"), dtype=torch.float32, block_size=16, topk=topk, ngram_assist=0)
+
+
+@pytest.mark.parametrize("topk", [1, 4], ids=["chain", "tree"])
+def test_session_drafts_as_in_our_engine_and_output_is_the_targets(hf_smollm, prompts, engine_tau,
+                                                                    topk: int) -> None:
+    session = _session(hf_smollm, topk)
+    outputs, committed = _drive(hf_smollm, session, prompts, chunk=37)
+    with torch.no_grad():
+        for prompt, output in zip(prompts, outputs):
+            want = hf_smollm.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)
+            assert output == want[0, len(prompt):].tolist()
+    tau = sum(committed) / len(committed)
+    # a context written at the wrong positions (or from the wrong rows) drafts near-random tokens: tau ~1
+    assert tau >= 0.85 * engine_tau(topk), tau
+    assert tau > 1.5
+
+
+def test_a_slot_is_given_back_and_the_least_recent_request_yields_its_own(hf_smollm) -> None:
+    session = DraftSession.load(EMBEDDED_DRAFTER, TargetHead.of_causal_lm(hf_smollm), max_requests=1,
+                                context_length=64, device=torch.device("cpu"), dtype=torch.float32,
+                                block_size=4, topk=1, ngram_assist=0)
+    slots = session.pages.num_slots
+    width = len(session.tap_layers) * hf_smollm.config.hidden_size
+    for i in range(slots + 2):
+        session.prefill([f"r{i}"], [[1, 2, 3]], [[4]], [0], [3], torch.zeros(3, width))
+    assert list(session.requests) == [f"r{i}" for i in range(2, slots + 2)]
+    session.release("r2")
+    assert session.pages.num_free == 1 and "r2" not in session.requests
+
+
+def test_a_chunked_prefill_written_from_position_0_fails_the_acceptance_check(hf_smollm, prompts, engine_tau,
+                                                                           monkeypatch) -> None:
+    """The check above has teeth: a session that writes every prefill chunk's context from position 0 (the
+    chunks overwrite each other) drafts from a scrambled context, and its acceptance falls far below."""
+    session = _session(hf_smollm, 1)
+    write = session.dflash.extend_context
+    monkeypatch.setattr(session.dflash, "extend_context",
+                        lambda reqs, taps, starts: write(reqs, taps, [0] * len(starts)))
+    _, committed = _drive(hf_smollm, session, prompts, chunk=37)
+    assert sum(committed) / len(committed) < 0.85 * engine_tau(1)
