@@ -1,0 +1,120 @@
+"""SPECPILOT inside SGLang against SGLang's own AR, on one model (inside `benchmarks/sglang_ferry.sh run`):
+
+1. identity: each server (`sglang.launch_server`, one at a time) answers the same prompts greedily through its
+   native /generate; SPECPILOT's output ids must equal AR's, prompt by prompt (greedy decoding is deterministic in
+   SGLang, so a difference is the plugin's);
+2. throughput: `sglang.bench_serving` (random prompts of fixed lengths, ignore-EOS) at each concurrency.
+
+    python benchmarks/sglang_plugin_serving.py --model-path /tmp/smollm2 --concurrency 1 8 32 --out DIR \
+        [--server NAME="extra launch_server flags" ...]
+
+Default servers: `ar` (no speculation) and `specpilot` (--speculative-algorithm SPECPILOT with the shipped drafter,
+trees of top-4, the triton attention backend, which takes a tree mask). Each server's log and SGLang's JSON lines
+go to DIR; the summary to DIR/sglang_plugin.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from specpilot.bench import provenance
+from specpilot.drafters import EMBEDDED_DRAFTER
+
+PORT = 30230
+PROMPTS = ["def fibonacci(n):", "The capital of France is", "Write a haiku about the sea.",
+           "import numpy as np\n\ndef softmax(x):", "Explain what a hash table is.", "1, 1, 2, 3, 5, 8,",
+           "SELECT name FROM users WHERE", "Once upon a time"]
+SERVERS = {
+    "ar": "--attention-backend triton",
+    "specpilot": f"--attention-backend triton --speculative-algorithm SPECPILOT --speculative-draft-model-path "
+                 f"{EMBEDDED_DRAFTER} --speculative-eagle-topk 4",
+}
+
+
+def launch(model_path: str, flags: str, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--port", str(PORT),
+           "--mem-fraction-static", "0.6", *shlex.split(flags)]
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}); see {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{PORT}/health_generate", timeout=5).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    proc.kill()
+    raise RuntimeError(f"the server did not come up in 600 s; see {log}")
+
+
+def greedy_ids(new_tokens: int) -> list[list[int]]:
+    body = {"text": PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}}
+    answers = httpx.post(f"http://127.0.0.1:{PORT}/generate", json=body, timeout=600).json()
+    return [a["output_ids"] for a in answers]
+
+
+def bench(model_path: str, concurrency: int, args: argparse.Namespace, out_file: Path) -> dict:
+    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", f"http://127.0.0.1:{PORT}",
+           "--dataset-name", "random", "--random-input-len", str(args.input_len), "--random-output-len",
+           str(args.output_len), "--random-range-ratio", "1", "--tokenizer", model_path,
+           "--num-prompts", str(max(args.min_prompts, 2 * concurrency)), "--max-concurrency", str(concurrency),
+           "--output-file", str(out_file), "--seed", "1", "--disable-tqdm"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    lines = out_file.read_text().splitlines() if out_file.is_file() else []
+    return {"concurrency": concurrency, "returncode": done.returncode,
+            "sglang": json.loads(lines[-1]) if lines and done.returncode == 0 else {},
+            "stderr_tail": done.stderr[-1500:] if done.returncode else ""}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-path", required=True, help="a Hugging Face model directory SGLang loads")
+    ap.add_argument("--server", action="append", default=None, metavar="NAME=FLAGS",
+                    help="a server: a name and its launch_server flags (default: ar and specpilot)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--min-prompts", type=int, default=32)
+    ap.add_argument("--identity-tokens", type=int, default=128)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    servers = dict(s.partition("=")[::2] for s in args.server) if args.server else SERVERS
+    report: dict = {"provenance": provenance.collect(None, None), "prompts": PROMPTS, "servers": {}}
+    for name, flags in servers.items():
+        proc = launch(args.model_path, flags, out / f"{name}.server.log")
+        try:
+            entry = report["servers"][name] = {"flags": flags, "ids": greedy_ids(args.identity_tokens), "runs": []}
+            for c in args.concurrency:
+                run = bench(args.model_path, c, args, out / f"{name}_c{c}.jsonl")
+                s = run["sglang"]
+                print(f"{name} C={c}: rc {run['returncode']}, {s.get('output_throughput', float('nan')):.0f} tok/s, "
+                      f"TPOT {s.get('mean_tpot_ms', float('nan')):.2f} ms, accept length {s.get('accept_length')}",
+                      flush=True)
+                entry["runs"].append(run)
+                (out / "sglang_plugin.json").write_text(json.dumps(report, indent=2))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    if "ar" in report["servers"]:
+        want = report["servers"]["ar"]["ids"]
+        for name, entry in report["servers"].items():
+            entry["identical_to_ar"] = [a == b for a, b in zip(entry["ids"], want)]
+            print(f"{name}: output ids equal AR's on {sum(entry['identical_to_ar'])} of {len(want)} prompts")
+    (out / "sglang_plugin.json").write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
