@@ -48,8 +48,9 @@ def _offline(args: argparse.Namespace) -> float:
 
 
 def _served(args: argparse.Namespace, single: bool, work: Path) -> float:
-    flags = ["--model-path", args.model_path, "--device", args.device, "--max-running-requests", str(args.concurrency),
-             "--context-length", str(args.context), "--port", str(PORT)] + (["--single-process"] if single else [])
+    flags = (["--model-path", args.model_path] if args.model_path else []) + [
+        "--device", args.device, "--max-running-requests", str(args.concurrency), "--context-length", str(args.context),
+        "--port", str(PORT)] + (["--single-process"] if single else [])
     server = subprocess.Popen([sys.executable, "-m", "specpilot", "serve", *flags], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:

@@ -11,6 +11,7 @@ graph (input fills, bucket padding, in-place edits before replay) is exercised e
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable
 from dataclasses import fields, is_dataclass
 from typing import Any
@@ -70,8 +71,16 @@ def cuda_capture(fn: Callable[[], Outputs], pool: Any) -> CapturedPass:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        outputs = fn()
+    # torch.cuda.graph collects garbage before the capture; a collection inside it could run a finalizer of an
+    # earlier engine's objects whose CUDA calls invalidate the capture (an H100 test run once failed so)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            outputs = fn()
+    finally:
+        if collecting:
+            gc.enable()
     return CapturedPass(graph, outputs)
 
 
