@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -47,7 +50,15 @@ def _offline(args: argparse.Namespace) -> float:
     return sum(len(r.output_ids) for r in reqs) / (time.perf_counter() - start)
 
 
-def _served(args: argparse.Namespace, single: bool, work: Path) -> float:
+def _cpu_seconds(proc: psutil.Process | None) -> float:
+    if proc is None:
+        return 0.0
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+def _served(args: argparse.Namespace, single: bool, work: Path) -> tuple[float, dict[str, float]]:
+    """(output tok/s, each process's CPU seconds over the load's wall seconds)."""
     flags = (["--model-path", args.model_path] if args.model_path else []) + [
         "--device", args.device, "--max-running-requests", str(args.concurrency), "--context-length", str(args.context),
         "--port", str(PORT)] + (["--single-process"] if single else [])
@@ -59,12 +70,25 @@ def _served(args: argparse.Namespace, single: bool, work: Path) -> float:
             if subprocess.run(["curl", "-sf", f"{url}/health"], capture_output=True).returncode == 0:
                 break
             time.sleep(0.5)
+        http = psutil.Process(server.pid)
+        # the engine process: multiprocessing's spawned child (its resource tracker is the other one)
+        engine = next((c for c in http.children() if "spawn_main" in " ".join(c.cmdline())), None)
+        before = {"http": _cpu_seconds(http), "engine": _cpu_seconds(engine),
+                  "client": resource.getrusage(resource.RUSAGE_CHILDREN)}
+        start = time.perf_counter()
         out = work / ("single" if single else "split")
         subprocess.run([sys.executable, "-m", "specpilot", "bench", "--serving", "--base-url", url, "--num-prompts",
                         str(args.num_prompts), "--max-concurrency", str(args.concurrency), "--max-new-tokens",
                         str(args.max_new_tokens), "--output-dir", str(out)], check=True, capture_output=True)
+        wall = time.perf_counter() - start
+        client = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = {"http": (_cpu_seconds(http) - before["http"]) / wall,
+               "engine": (_cpu_seconds(engine) - before["engine"]) / wall if engine is not None else None,
+               # the load generator, and the curl probes before it (a few ms)
+               "client": (client.ru_utime + client.ru_stime - before["client"].ru_utime - before["client"].ru_stime)
+               / wall}
         summary = json.loads((out / "serving_sglang.json").read_text())["summary"]
-        return summary["output_throughput"]
+        return summary["output_throughput"], cpu
     finally:
         server.terminate()
         server.wait(60)
@@ -88,16 +112,23 @@ def main() -> None:
 
         args.model_path = str(make_tiny_model_dir(work / "tiny"))
     rates: dict[str, list[float]] = {"offline": [], "split": [], "single": []}
+    cpu: dict[str, list[dict[str, float]]] = {"split": [], "single": []}
     for r in range(args.repeats):
         rates["offline"].append(_offline(args))
         for single in (False, True):
-            rates["single" if single else "split"].append(_served(args, single, work))
-        print(f"repeat {r + 1}: " + ", ".join(f"{m} {v[-1]:.0f} tok/s" for m, v in rates.items()), flush=True)
+            mode = "single" if single else "split"
+            rate, shares = _served(args, single, work)
+            rates[mode].append(rate)
+            cpu[mode].append(shares)
+        print(f"repeat {r + 1}: " + ", ".join(f"{m} {v[-1]:.0f} tok/s" for m, v in rates.items()) + "; CPU over wall: "
+              + "; ".join(f"{m} " + ", ".join(f"{k} {v:.2f}" for k, v in c[-1].items() if v is not None)
+                          for m, c in cpu.items()), flush=True)
     med = {m: statistics.median(v) for m, v in rates.items()}
     result = {"provenance": collect(None, None), "command": " ".join(sys.argv), "model": args.model_path or "embedded",
               "concurrency": args.concurrency, "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
               "tok_s": {m: spread(v) for m, v in rates.items()},
-              "served_over_offline": {m: med[m] / med["offline"] for m in ("split", "single")}}
+              "served_over_offline": {m: med[m] / med["offline"] for m in ("split", "single")},
+              "cpu_over_wall": cpu}
     write_json(out_dir(args.out) / "serving_split.json", result)
     print(f"tok/s median: offline {med['offline']:.0f}; served, engine process {med['split']:.0f} "
           f"({med['split'] / med['offline']:.2f}x offline); served, one process {med['single']:.0f} "

@@ -390,6 +390,9 @@ def _serving_bench_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--disable-ignore-eos", action="store_true",
                    help="let requests stop at EOS (default: every request generates --max-new-tokens)")
     g.add_argument("--seed", type=int, default=0, help="ShareGPT sample and arrival times")
+    g.add_argument("--client-processes", type=_positive_int, default=None,
+                   help="processes sending the load (default: one per 8 requests in flight, within the cores); one "
+                        "process parses only a few thousand streamed chunks a second")
     w = p.add_argument_group("serving sweep (--serving --sweep: servers started here, one per setting, in turn)")
     w.add_argument("--sweep", action="store_true",
                    help="start a server per --setting and load each at every --concurrency (not --base-url's)")

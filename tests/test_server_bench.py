@@ -7,11 +7,13 @@ import os
 import pathlib
 import subprocess
 import sys
+from dataclasses import replace
 
 import httpx
 import pytest
 from test_server_support import serve
 
+from specpilot.bench.serving import ServingBenchConfig, _share, client_processes
 from specpilot.cli import main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -23,7 +25,9 @@ def server(tiny_dir):
 
 
 @pytest.mark.parametrize("backend,extra", [("sglang", ["--request-rate", "50"]),
-                                           ("sglang-oai-chat", ["--max-concurrency", "3"])])
+                                           ("sglang-oai-chat", ["--max-concurrency", "3"]),
+                                           ("sglang", ["--max-concurrency", "3", "--client-processes", "2"])],
+                         ids=["sglang-rate", "oai-concurrency", "sglang-two-processes"])
 def test_bench_serving_writes_json_and_png(server, tmp_path, capsys, backend, extra):
     argv = ["bench", "--serving", "--backend", backend, "--base-url", server.url, "--num-prompts", "6",
             "--max-new-tokens", "8", "--output-dir", str(tmp_path), *extra]
@@ -40,6 +44,16 @@ def test_bench_serving_writes_json_and_png(server, tmp_path, capsys, backend, ex
     assert prov["versions"]["specpilot"] and prov["argv"] and prov["utc"] and prov["device"]
     assert prov["dtype"] == report["server_info"]["dtype"] and report["server_info"]["speculative_algorithm"] == "ngram"
     assert "TTFT" in capsys.readouterr().out
+    assert report["config"]["client_processes"] == (2 if "--client-processes" in extra else 1)
+
+
+def test_the_load_is_shared_between_processes():
+    cfg = ServingBenchConfig(num_prompts=40, max_concurrency=5, request_rate=10.0, client_processes=2)
+    shares = [_share(cfg, i, 2) for i in range(2)]
+    assert [s.max_concurrency for s in shares] == [3, 2] and [s.request_rate for s in shares] == [5.0, 5.0]
+    assert client_processes(cfg) == 2
+    assert client_processes(replace(cfg, client_processes=9)) == 5  # each process keeps a request in flight
+    assert client_processes(replace(cfg, client_processes=None, max_concurrency=1)) == 1
 
 
 def test_bench_serving_without_a_server_names_the_url(capsys):

@@ -3,6 +3,11 @@
 ShareGPT prompts arrive as a Poisson process (or all at once), each streamed over HTTP; the client
 times the first chunk (TTFT), the gaps between chunks (ITL) and the time per output token after the
 first (TPOT), and reads the server's mean accept length from /get_server_info at the end.
+
+One Python process parses a few thousand streamed chunks a second, which a fast server outruns (every chunk of
+SGLang's /generate carries the text and ids so far), so the load comes from several processes
+(`client_processes`; by default one per CHUNK_STREAMS_PER_PROCESS requests in flight): each sends its share of
+the prompts at its share of the concurrency and rate, all starting together, and their results are pooled.
 """
 
 from __future__ import annotations
@@ -11,9 +16,11 @@ import argparse
 import asyncio
 import json
 import math
+import multiprocessing
+import os
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +32,7 @@ from specpilot.bench.output import bench_output_dir
 
 BACKENDS = ("sglang", "sglang-oai-chat")
 REQUEST_TIMEOUT_S = 6 * 3600.0  # a benchmark under heavy load may queue requests for a long time
+CHUNK_STREAMS_PER_PROCESS = 8  # requests in flight one load process follows (a default of client_processes)
 
 
 @dataclass
@@ -38,6 +46,16 @@ class ServingBenchConfig:
     ignore_eos: bool = True  # fixed output lengths make runs comparable
     seed: int = 0
     dataset: str = "sharegpt"
+    client_processes: int | None = None  # load processes; None: one per CHUNK_STREAMS_PER_PROCESS in flight
+
+
+def client_processes(cfg: ServingBenchConfig) -> int:
+    """How many processes send the load: as asked, else enough for the requests in flight within the machine's
+    cores (one left for the rest); never more than the requests in flight."""
+    in_flight = min(cfg.max_concurrency or cfg.num_prompts, cfg.num_prompts)  # each process keeps one in flight
+    if cfg.client_processes is not None:
+        return max(1, min(cfg.client_processes, in_flight))
+    return max(1, min(math.ceil(in_flight / CHUNK_STREAMS_PER_PROCESS), (os.cpu_count() or 2) - 1))
 
 
 @dataclass
@@ -107,7 +125,8 @@ async def _send(client: httpx.AsyncClient, cfg: ServingBenchConfig, prompt: Prom
     return result
 
 
-async def _run(cfg: ServingBenchConfig, prompts: list[Prompt]) -> tuple[list[RequestResult], float]:
+async def _run(cfg: ServingBenchConfig, prompts: list[Prompt]) -> tuple[list[RequestResult], float, float]:
+    """(results, monotonic start, monotonic end): one process's load."""
     rng = random.Random(cfg.seed)
     gate = asyncio.Semaphore(cfg.max_concurrency or len(prompts) or 1)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=cfg.max_concurrency or 100)
@@ -117,14 +136,44 @@ async def _run(cfg: ServingBenchConfig, prompts: list[Prompt]) -> tuple[list[Req
             async with gate:
                 return await _send(client, cfg, prompt)
 
-        start = time.perf_counter()
+        start = time.monotonic()
         tasks = []
         for prompt in prompts:
             tasks.append(asyncio.create_task(one(prompt)))
             if math.isfinite(cfg.request_rate):
                 await asyncio.sleep(rng.expovariate(cfg.request_rate))
         results = await asyncio.gather(*tasks)
-        return list(results), time.perf_counter() - start
+        return list(results), start, time.monotonic()
+
+
+def _load_process(cfg: ServingBenchConfig, prompts: list[Prompt], go: Any, out: Any) -> None:
+    go.wait()
+    out.put(asyncio.run(_run(cfg, prompts)))
+
+
+def _share(cfg: ServingBenchConfig, i: int, n: int) -> ServingBenchConfig:
+    """Process i of n's part of the load: its share of the concurrency (the remainder to the first) and rate."""
+    c = cfg.max_concurrency
+    return replace(cfg, max_concurrency=None if c is None else c // n + (i < c % n),
+                   request_rate=cfg.request_rate / n, seed=cfg.seed + i)
+
+
+def _run_processes(cfg: ServingBenchConfig, prompts: list[Prompt], n: int) -> tuple[list[RequestResult], float]:
+    """(every process's results, the load's wall time: first start to last end)."""
+    if n == 1:
+        results, start, end = asyncio.run(_run(cfg, prompts))
+        return results, end - start
+    ctx = multiprocessing.get_context("fork")  # the parent holds no CUDA, threads or event loop here
+    go, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_load_process, args=(_share(cfg, i, n), prompts[i::n], go, out), daemon=True)
+             for i in range(n)]
+    for proc in procs:
+        proc.start()
+    go.set()
+    parts = [out.get() for _ in procs]
+    for proc in procs:
+        proc.join()
+    return [r for results, _, _ in parts for r in results], max(p[2] for p in parts) - min(p[1] for p in parts)
 
 
 def _stats_ms(values: list[float]) -> dict[str, float | None]:
@@ -166,12 +215,13 @@ def run_serving_bench(cfg: ServingBenchConfig) -> tuple[dict[str, Any], list[Req
     if cfg.backend not in BACKENDS:
         raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}")
     prompts = load_prompts(cfg.dataset, cfg.num_prompts, seed=cfg.seed)
-    results, duration = asyncio.run(_run(cfg, prompts))
+    processes = client_processes(cfg)
+    results, duration = _run_processes(cfg, prompts, processes)
     with httpx.Client(timeout=30.0, trust_env=False) as client:
         info = client.get(cfg.base_url.rstrip("/") + "/get_server_info").json()
     # the client's machine and software; the server's own settings and version are in server_info
     report = {"provenance": provenance.collect(None, info.get("dtype")),
-              "config": asdict(cfg) | {"request_rate": str(cfg.request_rate)},
+              "config": asdict(cfg) | {"request_rate": str(cfg.request_rate), "client_processes": processes},
               "summary": summarize(results, duration, info),
               "requests": [{"ok": r.ok, "error": r.error, "prompt_tokens": r.prompt_tokens,
                             "output_tokens": r.output_tokens, "ttft_s": r.ttft, "latency_s": r.latency}
@@ -227,7 +277,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     cfg = ServingBenchConfig(base_url=args.base_url, backend=args.backend, num_prompts=args.num_prompts,
                              max_new_tokens=args.max_new_tokens, request_rate=args.request_rate,
                              max_concurrency=args.max_concurrency, ignore_eos=not args.disable_ignore_eos,
-                             seed=args.seed)
+                             seed=args.seed, client_processes=args.client_processes)
     try:
         report, results = run_serving_bench(cfg)
     except httpx.ConnectError as err:

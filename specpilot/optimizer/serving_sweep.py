@@ -132,7 +132,8 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     settings = parse_settings(args.setting)
     base = ServingBenchConfig(backend=args.backend, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
-                              request_rate=args.request_rate, ignore_eos=not args.disable_ignore_eos, seed=args.seed)
+                              request_rate=args.request_rate, ignore_eos=not args.disable_ignore_eos, seed=args.seed,
+                              client_processes=args.client_processes)
     out = bench_output_dir(args.output_dir)
     report = run_sweep(settings, args.serve_flags, args.concurrency or list(DEFAULT_CONCURRENCY), base, out,
                        args.warmup_prompts)
