@@ -4,10 +4,12 @@ prompts decoded AR, with speculation as the defaults run it, and with the mechan
 without it, then with it); the modes interleaved per repeat, output ids checked equal. Reports tokens per
 second (median and range), accept length, and the mechanism's own report at the end. `two-level` reads the
 cost table of this device and model, profiled first where none is cached (`specpilot bench
---profile-cost-table`'s grid).
+--profile-cost-table`'s grid). `--waves K` sends K batches' worth of prompts, so the engine refills its batch as
+requests end: one wave's tail (requests reaching their length at different steps, the last steps running few of
+them) is a cost only speculation pays; K waves make it a K-th as large.
 
     python benchmarks/mechanism_cost.py [--mechanism budget|two-level|ragged] [--device cpu] [--batch-size 32]
-        [--max-new-tokens 48] [--topk K] [--repeats 2] [--out DIR]
+        [--max-new-tokens 48] [--topk K] [--waves 1] [--repeats 2] [--out DIR]
 """
 
 from __future__ import annotations
@@ -101,12 +103,14 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1024, help="KV positions a request may reach")
     ap.add_argument("--topk", type=int, default=None, help="draft tree top-k (default: the device's; 1: chains)")
     ap.add_argument("--dataset", default="sharegpt", help="the prompts' dataset (specpilot.bench.datasets)")
+    ap.add_argument("--waves", type=int, default=1, help="batches' worth of prompts (the batch refills as they end)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     engine = _engine(args)
     engine.warm_up()
-    prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts(args.dataset, args.batch_size)]
+    prompts = [apply_chat_template(engine.tokenizer, p)
+               for p in load_prompts(args.dataset, args.waves * args.batch_size)]
     params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
     on = args.mechanism
     modes = ["ar", "spec", *(["two-level"] if on == "ragged" else []), on]
@@ -137,7 +141,8 @@ def main() -> None:
     reports.append(_switch(engine, on, "spec"))
     same = all(ids[m] == ids["ar"] for m in modes)
     result = {"provenance": collect(engine.device, str(engine.dtype)), "command": " ".join(sys.argv),
-              "mechanism": on, "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens,
+              "mechanism": on, "batch_size": args.batch_size, "waves": args.waves,
+              "max_new_tokens": args.max_new_tokens,
               "mechanisms": sorted(engine.mechanisms | {on}), "tok_s": {m: spread(v) for m, v in rates.items()},
               "accept_length": {m: spread(v) for m, v in tau.items()}, "ids_equal_ar": same, "reports": reports,
               "host_ms_per_step": {m: {k: statistics.median(r[k] for r in runs) for k in STAGES}
