@@ -20,15 +20,12 @@ import json
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-import httpx
 
 from specpilot.bench import provenance
 from specpilot.drafters import EMBEDDED_DRAFTER
+from specpilot.optimizer.remote import Server, free_port
 
-PORT = 30230
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Write a haiku about the sea.",
            "import numpy as np\n\ndef softmax(x):", "Explain what a hash table is.", "1, 1, 2, 3, 5, 8,",
            "SELECT name FROM users WHERE", "Once upon a time"]
@@ -39,32 +36,21 @@ SERVERS = {
 }
 
 
-def launch(model_path: str, flags: str, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--port", str(PORT),
+def launch(model_path: str, flags: str, log: Path) -> Server:
+    port = free_port()
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--port", str(port),
            "--mem-fraction-static", "0.6", *shlex.split(flags)]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode}); see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{PORT}/health_generate", timeout=5).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    proc.kill()
-    raise RuntimeError(f"the server did not come up in 600 s; see {log}")
+    return Server(subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT), port, log).ready(600.0)
 
 
-def greedy_ids(new_tokens: int) -> list[list[int]]:
+def greedy_ids(server: Server, new_tokens: int) -> list[list[int]]:
     body = {"text": PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}}
-    answers = httpx.post(f"http://127.0.0.1:{PORT}/generate", json=body, timeout=600).json()
-    return [a["output_ids"] for a in answers]
+    return [a["output_ids"] for a in server.http().post("/generate", json=body).json()]
 
 
-def bench(model_path: str, concurrency: int, args: argparse.Namespace, out_file: Path) -> dict:
-    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", f"http://127.0.0.1:{PORT}",
+def bench(server: Server, model_path: str, concurrency: int, args: argparse.Namespace, out_file: Path) -> dict:
+    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang",
+           "--base-url", f"http://127.0.0.1:{server.port}",
            "--dataset-name", "random", "--random-input-len", str(args.input_len), "--random-output-len",
            str(args.output_len), "--random-range-ratio", "1", "--tokenizer", model_path,
            "--num-prompts", str(max(args.min_prompts, 2 * concurrency)), "--max-concurrency", str(concurrency),
@@ -93,11 +79,12 @@ def main() -> int:
     servers = dict(s.partition("=")[::2] for s in args.server) if args.server else SERVERS
     report: dict = {"provenance": provenance.collect(None, None), "prompts": PROMPTS, "servers": {}}
     for name, flags in servers.items():
-        proc = launch(args.model_path, flags, out / f"{name}.server.log")
+        server = launch(args.model_path, flags, out / f"{name}.server.log")
         try:
-            entry = report["servers"][name] = {"flags": flags, "ids": greedy_ids(args.identity_tokens), "runs": []}
+            entry = report["servers"][name] = {"flags": flags, "ids": greedy_ids(server, args.identity_tokens),
+                                               "runs": []}
             for c in args.concurrency:
-                run = bench(args.model_path, c, args, out / f"{name}_c{c}.jsonl")
+                run = bench(server, args.model_path, c, args, out / f"{name}_c{c}.jsonl")
                 s = run["sglang"]
                 print(f"{name} C={c}: rc {run['returncode']}, {s.get('output_throughput', float('nan')):.0f} tok/s, "
                       f"TPOT {s.get('mean_tpot_ms', float('nan')):.2f} ms, accept length {s.get('accept_length')}",
@@ -105,8 +92,7 @@ def main() -> int:
                 entry["runs"].append(run)
                 (out / "sglang_plugin.json").write_text(json.dumps(report, indent=2))
         finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+            server.close()
     if "ar" in report["servers"]:
         want = report["servers"]["ar"]["ids"]
         for name, entry in report["servers"].items():

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -90,15 +89,14 @@ def _under_sglang() -> dict[str, Any]:
     import torch.multiprocessing as mp
     from torch import nn
 
+    from specpilot.optimizer.remote import free_port
     from specpilot.sglang_ext.session import HeadShape, TargetHead
 
     weight = _weights()[0]
     one = TargetHead(HeadShape(HIDDEN, VOCAB, CONFIG["num_hidden_layers"]), nn.Embedding.from_pretrained(weight), weight)
     with tempfile.TemporaryDirectory() as model_dir:
         Path(model_dir, "config.json").write_text(json.dumps(CONFIG))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
         ranks = [ctx.Process(target=_rank, args=(r, 2, port, model_dir, results)) for r in range(2)]
