@@ -97,7 +97,8 @@ class SpecPilotWorker(BaseSpecWorker):
         rids = [r.rid for r in reqs]
         draft = self.session.propose(rids, [r.origin_input_ids for r in reqs], [r.output_ids for r in reqs])
         newest = torch.tensor([r.output_ids[-1] for r in reqs], device=self.device)
-        tensors = verify_tensors(newest, draft.tokens, draft.tree, batch.seq_lens, batch.seq_lens_sum)
+        # FULL_MASK, as SGLang's NGRAM verify lays it out; its seq_lens_sum is not kept current in decode batches
+        tensors = verify_tensors(newest, draft.tokens, draft.tree, batch.seq_lens, int(batch.seq_lens_cpu.sum()))
         bs, d = tensors.retrieve_index.shape
         batch.forward_mode = ForwardMode.TARGET_VERIFY
         batch.input_ids = tensors.draft_token
