@@ -53,10 +53,10 @@ def _drive(model, session: DraftSession, prompts: list[list[int]], chunk: int) -
         for start in range(0, n, chunk):  # SGLang's chunked prefill: a chunk's taps from its first position
             end = min(start + chunk, n)
             session.prefill([rids[i]], [prompt], [outputs[i][:1] if end == n else []], [start], [end - start],
-                            prompt_taps[start:end])
+                            prompt_taps[start:end], [n + NEW_TOKENS + 16])
     committed: list[int] = []
     while min(len(o) for o in outputs) < NEW_TOKENS:
-        draft = session.propose(rids, prompts, outputs)
+        draft = session.propose(rids, prompts, outputs, [len(p) + NEW_TOKENS + 16 for p in prompts])
         seq_lens = torch.tensor([len(p) + len(o) - 1 for p, o in zip(prompts, outputs)])
         newest = torch.tensor([o[-1] for o in outputs])
         layout = verify_tensors(newest, draft.tokens, draft.tree, seq_lens)
@@ -119,17 +119,25 @@ def test_session_drafts_as_in_our_engine_and_output_is_the_targets(hf_smollm, pr
     assert tau > 1.5
 
 
-def test_a_slot_is_given_back_and_the_least_recent_request_yields_its_own(hf_smollm) -> None:
+def test_slots_and_pages_go_back_and_the_least_recent_requests_yield_theirs(hf_smollm) -> None:
     session = DraftSession.load(EMBEDDED_DRAFTER, TargetHead.of_causal_lm(hf_smollm), max_requests=1,
-                                context_length=64, device=torch.device("cpu"), dtype=torch.float32,
-                                block_size=4, topk=1, ngram_assist=0)
-    slots = session.pages.num_slots
+                                context_length=1024, device=torch.device("cpu"), dtype=torch.float32,
+                                block_size=4, topk=1, ngram_assist=0, pool_tokens=1024)
+    slots, page = session.pages.num_slots, session.pages.page_size
     width = len(session.tap_layers) * hf_smollm.config.hidden_size
-    for i in range(slots + 2):
-        session.prefill([f"r{i}"], [[1, 2, 3]], [[4]], [0], [3], torch.zeros(3, width))
+
+    def prefill(rid: str, reach: int) -> None:
+        session.prefill([rid], [[1, 2, 3]], [[4]], [0], [3], torch.zeros(3, width), [reach])
+
+    for i in range(slots + 2):  # short requests: slots run out first
+        prefill(f"r{i}", page)
     assert list(session.requests) == [f"r{i}" for i in range(2, slots + 2)]
     session.release("r2")
     assert session.pages.num_free == 1 and "r2" not in session.requests
+    prefill("long", session.pages.max_len)  # the whole pool: every other request gives its pages up
+    assert list(session.requests) == ["long"] and session.pages.free_pages == 0
+    with pytest.raises(RuntimeError, match="KV cache full"):  # a request of this very step keeps its pages
+        session.propose(["long", "new"], [[1, 2, 3]] * 2, [[4]] * 2, [session.pages.max_len, page])
 
 
 def test_a_chunked_prefill_written_from_position_0_fails_the_acceptance_check(hf_smollm, prompts, engine_tau,

@@ -53,8 +53,9 @@ def _drafts(head: Any) -> list[list[int]]:
                                 device=torch.device("cpu"), dtype=torch.float32, block_size=8, topk=1, ngram_assist=0)
     rids = [f"r{i}" for i in range(REQUESTS)]
     outputs = [[7] for _ in prompts]
-    session.prefill(rids, prompts, outputs, [0] * REQUESTS, [len(p) for p in prompts], taps)
-    return session.propose(rids, prompts, outputs).tokens.tolist()
+    reach = [len(p) + 16 for p in prompts]
+    session.prefill(rids, prompts, outputs, [0] * REQUESTS, [len(p) for p in prompts], taps, reach)
+    return session.propose(rids, prompts, outputs, reach).tokens.tolist()
 
 
 def _rank(rank: int, world: int, port: int, model_dir: str, results: Any) -> None:
@@ -85,6 +86,19 @@ def _rank(rank: int, world: int, port: int, model_dir: str, results: Any) -> Non
                  "drafts": _drafts(head)})
 
 
+def _result(results: Any, ranks: list[Any]) -> dict[str, Any]:
+    """The next rank's report; a rank that died without one ends the wait."""
+    import queue
+
+    for _ in range(400):
+        try:
+            return results.get(timeout=1.0)
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in ranks):
+                raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in ranks]}") from None
+    raise TimeoutError("the ranks did not report within 400 s")
+
+
 def _under_sglang() -> dict[str, Any]:
     import torch.multiprocessing as mp
     from torch import nn
@@ -102,7 +116,7 @@ def _under_sglang() -> dict[str, Any]:
         ranks = [ctx.Process(target=_rank, args=(r, 2, port, model_dir, results)) for r in range(2)]
         for p in ranks:
             p.start()
-        report = sorted((results.get(timeout=400) for _ in ranks), key=lambda r: r["rank"])
+        report = sorted((_result(results, ranks) for _ in ranks), key=lambda r: r["rank"])
         for p in ranks:
             p.join(timeout=60)
     return {"ranks": report, "one_rank_drafts": _drafts(one)}

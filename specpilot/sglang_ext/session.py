@@ -7,9 +7,10 @@ by request id, what it needs:
 - before a verify: each request's tokens so far (the engine's own lists, read in place, never changed);
 - after the verify: the acceptance over the verify's rows (state.draft.Accepted) and those rows' taps.
 
-The drafter keeps its context K/V in a slot of its own page table per request. A request the engine has
-finished gives its slot back (`release`); where slots run out, the request least recently seen gives its
-slot up. Drafts never decide a token, so a lost context costs acceptance, never correctness.
+The drafter keeps its context K/V in a slot of its own page table per request, with pages for as many positions
+as the request may reach (the engine says how many). A request the engine has finished gives its slot back
+(`release`); where slots or pages run out, the requests least recently seen give theirs up. Drafts never decide
+a token, so a lost context costs acceptance, never correctness.
 """
 
 from __future__ import annotations
@@ -82,8 +83,11 @@ class DraftSession:
 
     @classmethod
     def load(cls, path: str | Path, target: TargetHead, max_requests: int, context_length: int,
-             device: torch.device, dtype: torch.dtype, block_size: int, topk: int, ngram_assist: int) -> DraftSession:
-        pages = PageTable(max_requests + SPARE_SLOTS, context_length + block_size, None, device)
+             device: torch.device, dtype: torch.dtype, block_size: int, topk: int, ngram_assist: int,
+             pool_tokens: int | None = None) -> DraftSession:
+        """`pool_tokens`: positions the drafter's cache holds over all requests (None: every slot's whole
+        context; the engine's own KV pool bounds what its requests reach at once)."""
+        pages = PageTable(max_requests + SPARE_SLOTS, context_length + block_size, pool_tokens, device)
         dflash = DFlashDrafter.from_pretrained(path, target, pages, context_length, device, dtype,
                                                block_size=block_size, topk=topk)
         drafter: Drafter = NgramAssistedDrafter(dflash, ngram_assist) if ngram_assist else dflash
@@ -94,20 +98,23 @@ class DraftSession:
         return self.dflash.tap_layers
 
     def prefill(self, rids: Sequence[str], prompts: Sequence[list[int]], outputs: Sequence[list[int]],
-                starts: Sequence[int], lengths: Sequence[int], taps: torch.Tensor) -> None:
+                starts: Sequence[int], lengths: Sequence[int], taps: torch.Tensor, reach: Sequence[int]) -> None:
         """The target ran `lengths[i]` tokens of request i from position `starts[i]` (its prompt, a chunk of
-        it, or after a retraction its prompt and outputs again); `taps` [sum(lengths), width] in that order."""
+        it, or after a retraction its prompt and outputs again); `taps` [sum(lengths), width] in that order.
+        `reach[i]`: the positions request i may reach (its prompt, its new tokens and a block)."""
         reqs = []
-        for rid, prompt, output, start in zip(rids, prompts, outputs, starts):
-            req = self._request(rid, prompt, output)
+        for rid, prompt, output, start, positions in zip(rids, prompts, outputs, starts, reach):
+            req = self._request(rid, prompt, output, positions, rids)
             if start == 0:  # a new request, or one prefilled again: nothing drafted for it before holds
                 self.drafter.release(req)
             reqs.append(req)
         self.dflash.extend_context(reqs, list(taps.split(list(lengths))), list(starts))
 
-    def propose(self, rids: Sequence[str], prompts: Sequence[list[int]], outputs: Sequence[list[int]]) -> Draft:
+    def propose(self, rids: Sequence[str], prompts: Sequence[list[int]], outputs: Sequence[list[int]],
+                reach: Sequence[int]) -> Draft:
         """The drafts of the next verify: `outputs[i]`'s last token is the block's first."""
-        return self.drafter.propose([self._request(rid, p, o) for rid, p, o in zip(rids, prompts, outputs)])
+        return self.drafter.propose([self._request(rid, p, o, n, rids)
+                                     for rid, p, o, n in zip(rids, prompts, outputs, reach)])
 
     def commit(self, rids: Sequence[str], accepted: Accepted, verify_taps: torch.Tensor) -> list[list[int]]:
         """After the verify of `propose`'s drafts: `accepted` over its rows, `verify_taps` [n * rows, width]
@@ -130,13 +137,16 @@ class DraftSession:
             self.drafter.release(req)
             self.pages.free(req.slot)
 
-    def _request(self, rid: str, prompt: list[int], output: list[int]) -> Request:
+    def _request(self, rid: str, prompt: list[int], output: list[int], reach: int, busy: Sequence[str]) -> Request:
+        """The mirror of request `rid`, given a slot with pages for `reach` positions where it has none: the
+        least recently seen requests not among `busy` (this call's) give theirs up while they are short."""
         req = self.requests.get(rid)
         if req is None:
-            if self.pages.num_free == 0:
-                self.release(next(iter(self.requests)))
+            idle = [r for r in self.requests if r not in busy]
+            while not self.pages.can_hold(reach) and idle:
+                self.release(idle.pop(0))
             req = self.requests[rid] = Request(prompt_ids=prompt, params=SamplingParams(), rid=rid,
-                                               slot=self.pages.allocate())
+                                               slot=self.pages.allocate(reach))
         self.requests.move_to_end(rid)
         req.prompt_ids, req.output_ids = prompt, output
         return req

@@ -51,15 +51,21 @@ class SpecPilotWorker(BaseSpecWorker):
             raise ValueError(f"--model-path {server_args.model_path}: SGLang's {type(model).__name__} cannot hand its "
                              "hidden states to a DFlash drafter (it has no set_dflash_layers_to_capture)")
         model.set_dflash_layers_to_capture(s.drafter.target_layer_ids)
-        head = TargetHead.of_causal_lm(model, _vocab_gather(server_args.tp_size))
-        self.device = head.lm_head_weight.device
-        self.session = DraftSession.load(s.draft_path, head, server_args.max_running_requests,
-                                         self.model_runner.model_config.context_len, self.device,
-                                         head.lm_head_weight.dtype, s.block_size, s.topk, s.ngram_assist)
+        self.head = TargetHead.of_causal_lm(model, _vocab_gather(server_args.tp_size))
+        self.device = self.head.lm_head_weight.device
+        self.context_len = self.model_runner.model_config.context_len
+        self.session: DraftSession | None = None  # made once the target's KV pool is (alloc_memory_pool)
 
-    def alloc_memory_pool(self, **kwargs: Any) -> None:
-        # the target's pools exist only after __init__; ours (the drafter's context) are the session's own
+    def alloc_memory_pool(self, memory_pool_config: Any = None, req_to_token_pool: Any = None,
+                          token_to_kv_pool_allocator: Any = None) -> None:
+        """After the target's pools: the drafter's context cache holds as many positions as the target's pool
+        (plus a block per request), from the memory SGLang left beside it (--mem-fraction-static)."""
         self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
+        runner, s = self.model_runner, self.settings
+        requests = runner.max_running_requests
+        self.session = DraftSession.load(s.draft_path, self.head, requests, self.context_len, self.device,
+                                         self.head.lm_head_weight.dtype, s.block_size, s.topk, s.ngram_assist,
+                                         pool_tokens=runner.max_total_num_tokens + requests * 2 * s.block_size)
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self.session.release(rid)
@@ -81,7 +87,7 @@ class SpecPilotWorker(BaseSpecWorker):
         out = result.logits_output
         reqs = batch.reqs
         self.session.prefill([r.rid for r in reqs], [r.origin_input_ids for r in reqs], [r.output_ids for r in reqs],
-                             batch.prefix_lens, batch.extend_lens, out.hidden_states)
+                             batch.prefix_lens, batch.extend_lens, out.hidden_states, self._reach(reqs))
         out.hidden_states = None  # nothing for the scheduler to copy to the host
         new_seq_lens = batch.seq_lens.clone()
         if on_publish is not None:
@@ -95,7 +101,8 @@ class SpecPilotWorker(BaseSpecWorker):
     def _verify(self, batch: Any, on_publish: Any) -> GenerationBatchResult:
         reqs = batch.reqs
         rids = [r.rid for r in reqs]
-        draft = self.session.propose(rids, [r.origin_input_ids for r in reqs], [r.output_ids for r in reqs])
+        draft = self.session.propose(rids, [r.origin_input_ids for r in reqs], [r.output_ids for r in reqs],
+                                     self._reach(reqs))
         newest = torch.tensor([r.output_ids[-1] for r in reqs], device=self.device)
         # FULL_MASK, as SGLang's NGRAM verify lays it out; its seq_lens_sum is not kept current in decode batches
         tensors = verify_tensors(newest, draft.tokens, draft.tree, batch.seq_lens, int(batch.seq_lens_cpu.sum()))
@@ -126,6 +133,12 @@ class SpecPilotWorker(BaseSpecWorker):
         batch.forward_mode = ForwardMode.DECODE
         accept_tokens = predict[accept_index].flatten()  # rows past a request's count: ignored by accept_lens
         return self._result(result, accept_tokens, accept_tokens, accept_lens, new_seq_lens)
+
+    def _reach(self, reqs: list[Any]) -> list[int]:
+        """The positions each request may reach: its prompt, its new tokens and a verify block."""
+        d = self.settings.block_size
+        return [min(len(r.origin_input_ids) + (r.sampling_params.max_new_tokens or self.context_len), self.context_len)
+                + d for r in reqs]
 
     def _result(self, result: Any, next_token_ids: torch.Tensor, accept_tokens: torch.Tensor,
                 accept_lens: torch.Tensor, new_seq_lens: torch.Tensor) -> GenerationBatchResult:
