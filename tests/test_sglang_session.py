@@ -85,29 +85,31 @@ def _drive(model, session: DraftSession, prompts: list[list[int]], chunk: int) -
 @pytest.fixture(scope="module")
 def engine_tau(prompts):
     """Mean tokens per verify of our own engine with the same drafter on the same prompts, by tree top-k."""
-    taus: dict[int, float] = {}
+    taus: dict[tuple[int, int], float] = {}
 
-    def tau(topk: int) -> float:
-        if topk not in taus:
+    def tau(topk: int, assist: int = 0) -> float:
+        if (topk, assist) not in taus:
             engine = Engine.from_config(EngineConfig(device="cpu", max_running_requests=2, context_length=512,
                                                      speculative_algorithm="dflash", speculative_num_draft_tokens=16,
-                                                     speculative_eagle_topk=topk))
+                                                     speculative_eagle_topk=topk, speculative_ngram_assist=assist))
             lengths = [n for r in engine.generate(prompts, GREEDY) for n in r.accept_lengths]
-            taus[topk] = sum(lengths) / len(lengths)
-        return taus[topk]
+            taus[topk, assist] = sum(lengths) / len(lengths)
+        return taus[topk, assist]
 
     return tau
 
 
-def _session(model, topk: int) -> DraftSession:
+def _session(model, topk: int, assist: int = 0) -> DraftSession:
     return DraftSession.load(EMBEDDED_DRAFTER, TargetHead.of_causal_lm(model), max_requests=2, context_length=512,
-                             device=torch.device("cpu"), dtype=torch.float32, block_size=16, topk=topk, ngram_assist=0)
+                             device=torch.device("cpu"), dtype=torch.float32, block_size=16, topk=topk,
+                             ngram_assist=assist)
 
 
-@pytest.mark.parametrize("topk", [1, 4], ids=["chain", "tree"])
+@pytest.mark.parametrize("topk,assist", [(1, 0), (4, 0), (4, 2)], ids=["chain", "tree", "tree+assist"])
 def test_session_drafts_as_in_our_engine_and_output_is_the_targets(hf_smollm, prompts, engine_tau,
-                                                                    topk: int) -> None:
-    session = _session(hf_smollm, topk)
+                                                                    topk: int, assist: int) -> None:
+    """Tree + assist is the plugin's default (prompt lookup on the device, synced from SGLang's token lists)."""
+    session = _session(hf_smollm, topk, assist)
     outputs, committed = _drive(hf_smollm, session, prompts, chunk=37)
     with torch.no_grad():
         for prompt, output in zip(prompts, outputs):
@@ -115,7 +117,7 @@ def test_session_drafts_as_in_our_engine_and_output_is_the_targets(hf_smollm, pr
             assert output == want[0, len(prompt):].tolist()
     tau = sum(committed) / len(committed)
     # a context written at the wrong positions (or from the wrong rows) drafts near-random tokens: tau ~1
-    assert tau >= 0.85 * engine_tau(topk), tau
+    assert tau >= 0.85 * engine_tau(topk, assist), tau
     assert tau > 1.5
 
 
