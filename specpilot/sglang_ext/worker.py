@@ -59,8 +59,8 @@ class SpecPilotWorker(BaseSpecWorker):
     def alloc_memory_pool(self, memory_pool_config: Any = None, req_to_token_pool: Any = None,
                           token_to_kv_pool_allocator: Any = None) -> None:
         """After the target's pools: the drafter's context cache holds as many positions as the target's pool
-        (plus a block per request), from the memory SGLang left beside it (--mem-fraction-static)."""
-        self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
+        (plus two blocks a request), from the memory SGLang left beside it (--mem-fraction-static)."""
+        super().alloc_memory_pool(memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
         runner, s = self.model_runner, self.settings
         requests = runner.max_running_requests
         self.session = DraftSession.load(s.draft_path, self.head, requests, self.context_len, self.device,
