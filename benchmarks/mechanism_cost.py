@@ -9,7 +9,7 @@ requests end: one wave's tail (requests reaching their length at different steps
 them) is a cost only speculation pays; K waves make it a K-th as large.
 
     python benchmarks/mechanism_cost.py [--mechanism budget|two-level|ragged] [--device cpu] [--batch-size 32]
-        [--max-new-tokens 48] [--topk K] [--waves 1] [--repeats 2] [--out DIR]
+        [--max-new-tokens 48] [--topk K] [--waves 1] [--prefill-waves 1] [--repeats 2] [--out DIR]
 """
 
 from __future__ import annotations
@@ -60,13 +60,34 @@ def _stage_clock(engine: Engine) -> dict[str, float]:
     return spent
 
 
+def _pass_clock(engine: Engine) -> dict[str, dict[str, float]]:
+    """Prefill passes and decode steps, each with its host seconds (a prefill: the prompts' pass, the drafter's
+    start and the first tokens' commit, which syncs), summed into the returned dict as they run: with waves,
+    admitting as requests end makes prefills a cost of their own."""
+    spent = {kind: {"passes": 0.0, "s": 0.0} for kind in ("prefill", "decode")}
+    for kind in spent:
+        run = getattr(engine, f"_{kind}")
+
+        def timed(reqs, run=run, tally=spent[kind]):
+            start = time.perf_counter()
+            try:
+                return run(reqs)
+            finally:
+                tally["passes"] += 1
+                tally["s"] += time.perf_counter() - start
+
+        setattr(engine, f"_{kind}", timed)
+    return spent
+
+
 def _engine(args: argparse.Namespace) -> Engine:
     """The device's default mechanisms, plus `two-level` (its graphs of every width, and `ragged`'s where that
     is measured) when it is measured; the mechanism is switched on and off between runs by setting its engine
     and step attributes, so all modes share one engine, its weights and graphs."""
     config = EngineConfig(device=args.device, speculative_algorithm="dflash", max_running_requests=args.batch_size,
                           speculative_eagle_topk=args.topk or open_defaults(args.device, "dflash")["speculative_eagle_topk"],
-                          context_length=args.context, max_total_tokens=args.batch_size * args.context)
+                          context_length=args.context, max_total_tokens=args.batch_size * args.context,
+                          min_prefill_batch=args.prefill_waves)
     engine = Engine.from_config(config)
     if args.mechanism in ("two-level", "ragged"):
         key = key_for(engine.device, engine.checkpoint.source, engine.dtype, engine.exact)
@@ -104,6 +125,8 @@ def main() -> None:
     ap.add_argument("--topk", type=int, default=None, help="draft tree top-k (default: the device's; 1: chains)")
     ap.add_argument("--dataset", default="sharegpt", help="the prompts' dataset (specpilot.bench.datasets)")
     ap.add_argument("--waves", type=int, default=1, help="batches' worth of prompts (the batch refills as they end)")
+    ap.add_argument("--prefill-waves", type=int, default=1,
+                    help="free slots that admit waiting prompts while requests run (EngineConfig.min_prefill_batch)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -118,6 +141,8 @@ def main() -> None:
     tau: dict[str, list[float]] = {m: [] for m in modes[1:]}
     stage_ms: dict[str, list[dict[str, float]]] = {m: [] for m in modes[1:]}  # host ms per step, per stage
     spent = _stage_clock(engine)
+    pass_clock = _pass_clock(engine)
+    pass_runs: dict[str, list[dict]] = {m: [] for m in modes}  # prefill and decode passes and seconds per run
     ids, reports = {}, []
     for r in range(args.repeats):
         for mode in rates:
@@ -126,6 +151,8 @@ def main() -> None:
                 reports.append(report)
             engine.reset_spec_stats()
             spent.update(dict.fromkeys(spent, 0.0))
+            for tally in pass_clock.values():
+                tally.update(passes=0.0, s=0.0)
             start = time.perf_counter()
             if mode == "ar":
                 with engine.autoregressive():
@@ -135,23 +162,31 @@ def main() -> None:
                 tau[mode].append(engine.spec_stats.tau)
                 passes = engine.spec_stats.steps / args.batch_size  # verify steps, roughly (the batch drains)
                 stage_ms[mode].append({k: round(1e3 * v / passes, 3) for k, v in spent.items()})
-            rates[mode].append(sum(len(q.output_ids) for q in reqs) / (time.perf_counter() - start))
+            wall = time.perf_counter() - start
+            rates[mode].append(sum(len(q.output_ids) for q in reqs) / wall)
+            pass_runs[mode].append({kind: {"passes": int(t["passes"]), "s": round(t["s"], 4), "share": round(t["s"] / wall, 4)}
+                                    for kind, t in pass_clock.items()})
             ids[mode] = [q.output_ids for q in reqs]
         print(f"repeat {r + 1}: " + ", ".join(f"{m} {v[-1]:.1f} tok/s" for m, v in rates.items()), flush=True)
     reports.append(_switch(engine, on, "spec"))
     same = all(ids[m] == ids["ar"] for m in modes)
     result = {"provenance": collect(engine.device, str(engine.dtype)), "command": " ".join(sys.argv),
-              "mechanism": on, "batch_size": args.batch_size, "waves": args.waves,
+              "mechanism": on, "batch_size": args.batch_size, "waves": args.waves, "prefill_waves": args.prefill_waves,
               "max_new_tokens": args.max_new_tokens,
               "mechanisms": sorted(engine.mechanisms | {on}), "tok_s": {m: spread(v) for m, v in rates.items()},
               "accept_length": {m: spread(v) for m, v in tau.items()}, "ids_equal_ar": same, "reports": reports,
               "host_ms_per_step": {m: {k: statistics.median(r[k] for r in runs) for k in STAGES}
-                                   for m, runs in stage_ms.items()}}
+                                   for m, runs in stage_ms.items()},
+              "passes": pass_runs}
     write_json(out_dir(args.out) / f"{on.replace('-', '_')}_cost.json", result)
     med = {m: statistics.median(v) for m, v in rates.items()}
     print(f"tok/s median: AR {med['ar']:.1f}, " + ", ".join(f"{m} {med[m]:.1f} ({med[m] / med['ar']:.2f}x)" for m in modes[1:])
           + "; accept length " + ", ".join(f"{m} {statistics.median(v):.2f}" for m, v in tau.items())
           + f"; ids equal AR's: {same}; last report: {reports[-1]}")
+    for kind in pass_clock:
+        print(f"{kind} passes / seconds / share of the run (last repeat): "
+              + ", ".join(f"{m} {r[-1][kind]['passes']} / {r[-1][kind]['s']:.3f} s / {r[-1][kind]['share']:.0%}"
+                          for m, r in pass_runs.items()))
     for m, ms in result["host_ms_per_step"].items():
         print(f"host ms per step, {m}: " + ", ".join(f"{k} {v:.3f}" for k, v in ms.items()))
 
