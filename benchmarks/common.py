@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from specpilot.bench.harness import spread
+from specpilot.engine.engine import Engine
 from specpilot.kernels.stream_read import stream_read_triton
 from specpilot.models.config import ModelConfig
 from specpilot.models.hybrid import HybridConfig, HybridTransformer
@@ -146,3 +147,23 @@ def out_dir(arg: str | None) -> Path:
 
 def write_json(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=2))
+
+
+def pass_clock(engine: Engine) -> dict[str, dict[str, float]]:
+    """Prefill passes and decode steps, each with its host seconds (a prefill: the prompts' pass, the drafter's
+    start and the first tokens' commit, which syncs), summed into the returned dict as they run: with waves,
+    admitting as requests end makes prefills a cost of their own."""
+    spent = {kind: {"passes": 0.0, "s": 0.0} for kind in ("prefill", "decode")}
+    for kind in spent:
+        run = getattr(engine, f"_{kind}")
+
+        def timed(reqs, run=run, tally=spent[kind]):
+            start = time.perf_counter()
+            try:
+                return run(reqs)
+            finally:
+                tally["passes"] += 1
+                tally["s"] += time.perf_counter() - start
+
+        setattr(engine, f"_{kind}", timed)
+    return spent

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import out_dir, write_json  # noqa: E402
+from common import out_dir, pass_clock, write_json  # noqa: E402
 
 from specpilot.bench.datasets import apply_chat_template, load_prompts  # noqa: E402
 from specpilot.bench.harness import spread  # noqa: E402
@@ -57,26 +57,6 @@ def _stage_clock(engine: Engine) -> dict[str, float]:
                 spent[name] += time.perf_counter() - start
 
         setattr(step, name, timed)
-    return spent
-
-
-def _pass_clock(engine: Engine) -> dict[str, dict[str, float]]:
-    """Prefill passes and decode steps, each with its host seconds (a prefill: the prompts' pass, the drafter's
-    start and the first tokens' commit, which syncs), summed into the returned dict as they run: with waves,
-    admitting as requests end makes prefills a cost of their own."""
-    spent = {kind: {"passes": 0.0, "s": 0.0} for kind in ("prefill", "decode")}
-    for kind in spent:
-        run = getattr(engine, f"_{kind}")
-
-        def timed(reqs, run=run, tally=spent[kind]):
-            start = time.perf_counter()
-            try:
-                return run(reqs)
-            finally:
-                tally["passes"] += 1
-                tally["s"] += time.perf_counter() - start
-
-        setattr(engine, f"_{kind}", timed)
     return spent
 
 
@@ -141,7 +121,7 @@ def main() -> None:
     tau: dict[str, list[float]] = {m: [] for m in modes[1:]}
     stage_ms: dict[str, list[dict[str, float]]] = {m: [] for m in modes[1:]}  # host ms per step, per stage
     spent = _stage_clock(engine)
-    pass_clock = _pass_clock(engine)
+    pass_clock = pass_clock(engine)
     pass_runs: dict[str, list[dict]] = {m: [] for m in modes}  # prefill and decode passes and seconds per run
     ids, reports = {}, []
     for r in range(args.repeats):

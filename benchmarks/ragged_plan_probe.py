@@ -23,7 +23,7 @@ lv.other_ms = 2.5
 buckets = ragged_token_buckets(n, k + 1)
 conf = torch.rand(n, k, device=dev)
 drafts = torch.randint(0, 1000, (n, k), device=dev)
-batch = RaggedStaticBatch(n, n * (k + 1), k + 1, dev, 99, 2048)
+batch = RaggedStaticBatch(n, n * (k + 1), k + 1, dev, 99, 2048, 2048)
 slots, starts, firsts = list(range(n)), [100 + i for i in range(n)], [7] * n
 
 

@@ -53,6 +53,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-prefill-batch", type=_positive_int, default=None, metavar="N",
                    help="while requests run, admit waiting ones only once N slots are free (or all of them fit), "
                         f"so prefills come in waves (default {EngineConfig.min_prefill_batch})")
+    g.add_argument("--prefill-graph-tokens", type=_nonneg_int, default=None, metavar="N",
+                   help="CUDA: prefill passes of up to 8 prompts and N prompt tokens replay a CUDA graph (an eager "
+                        f"pass is launch-bound); 0: eager prefills (default {EngineConfig.prefill_graph_tokens})")
     g.add_argument("--disable-cuda-graph", dest="cuda_graphs", action="store_false", default=None,
                    help="run decode eagerly on CUDA")
     g.add_argument("--cuda-graph-bs", dest="cuda_graph_batch_sizes", type=_positive_int, nargs="+", default=None,

@@ -169,7 +169,7 @@ def test_ragged_graph_inputs_pack_requests_and_pad_into_scratch_slot(tmp_path):
     runner, cache = engine.runner, engine.cache
     verify = [[5, 6], [9, 10, 11, 12], [13]]
     plain = runner.forward(slots, starts, verify).logits
-    inputs = RaggedStaticBatch(4, 16, 4, engine.device, cache.scratch_slot, cache.max_len)
+    inputs = RaggedStaticBatch(4, 16, 4, engine.device, cache.scratch_slot, cache.max_len, cache.max_len)
     other_slot = cache.allocate()
     before = cache.read(0, other_slot, cache.max_len)[0].clone()
     inputs.fill(slots, starts, verify, 4, 12)
@@ -200,7 +200,7 @@ def test_a_ragged_layout_made_on_the_device_is_the_host_s_fill(data):
     starts = data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))
     drafts = data.draw(st.lists(st.lists(st.integers(3, 99), min_size=k, max_size=k), min_size=n, max_size=n))
     firsts = data.draw(st.lists(st.integers(3, 99), min_size=n, max_size=n))
-    host, dev = (RaggedStaticBatch(6, 40, k + 1, torch.device("cpu"), scratch, max_len) for _ in range(2))
+    host, dev = (RaggedStaticBatch(6, 40, k + 1, torch.device("cpu"), scratch, max_len, max_len) for _ in range(2))
     host.fill(slots, starts, [[f, *d[:m]] for f, d, m in zip(firsts, drafts, lengths)], b, t)
     dev.lay_out(*(torch.tensor(v) for v in (slots, starts, firsts, drafts, lengths)), b, t)
     for name in ("input_ids", "positions", "write_index"):

@@ -4,11 +4,14 @@ on CPU with an eager stand-in for the graphs, and decode exactly what the eager 
 from __future__ import annotations
 
 import pytest
+import torch
 from test_engine import assert_rollback_reproduces
 from test_speculative import GREEDY, mixed_prompts, tiny  # noqa: F401  (module fixture)
 
+from specpilot.config import SamplingParams
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.forcing import run_forcing
+from specpilot.state.batch import ForwardBatch
 from specpilot.state.graphs import EagerReplay, GraphBackend, eager_capture
 
 
@@ -99,3 +102,54 @@ def test_graph_paths_of_other_drafters_decode_like_eager(tiny, replays, algorith
     assert verdict.passed, verdict.as_dict()
     eager = [r.output_ids for r in _engine(ckpt, False, **spec).generate(prompts, GREEDY)]
     assert [r.output_ids for r in _engine(ckpt, True, **spec).generate(prompts, GREEDY)] == eager
+
+
+def test_prefills_replay_graphs_and_decode_like_eager(tiny, replays):  # noqa: F811
+    """Prefills of up to 8 prompts and the graph's token cap replay a prefill graph (a bucket request past the
+    real ones owns no rows; rows past the prompts aim at the scratch slot); a longer pass runs eagerly. The
+    first tokens, the drafter's taps and so every token after them are those of eager prefills."""
+    ckpt, paths = tiny
+    spec = dict(speculative_algorithm="dflash", speculative_draft_model_path=str(paths["dflash"]),
+                speculative_num_draft_tokens=6, speculative_eagle_topk=4, speculative_ngram_assist=2)
+    prompts = mixed_prompts(ckpt.config.vocab_size, 7, seed=5) + [list(range(3, 143))]  # the last: 140 tokens
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (5, 9, 14, 20, 27, 33, 12, 8)]
+    eager = [r.output_ids for r in _engine(ckpt, False, **spec).generate(prompts, params)]
+    for algorithm in (spec, {}):
+        graphed = Engine(ckpt, EngineConfig(device="cpu", max_running_requests=3, context_length=256,
+                                            prefill_graph_tokens=128, **algorithm))
+        assert sorted(graphed.runner.prefills) == [(b, t) for b in (1, 2, 3) for t in (64, 128)]  # 3 slots
+        passes = {"graph": 0, "eager": 0}
+        prefill = graphed.runner._graphed_prefill
+
+        def counted(*args, prefill=prefill):
+            out = prefill(*args)
+            passes["graph" if out is not None else "eager"] += 1
+            return out
+
+        graphed.runner._graphed_prefill = counted
+        outputs = [r.output_ids for r in graphed.generate(prompts, params)]
+        if algorithm:
+            assert outputs == eager
+        else:
+            assert outputs == [r.output_ids for r in _engine(ckpt, False).generate(prompts, params)]
+        assert passes["graph"] >= 3 and passes["eager"] >= 1  # the 140-token prompt's pass runs eagerly
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graphed_prefill_is_bitwise_the_eager_one_on_cuda(tiny):  # noqa: F811
+    """On the batch-invariant kernels a prompt's last logits and taps do not depend on whether its prefill ran in
+    a graph (its rows padded to the bucket's, max_q_len the bucket's) or eagerly beside other prompts."""
+    ckpt, paths = tiny
+    engine = Engine(ckpt, EngineConfig(device="cuda", dtype="bfloat16", max_running_requests=8, context_length=256,
+                                       prefill_graph_tokens=256, speculative_algorithm="dflash",
+                                       speculative_draft_model_path=str(paths["dflash"])))
+    assert engine.exact and engine.runner.prefills
+    prompts = mixed_prompts(ckpt.config.vocab_size, 8, seed=9)
+    for group in (prompts[:1], prompts[1:4], prompts[4:8]):
+        slots = list(range(len(group)))
+        graphed = engine.runner._graphed_prefill(slots, [0] * len(group), group)
+        assert graphed is not None
+        alone = [engine.runner.run(ForwardBatch.build([s], [0], [p], engine.cache.max_len, engine.device))
+                 for s, p in zip(slots, group)]
+        assert torch.equal(graphed.logits, torch.stack([a.logits[-1] for a in alone]))
+        assert torch.equal(graphed.taps, torch.cat([a.taps for a in alone]))

@@ -27,6 +27,10 @@ class EngineConfig:
     # Offline throughput: while requests run, admit waiting ones only once this many slots are free (or
     # every waiting one fits), so prefills come in waves instead of one eager pass per finished request.
     min_prefill_batch: int = 1
+    # CUDA graphs: prefill passes of up to this many prompt tokens (and PREFILL_GRAPH_BATCH_SIZES prompts) replay a
+    # graph per (prompts, tokens) bucket; an eager pass is launch-bound, and under load a request that ends
+    # admits the next one in a pass of its own. 0: prefills run eagerly.
+    prefill_graph_tokens: int = 2048
     speculative_algorithm: str | None = None  # None | dflash | pard | ngram
     speculative_draft_model_path: str | None = None
     speculative_num_draft_tokens: int | None = None  # tokens per verify pass (block size); default from the drafter

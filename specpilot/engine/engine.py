@@ -200,7 +200,8 @@ class Engine:
         self.runner.capture(q_lens=q_lens, batch_sizes=self.config.cuda_graph_batch_sizes,
                             tree_qs=tuple(q for q in q_lens if q > 1) if trees else (),
                             num_kv_splits=self.config.attention_kv_splits,
-                            ragged_q=self.drafter.block_size if "ragged" in self.mechanisms else 0)
+                            ragged_q=self.drafter.block_size if "ragged" in self.mechanisms else 0,
+                            prefill_tokens=self.config.prefill_graph_tokens)
         if self.speculation is not None:
             self.speculation.capture()
 

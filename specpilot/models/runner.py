@@ -1,7 +1,8 @@
 """Runs the target over a ForwardBatch: eagerly, or by replaying CUDA graphs captured per
-(tokens-per-request, batch-size bucket) for decode and verify passes, and for `ragged` verifies (requests of
-different widths) per (batch-size bucket, total-rows bucket). A verify graph's inputs are laid out by the
-speculative step's plan stage (engine/step.py); the runner only replays it."""
+(tokens-per-request, batch-size bucket) for decode and verify passes, for `ragged` verifies (requests of
+different widths) per (batch-size bucket, total-rows bucket), and for prefills of a few prompts per (prompts
+bucket, prompt-tokens bucket). A verify graph's inputs are laid out by the speculative step's plan stage
+(engine/step.py); the runner only replays it."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ from specpilot.progress import bar
 from specpilot.state.batch import ForwardBatch
 from specpilot.state.cache import KVCache
 from specpilot.state.graphs import (CapturedPass, EagerReplay, GraphBackend, capture_buckets, pick_bucket,
-                                    ragged_token_buckets)
+                                    prefill_token_buckets, ragged_token_buckets)
 from specpilot.state.static_batch import RaggedStaticBatch, StaticBatch
 
 DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+# prompts a graphed prefill takes: requests that end one by one admit the next ones a few at a time, and a
+# first wave of many prompts is one long pass whose launches cost little beside its tokens
+PREFILL_GRAPH_BATCH_SIZES = (1, 2, 4, 8)
 
 
 @dataclass
@@ -47,6 +51,8 @@ class ModelRunner:
         self.static: dict[int, StaticBatch] = {}  # q -> the inputs of its graphs
         self.ragged: dict[tuple[int, int], Graph] = {}  # (batch bucket, rows bucket) -> a ragged verify graph
         self.ragged_inputs: RaggedStaticBatch | None = None
+        self.prefills: dict[tuple[int, int], Graph] = {}  # (prompts bucket, tokens bucket) -> a prefill graph
+        self.prefill_inputs: RaggedStaticBatch | None = None
 
     # ---- eager ------------------------------------------------------------------------------
     def run(self, batch: ForwardBatch) -> RunOutput:
@@ -58,6 +64,10 @@ class ModelRunner:
                 last_only: bool = False, keep_hidden: bool = False) -> RunOutput:
         """`keep_hidden` (with last_only): also every token's hidden state, for logits of rows past the last
         (a prompt's own logprobs) computed apart, so the last rows' logits are the ones a pass without it gets."""
+        if last_only and not keep_hidden and self.prefills:
+            out = self._graphed_prefill(slots, start_lens, token_lists)
+            if out is not None:
+                return out
         q = len(token_lists[0])
         g = None if keep_hidden else self.graph_for(q, len(slots))
         if g is not None and all(len(t) == q for t in token_lists):
@@ -71,6 +81,19 @@ class ModelRunner:
             return RunOutput(self.model.logits(hidden[last_rows]), taps, hidden=hidden if keep_hidden else None)
         out = self.run(batch)
         return RunOutput(out.logits, out.taps)
+
+    def _graphed_prefill(self, slots: list[int], start_lens: list[int], token_lists: list[list[int]]) -> RunOutput | None:
+        """A last-only pass by the prefill graph of the smallest buckets that hold it (None: none does). Its
+        outputs are copied out: the runner's other graphs share the memory pool and may reuse theirs."""
+        total = sum(map(len, token_lists))
+        b = pick_bucket({b for b, _ in self.prefills}, len(slots))
+        t = pick_bucket((t for bb, t in self.prefills if bb == b), total)
+        g = self.prefills.get((b, t))
+        if g is None:
+            return None
+        self.prefill_inputs.fill(slots, start_lens, token_lists, b, t)
+        g.graph.replay()
+        return RunOutput(g.logits[: len(slots)].clone(), None if g.taps is None else g.taps[:total].clone())
 
     # ---- CUDA graphs ------------------------------------------------------------------------
     def graph_for(self, q: int, n: int) -> Graph | None:
@@ -94,10 +117,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def capture(self, q_lens: tuple[int, ...] = (1,), batch_sizes: tuple[int, ...] = DEFAULT_GRAPH_BATCH_SIZES,
-                tree_qs: tuple[int, ...] = (), num_kv_splits: int = 0, ragged_q: int = 0) -> None:
+                tree_qs: tuple[int, ...] = (), num_kv_splits: int = 0, ragged_q: int = 0,
+                prefill_tokens: int = 0) -> None:
         """Capture one graph per (q, batch size). Graphs for `tree_qs` tokens per request take tree masks
         (tree verification). `num_kv_splits`: attention's key splits (0: the kernel's choice per bucket).
-        `ragged_q`: also ragged verify graphs of requests of 1..ragged_q rows, per batch size and rows bucket."""
+        `ragged_q`: also ragged verify graphs of requests of 1..ragged_q rows, per batch size and rows bucket.
+        `prefill_tokens`: also prefill graphs (each request's last logits, every row's taps) of up to that many
+        prompt tokens, per PREFILL_GRAPH_BATCH_SIZES bucket and prompt-tokens bucket."""
         if not GraphBackend.available(self.device):
             raise RuntimeError("CUDA graphs need a CUDA device")
         max_b = min(max(batch_sizes), self.cache.num_slots)
@@ -106,22 +132,39 @@ class ModelRunner:
             self.static[q] = StaticBatch(max_b, q, self.device, self.cache.scratch_slot, self.cache.max_len,
                                          tree=q in tree_qs)
         buckets = capture_buckets(batch_sizes, max_b)
+        spare = self.model.rope.cos.shape[0]  # the positions rows of no request may take
         ragged = sorted(((b, t) for b in buckets for t in ragged_token_buckets(b, ragged_q)),
                         key=lambda bt: bt[1], reverse=True)  # most rows first: the others reuse its memory
         if ragged:
             self.ragged_inputs = RaggedStaticBatch(max_b, ragged[0][1], ragged_q, self.device,
-                                                   self.cache.scratch_slot, self.cache.max_len)
-        passes = [(q, b, None) for q in q_lens for b in buckets] + [(ragged_q, b, t) for b, t in ragged]
-        for q, b, t in bar(passes, "capturing the target's CUDA graphs"):
-            splits = num_kv_splits or kv_splits(self.device, b, self.cache.k[0].shape[2])
-            batch = self.static[q].batch(b, splits) if t is None else self.ragged_inputs.batch(b, t, splits)
-            graph = Graph(GraphBackend.capture(lambda batch=batch: self._outputs(batch), pool), batch)
-            if t is None:
-                self.graphs[(q, b)] = graph
-            else:
-                self.ragged[(b, t)] = graph
+                                                   self.cache.scratch_slot, self.cache.max_len, spare)
+        # b requests reach at most b * max_len tokens; the bucket's largest first: the others reuse its memory
+        prefills = sorted(((b, t) for b in capture_buckets(PREFILL_GRAPH_BATCH_SIZES, max_b)
+                           for t in prefill_token_buckets(min(prefill_tokens, b * self.cache.max_len)) if t >= b),
+                          key=lambda bt: bt[::-1], reverse=True)
+        if prefills:
+            self.prefill_inputs = RaggedStaticBatch(max(b for b, _ in prefills), prefills[0][1], prefills[0][1],
+                                                    self.device, self.cache.scratch_slot, self.cache.max_len, spare,
+                                                    verify=False)
+        # (where the graph goes, its key, its requests, its static batch given the key splits, what it outputs)
+        passes = [(self.graphs, (q, b), b, lambda s, q=q, b=b: self.static[q].batch(b, s), self._outputs)
+                  for q in q_lens for b in buckets]
+        passes += [(self.ragged, (b, t), b, lambda s, b=b, t=t: self.ragged_inputs.batch(b, t, s), self._outputs)
+                   for b, t in ragged]
+        passes += [(self.prefills, (b, t), b, lambda s, b=b, t=t: self.prefill_inputs.batch(b, t, s), self._last_outputs)
+                   for b, t in prefills]
+        for graphs, key, b, inputs, outputs in bar(passes, "capturing the target's CUDA graphs"):
+            batch = inputs(num_kv_splits or kv_splits(self.device, b, self.cache.k[0].shape[2]))
+            graphs[key] = Graph(GraphBackend.capture(lambda batch=batch, outputs=outputs: outputs(batch), pool), batch)
         GraphBackend.synchronize(self.device)
 
     def _outputs(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         out = self.run(batch)
         return out.logits, out.taps
+
+    def _last_outputs(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each request's last row's logits (a bucket request that owns no rows reads the row before its start,
+        which is some other row) and every row's taps."""
+        hidden, taps = self.model(batch, self.cache, self.tap_layers)
+        last = (batch.q_starts.long() + batch.q_lens.long() - 1).clamp(min=0)
+        return self.model.logits(hidden[last]), taps

@@ -124,6 +124,14 @@ def ragged_token_buckets(batch_size: int, q: int) -> list[int]:
     return sorted({t for t in series if batch_size < t < batch_size * q} | {batch_size * q})
 
 
+def prefill_token_buckets(max_tokens: int) -> list[int]:
+    """The prompt-token counts graphed prefills capture: powers of two from 64 below `max_tokens`, and
+    `max_tokens` itself (a pass pads at most half its rows past 64); none for 0."""
+    if max_tokens <= 0:
+        return []
+    return sorted({64 << k for k in range(max_tokens.bit_length()) if 64 << k < max_tokens} | {max_tokens})
+
+
 def pick_bucket(captured: Iterable[int], n: int) -> int:
     """The smallest captured batch size that holds n requests; 0 when none does (run eagerly)."""
     return min((b for b in captured if b >= n), default=0)

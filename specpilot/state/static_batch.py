@@ -105,20 +105,23 @@ class StaticBatch:
 
 
 class RaggedStaticBatch:
-    """A ragged verify's graph inputs (`ragged`): up to `max_b` requests of 1..q tokens each, packed without
-    padding between them into up to `max_t` rows. A graph is captured per (batch bucket, token bucket) over
-    prefix views; a fill packs the requests first, then rows past their tokens aim at the scratch slot and
-    belong to no request, and bucket requests past the real ones own no rows (q_len 0): the kernels skip
-    them, and what the unowned rows compute stays in those rows."""
+    """A ragged pass's graph inputs: up to `max_b` requests of 1..q tokens each, packed without padding between
+    them into up to `max_t` rows — a ragged verify's (`ragged`, `verify`) or a graphed prefill's (q = max_t). A
+    graph is captured per (batch bucket, token bucket) over prefix views; a fill packs the requests first, then
+    rows past their tokens aim at the scratch slot and belong to no request, and bucket requests past the real
+    ones own no rows (q_len 0): the kernels skip them, and what the unowned rows compute stays in those rows."""
 
-    def __init__(self, max_b: int, max_t: int, q: int, device: torch.device, scratch_slot: int, max_len: int) -> None:
+    def __init__(self, max_b: int, max_t: int, q: int, device: torch.device, scratch_slot: int, max_len: int,
+                 spare_len: int, verify: bool = True) -> None:
+        """`spare_len`: the positions the unowned rows cycle through (within the rotary table's)."""
         self.max_b, self.max_t, self.q, self.scratch, self.max_len = max_b, max_t, q, scratch_slot, max_len
+        self.spare_len, self.verify = min(spare_len, max_len), verify
         # ids, positions, cache rows (max_t each), then slots, row starts, q_lens, kv_lens (max_b each)
         self.dev = torch.zeros(3 * max_t + 4 * max_b, dtype=torch.int64, device=device)
         self.input_ids, self.positions, self.write_index, self.slot_ids, self.q_starts, self.q_lens, self.kv_lens = \
             self.dev.split([max_t] * 3 + [max_b] * 4)
         # until a fill, no request owns a row and every row aims at the scratch slot
-        rows = torch.arange(max_t, device=device) % max_len
+        rows = torch.arange(max_t, device=device) % self.spare_len
         self.positions.copy_(rows)
         self.write_index.copy_(scratch_slot * max_len + rows)
         self.slot_ids.fill_(scratch_slot)
@@ -128,7 +131,7 @@ class RaggedStaticBatch:
         return ForwardBatch(
             input_ids=self.input_ids[:t], positions=self.positions[:t], write_index=self.write_index[:t],
             slot_ids=self.slot_ids[:b], q_starts=self.q_starts[:b], q_lens=self.q_lens[:b], kv_lens=self.kv_lens[:b],
-            max_q_len=self.q, num_kv_splits=num_kv_splits, verify=True,
+            max_q_len=self.q, num_kv_splits=num_kv_splits, verify=self.verify,
         )
 
     def fill(self, slots: list[int], start_lens: list[int], token_lists: list[list[int]], b: int, t: int) -> None:
@@ -149,7 +152,7 @@ class RaggedStaticBatch:
         ids[:total] = np.fromiter((x for tokens in token_lists for x in tokens), dtype=np.int64, count=total)
         ids[total:t] = 0
         pos[:total] = np.arange(total) + np.repeat(np.asarray(start_lens, dtype=np.int64) - starts, lens)
-        pos[total:t] = np.arange(total, t) % self.max_len
+        pos[total:t] = np.arange(total, t) % self.spare_len
         slot_ids[:k] = slots
         slot_ids[k:b] = self.scratch
         writes[:total] = pos[:total] + np.repeat(np.asarray(slots, dtype=np.int64) * self.max_len, lens)
@@ -178,7 +181,7 @@ class RaggedStaticBatch:
         r = req.clamp(max=n - 1)
         j = rows - q_starts[r]  # the row's place in its request's block
         token = torch.where(j == 0, firsts[r], drafts[r, (j - 1).clamp(0, k - 1)])
-        spare = rows % self.max_len
+        spare = rows % self.spare_len
         position = torch.where(owned, starts[r] + j, spare)
         self.input_ids[:t].copy_(torch.where(owned, token, 0))
         self.positions[:t].copy_(position)
