@@ -89,8 +89,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                         f"enter the tree at (default {EngineConfig.speculative_lookup_prob})")
     r = p.add_argument_group("speed settings (specpilot registry lists them)")
     r.add_argument("--mechanisms", default=None, metavar="LIST",
-                   help="comma-separated mechanisms of the decode step (speculative, or AR's `overlap`), or 'stock' "
-                        "for none (default: every one that applies, but those off unless named: `specpilot registry`)")
+                   help="comma-separated mechanisms of the decode step (speculative, or AR's `overlap`), exactly "
+                        "those; 'stock' for none; or +name / -name entries that add to or take from the defaults "
+                        "(e.g. +budget; default: every one that applies, but those off unless named: `specpilot "
+                        "registry`)")
     r.add_argument("--profile", default=None, metavar="FILE|NAME",
                    help='JSON {"mechanisms": [...] or "stock", "tunables": {name: value}}, or a shipped profile '
                         "by name (embedded-cuda, ...: the default of the embedded model's DFlash drafter); the "

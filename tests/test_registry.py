@@ -76,6 +76,30 @@ def test_resolve_mechanisms_explicit_set_must_hold():
         resolve_mechanisms({"bogus"}, here)
 
 
+def test_mechanisms_change_the_defaults_with_plus_and_minus():
+    assert parse_mechanisms("+budget, -early-launch") == {"+budget", "-early-launch"}
+    with pytest.raises(ValueError, match="^--mechanisms: either names .* not both"):
+        parse_mechanisms("+budget,early-launch")
+    with pytest.raises(ValueError, match="^--mechanisms: unknown -bogus"):
+        parse_mechanisms("+budget,-bogus")
+    here = Deployment("cuda", DFLASH_TREES, DFLASH_CAPS, graphs=True)
+    assert resolve_mechanisms({"+budget"}, here) == ALL | {"budget"}
+    assert resolve_mechanisms({"-device-lookup"}, here) == ALL - {"device-lookup"}
+    # what needs a mechanism left out goes with it; asked for, it is an error
+    assert resolve_mechanisms({"-device-acceptance"}, here) == ALL - {"device-acceptance", "early-launch",
+                                                                       "layout-ahead"}
+    with pytest.raises(ValueError, match="--mechanisms: \\+early-launch needs device-acceptance, which is left out"):
+        resolve_mechanisms({"-device-acceptance", "+early-launch"}, here)
+    with pytest.raises(ValueError, match="--mechanisms: \\+layout-ahead needs CUDA graphs"):
+        resolve_mechanisms({"+layout-ahead"}, replace(here, graphs=False))
+    changed = replace(DFLASH_TREES, mechanisms=frozenset({"-device-lookup", "+b12"}))
+    assert not changed.leaves_open("device-lookup") and changed.leaves_open("early-launch")
+    assert changed.asks_for("b12") and not changed.asks_for("budget")
+    assert DFLASH_TREES.leaves_open("device-lookup") and not DFLASH_TREES.asks_for("b12")
+    exact = replace(DFLASH_TREES, mechanisms=frozenset({"b12"}))
+    assert exact.asks_for("b12") and not exact.leaves_open("device-lookup")
+
+
 def test_b12_is_asked_for_and_needs_bf16():
     bf16 = Deployment("cpu", EngineConfig(dtype="bfloat16"))
     assert "b12" not in resolve_mechanisms(None, replace(bf16, device="cuda", config=EngineConfig()))
@@ -180,15 +204,17 @@ def test_cli_flags_set_every_tunable():
     config = config_from("--speculative-algorithm", "dflash", "--speculative-eagle-topk", "3",
                          "--speculative-lookup-prob", "0.5", "--cuda-graph-bs", "1", "2", "8",
                          "--attention-kv-splits", "4", "--min-prefill-batch", "6", "--max-prefill-tokens", "512",
-                         "--disable-cuda-graph", "--mechanisms", "device-acceptance")
+                         "--prefill-graph-tokens", "1024", "--disable-cuda-graph", "--mechanisms", "device-acceptance")
     assert (config.speculative_eagle_topk, config.speculative_ngram_assist) == (3, 2)  # assist: the CPU default
     assert config.speculative_lookup_prob == 0.5 and config.cuda_graph_batch_sizes == (1, 2, 8)
     assert (config.attention_kv_splits, config.min_prefill_batch, config.max_prefill_tokens) == (4, 6, 512)
+    assert config.prefill_graph_tokens == 1024
     assert config.cuda_graphs is False and config.mechanisms == {"device-acceptance"}
     open_ = config_from()
     assert open_.cuda_graphs is True and open_.mechanisms is None
     assert open_.cuda_graph_batch_sizes == EngineConfig.cuda_graph_batch_sizes
     assert config_from("--mechanisms", "stock").mechanisms == frozenset()
+    assert config_from("--mechanisms", "+budget").mechanisms == {"+budget"}
 
 
 def test_cli_profile_under_the_flags_given(tmp_path):

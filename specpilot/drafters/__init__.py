@@ -59,7 +59,7 @@ def build_drafter(config: EngineConfig, engine: DrafterContext) -> Drafter:
         from specpilot.drafters.ngram_assist import NgramAssistedDrafter
 
         # a tree drafter looks prompt lookup up on the device unless the mechanisms asked for leave it out
-        on_device = config.mechanisms is None or "device-lookup" in config.mechanisms
+        on_device = config.leaves_open("device-lookup")
         return NgramAssistedDrafter(drafter, config.speculative_ngram_assist, on_device=on_device)
     return drafter
 

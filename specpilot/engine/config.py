@@ -10,6 +10,11 @@ import torch
 from specpilot.state.pages import PAGE_SIZE
 
 
+def changes_defaults(mechanisms: frozenset[str]) -> bool:
+    """A --mechanisms value of `+name` / `-name` entries: changes to the default set, not a set of its own."""
+    return bool(mechanisms) and all(n[:1] in "+-" for n in mechanisms)
+
+
 @dataclass
 class EngineConfig:
     model_path: str | None = None  # None: the embedded default
@@ -45,6 +50,18 @@ class EngineConfig:
     # the speed mechanisms in effect (engine/registry.py): None = every one whose precondition holds,
     # an empty set = stock
     mechanisms: frozenset[str] | None = None
+
+    def asks_for(self, mechanism: str) -> bool:
+        """--mechanisms names it: in a set of exactly those, or as `+name` on top of the defaults."""
+        return self.mechanisms is not None and (mechanism in self.mechanisms or f"+{mechanism}" in self.mechanisms)
+
+    def leaves_open(self, mechanism: str) -> bool:
+        """A mechanism on by default may run: the mechanisms are left open, changed without `-name`, or name it."""
+        if self.mechanisms is None:
+            return True
+        if changes_defaults(self.mechanisms):
+            return f"-{mechanism}" not in self.mechanisms
+        return mechanism in self.mechanisms
 
     def to_fields(self) -> dict[str, Any]:
         """As JSON values (the optimizer's evaluator requests, `serve --engine-config`)."""

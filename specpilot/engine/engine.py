@@ -57,10 +57,8 @@ class TokenObserver(Protocol):
 
 
 def _wants_b12(config: EngineConfig, checkpoint: Checkpoint) -> bool:
-    """--mechanisms names b12, or it is left open and the checkpoint was B12 (its registry entry checks bf16)."""
-    if config.mechanisms is not None:
-        return "b12" in config.mechanisms
-    return checkpoint.weight_format == "b12"
+    """--mechanisms names b12, or leaves it open and the checkpoint was B12 (its registry entry checks bf16)."""
+    return config.asks_for("b12") or (config.leaves_open("b12") and checkpoint.weight_format == "b12")
 
 
 def _build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Transformer:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from specpilot.drafters.base import Capabilities
-from specpilot.engine.config import EngineConfig, resolve_dtype
+from specpilot.engine.config import EngineConfig, changes_defaults, resolve_dtype
 
 STAGES = ("propose", "plan", "verify", "accept", "commit", "prepare")
 STOCK = "stock"  # --mechanisms stock: none of them
@@ -201,28 +201,42 @@ _DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
 
 
 def parse_mechanisms(text: str, source: str = "--mechanisms") -> frozenset[str]:
-    """Comma-separated names, or `stock` for none. Raises ValueError naming `source` (the flag, or a
-    profile's key)."""
+    """Comma-separated names (exactly those), `stock` for none, or `+name` / `-name` entries that add to or take from
+    the defaults. Raises ValueError naming `source` (the flag, or a profile's key)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if names == [STOCK]:
         return frozenset()
-    unknown = [n for n in names if n not in _MECHANISM_BY_NAME]
+    if any(n[:1] in "+-" for n in names) and not changes_defaults(frozenset(names)):
+        raise ValueError(f"{source}: either names (exactly those) or +name / -name changes to the defaults, not both")
+    unknown = [n for n in names if n.lstrip("+-") not in _MECHANISM_BY_NAME]
     if unknown or not names:
         raise ValueError(f"{source}: unknown {', '.join(unknown) or 'empty list'}; choose from "
                          f"{STOCK}, {', '.join(_MECHANISM_BY_NAME)}")
     return frozenset(names)
 
 
+def _changed_defaults(requested: frozenset[str], deployment: Deployment) -> frozenset[str]:
+    """The defaults with `+name`s added (each must hold here) and `-name`s left out, with whatever needs them."""
+    on: set[str] = set()
+    for m in MECHANISMS:  # in order: a mechanism's needs come before it
+        added = f"+{m.name}" in requested
+        why = m.requires(deployment)
+        if added and why is not None:
+            raise ValueError(f"--mechanisms: +{m.name} {why}")
+        missing = [n for n in NEEDS.get(m.name, ()) if n not in on]
+        if added and missing:
+            raise ValueError(f"--mechanisms: +{m.name} needs {', '.join(missing)}, which is left out")
+        if (added or (m.by_default and why is None and f"-{m.name}" not in requested)) and not missing:
+            on.add(m.name)
+    return frozenset(on)
+
+
 def resolve_mechanisms(requested: Iterable[str] | None, deployment: Deployment) -> frozenset[str]:
-    """None: every mechanism on by default whose precondition holds here. A set: exactly those, each of which must hold
-    (ValueError naming the mechanism and why not)."""
-    if requested is None:
-        on: set[str] = set()
-        for m in MECHANISMS:  # in order: a mechanism's needs come before it
-            if m.by_default and m.requires(deployment) is None and all(n in on for n in NEEDS.get(m.name, ())):
-                on.add(m.name)
-        return frozenset(on)
-    chosen = frozenset(requested)
+    """None: every mechanism on by default whose precondition holds here; `+name` / `-name` entries change that set.
+    A set of names: exactly those, each of which must hold (ValueError naming the mechanism and why not)."""
+    chosen = None if requested is None else frozenset(requested)
+    if chosen is None or changes_defaults(chosen):
+        return _changed_defaults(chosen or frozenset(), deployment)
     for name in sorted(chosen):
         if name not in _MECHANISM_BY_NAME:
             raise ValueError(f"--mechanisms: unknown mechanism {name!r}")
