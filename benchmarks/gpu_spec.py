@@ -3,10 +3,12 @@ on Llama-3.1-8B shapes with synthetic bf16 weights, through the real engine loop
 and as bare graph replays. A DFlash-shaped drafter: 5 layers at the target's width, 5 taps, block 16.
 
 Today's fastest kernels and the batch-invariant ones run in one process (two engines over the same weights),
-their AR and speculative runs interleaved `--repeats` times; rows give median, min and max.
+their AR and speculative runs interleaved `--repeats` times; rows give median, min and max. `--mechanisms` compares
+mechanism sets instead (engines over the same weights, the default kernels): each a --mechanisms value, `default`
+for the defaults; two-level reads the synthetic target's cost table, profiled first where none is cached.
 
     python benchmarks/gpu_spec.py [--out DIR] [--batch 1 8 32] [--repeats 3] [--smoke]   (--smoke: tiny, CPU)
-        [--replay BENCH_JSON[:DATASET] [--replay-tau 6.5]]
+        [--replay BENCH_JSON[:DATASET] [--replay-tau 6.5]] [--mechanisms stock default +two-level,+budget]
 
 --replay: replayed acceptance (specpilot/bench/replay.py): the drafter's passes run as they are, but each verify
 pass accepts a count drawn from a recorded run's acceptance (scaled to --replay-tau if given) of the target's own
@@ -39,12 +41,15 @@ from common import (  # noqa: E402
 )
 
 from specpilot.bench.harness import spread  # noqa: E402
+from specpilot.costmodel.cost_table import profile_cost_table  # noqa: E402
 from specpilot.bench.replay import LABEL, AcceptTrace, ReplayDrafter  # noqa: E402
 from specpilot.config import SamplingParams  # noqa: E402
 from specpilot.drafters.base import DrafterContext  # noqa: E402
 from specpilot.drafters.dflash import DFlashDrafter  # noqa: E402
 from specpilot.drafters.dflash_model import DFlashConfig, DFlashModel  # noqa: E402
+from specpilot.engine.cost_table import key_for, load_cost_table, save_cost_table  # noqa: E402
 from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
+from specpilot.engine.registry import parse_mechanisms  # noqa: E402
 from specpilot.engine.spec_stats import SpecStats  # noqa: E402
 from specpilot.models.checkpoint import Checkpoint  # noqa: E402
 from specpilot.models.config import ModelConfig  # noqa: E402
@@ -101,6 +106,27 @@ def per_step(engine: Engine, prompts: list[list[int]], new_tokens: int,
 
 
 KERNELS = {"fastest": False, "invariant": True}  # EngineConfig.batch_invariant
+COST_ROWS = (1, 2, 4, 8, 16)  # rows per request the cost table is profiled at
+
+
+def variants(args: argparse.Namespace, config: EngineConfig, hybrid: bool) -> dict[str, EngineConfig]:
+    """The engines' configs: the two kernel sets, or (`--mechanisms`) one per mechanism set on the default kernels
+    (a hybrid runs plain torch either way)."""
+    if not args.mechanisms:
+        kernels = {"fastest": False} if hybrid else KERNELS
+        return {k: replace(config, batch_invariant=on) for k, on in kernels.items()}
+    return {m: replace(config, batch_invariant=not hybrid, mechanisms=None if m == "default" else parse_mechanisms(m))
+            for m in args.mechanisms}
+
+
+def ensure_cost_table(ckpt: Checkpoint, config: EngineConfig, model: torch.nn.Module, batches: list[int],
+                      context: int) -> None:
+    """Two-level's cost table of this target on this device, profiled (AR engine, graphs) where none is cached."""
+    ar = Engine(ckpt, replace(config, speculative_algorithm=None, mechanisms=None), model=model)
+    key = key_for(ar.device, ckpt.source, ar.dtype, ar.exact)
+    if load_cost_table(key) is None:
+        print(f"profiling the cost table {key} (batch sizes {batches}, rows {COST_ROWS})", flush=True)
+        save_cost_table(profile_cost_table(ar, batches, list(COST_ROWS), context=context))
 
 
 def profile_steps(engine: Engine, prompts: list[list[int]], rids: list[str], top: int, label: str) -> None:
@@ -135,6 +161,9 @@ def main() -> None:
     ap.add_argument("--replay", default=None, metavar="BENCH_JSON[:DATASET]",
                     help="replayed acceptance from a specpilot bench JSON's accept histogram")
     ap.add_argument("--replay-tau", type=float, default=None, help="the replayed trace scaled to this tau")
+    ap.add_argument("--mechanisms", nargs="+", default=None, metavar="SET",
+                    help="compare these mechanism sets (each a --mechanisms value; default: the defaults) instead of "
+                         "the kernel sets")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after timing, print the N operators of most device time in 8 AR and 8 speculative steps "
                          "at the largest batch (torch.profiler)")
@@ -166,46 +195,50 @@ def main() -> None:
 
         def factory(config: EngineConfig, ctx: DrafterContext) -> ReplayDrafter:
             return ReplayDrafter(dflash(config, ctx), reference, trace, target_cfg.vocab_size)
-    kernel_sets = {"fastest": False} if hybrid else KERNELS  # a hybrid runs plain torch either way
-    engines = {k: Engine(ckpt, replace(config, batch_invariant=on), model=model, drafter_factory=factory)
-               for k, on in kernel_sets.items()}
+    configs = variants(args, config, hybrid)
+    if any(c.asks_for("two-level") for c in configs.values()):
+        ensure_cost_table(ckpt, next(iter(configs.values())), model, sorted(set(args.batch)), args.context)
+    engines = {k: Engine(ckpt, c, model=model, drafter_factory=factory) for k, c in configs.items()}
     rng = random.Random(0)
     rows = []
     for b in args.batch:
         prompts = [[rng.randrange(target_cfg.vocab_size - 1) for _ in range(args.context)] for _ in range(b)]
         rids = {k: [f"{k}-{b}-{i}" for i in range(b)] for k in engines}
         if trace is not None:
-            for kernels, engine in engines.items():
+            for name, engine in engines.items():
                 with engine.autoregressive():
-                    reqs = per_step(engine, prompts, args.new_tokens, rids[kernels])[2]
+                    reqs = per_step(engine, prompts, args.new_tokens, rids[name])[2]
                 reference.update({r.rid: r.output_ids for r in reqs})
-        for kernels, engine in engines.items():
+        for name, engine in engines.items():
             for spec in (False, True):  # warm-up: first-call costs stay out of the timings
                 with engine.autoregressive() if not spec else nullcontext():
-                    per_step(engine, prompts, 4, rids[kernels])
+                    per_step(engine, prompts, 4, rids[name])
         seen = {k: {"ar": [], "spec": [], "verify": [], "draft": [], "tau": []} for k in engines}
         for _ in range(args.repeats):
-            for kernels, engine in engines.items():
+            for name, engine in engines.items():
                 with engine.autoregressive():
-                    ar_step = per_step(engine, prompts, args.new_tokens, rids[kernels])[0]
-                spec_step, stats, _ = per_step(engine, prompts, args.new_tokens, rids[kernels])
+                    ar_step = per_step(engine, prompts, args.new_tokens, rids[name])[0]
+                spec_step, stats, _ = per_step(engine, prompts, args.new_tokens, rids[name])
                 passes = stats.steps / b  # verify passes per request = engine steps
                 split = stats.time_split(wait=True)
                 for key, value in (("ar", ar_step), ("spec", spec_step), ("verify", split["verify"] / passes),
                                    ("draft", split["draft"] / passes)):
-                    seen[kernels][key].append(1e3 * value)
-                seen[kernels]["tau"].append(stats.tau)
+                    seen[name][key].append(1e3 * value)
+                seen[name]["tau"].append(stats.tau)
         row: dict = {"batch": b}
-        for kernels, engine in engines.items():
-            row[kernels] = {f"{k}_step_ms" if k in ("ar", "spec") else f"{k}_ms": spread(v)
-                            for k, v in seen[kernels].items() if k != "tau"}
-            row[kernels]["tau"] = spread(seen[kernels]["tau"])
-            row[kernels]["throughput_over_ar"] = (row[kernels]["ar_step_ms"]["median"] * row[kernels]["tau"]["median"]
-                                                  / row[kernels]["spec_step_ms"]["median"])
+        for name, engine in engines.items():
+            row[name] = {f"{k}_step_ms" if k in ("ar", "spec") else f"{k}_ms": spread(v)
+                            for k, v in seen[name].items() if k != "tau"}
+            row[name]["tau"] = spread(seen[name]["tau"])
+            row[name]["throughput_over_ar"] = (row[name]["ar_step_ms"]["median"] * row[name]["tau"]["median"]
+                                                  / row[name]["spec_step_ms"]["median"])
             if device.type == "cuda" and not hybrid:
-                row[kernels]["graph_verify_ms"] = time_cuda(engine.runner.graph_for(16, b).graph.replay)
-                row[kernels]["graph_decode_ms"] = time_cuda(engine.runner.graph_for(1, b).graph.replay)
-        for step in ("ar", "spec") if "invariant" in engines else ():
+                row[name]["graph_verify_ms"] = time_cuda(engine.runner.graph_for(16, b).graph.replay)
+                row[name]["graph_decode_ms"] = time_cuda(engine.runner.graph_for(1, b).graph.replay)
+        if "stock" in engines:
+            for name in engines:
+                row[name]["over_stock"] = row[name]["throughput_over_ar"] / row["stock"]["throughput_over_ar"]
+        for step in ("ar", "spec") if "invariant" in engines and "fastest" in engines else ():
             row[f"{step}_invariant_over_fastest"] = (row["invariant"][f"{step}_step_ms"]["median"]
                                                      / row["fastest"][f"{step}_step_ms"]["median"])
         rows.append(row)
@@ -217,19 +250,20 @@ def main() -> None:
               else "the drafter's own",
               "repeats": args.repeats, "rows": rows}
     if args.profile:
-        for kernels, engine in engines.items():
-            profile_steps(engine, prompts, rids[kernels], args.profile, f"{kernels}, B={args.batch[-1]}")
+        for name, engine in engines.items():
+            profile_steps(engine, prompts, rids[name], args.profile, f"{name}, B={args.batch[-1]}")
     write_json(out_dir(args.out) / "gpu_spec.json", result)
     print(f"\n{result['device']}: {result['target']}; {result['drafter']}; context {args.context}; acceptance: "
           f"{result['acceptance']}")
     for r in rows:
-        for kernels in engines:
-            k = r[kernels]
-            print(f"B={r['batch']:>2} {kernels:>9}: AR step {k['ar_step_ms']['median']:.3f} ms | spec step "
+        for name in engines:
+            k = r[name]
+            mechanisms = ", ".join(sorted(engines[name].mechanisms)) or "stock"
+            print(f"B={r['batch']:>2} {name:>9} ({mechanisms}): AR step {k['ar_step_ms']['median']:.3f} ms | spec step "
                   f"{k['spec_step_ms']['median']:.3f} ms (draft {k['draft_ms']['median']:.3f}, verify "
                   f"{k['verify_ms']['median']:.3f}), tau {k['tau']['median']:.2f}, throughput "
-                  f"{k['throughput_over_ar']:.2f}x AR")
-        if "invariant" in engines:
+                  f"{k['throughput_over_ar']:.2f}x AR" + (f", {k['over_stock']:.2f}x stock's" if "over_stock" in k else ""))
+        if "invariant" in engines and "fastest" in engines:
             print(f"      invariant / fastest: AR {r['ar_invariant_over_fastest']:.3f}, "
                   f"spec {r['spec_invariant_over_fastest']:.3f}")
 

@@ -61,6 +61,21 @@ def test_replayed_passes_accept_the_drawn_counts_and_keep_ar_output(tiny):  # no
     assert hist[3] >= sum(hist) - len(prompts) and not any(hist[4:])
 
 
+def test_replayed_confidences_are_the_traces_conditional_odds(tiny):  # noqa: F811
+    trace = AcceptTrace((0.5, 0.25, 0.25), "t")  # P(accepted >= 1) = 0.5, >= 2: 0.25
+    assert trace.conditional() == [0.5, 0.5]
+    assert AcceptTrace((0.0, 1.0, 0.0), "t").conditional() == [1.0, 0.0]
+    ckpt, _ = tiny
+    spec = engine_for(ckpt, "ngram", block=5, graphs=False)
+    replay = ReplayDrafter(spec.drafter, {"r": list(range(3, 40))}, trace, ckpt.config.vocab_size)
+    assert replay.capabilities.confidences
+    req = spec.add_request([3, 4, 5, 3, 4], SamplingParams(max_new_tokens=8, ignore_eos=True), rid="r")
+    spec.drafter = replay
+    spec.step()  # the prefill starts the replayed drafter
+    draft = replay.propose([req])
+    assert draft.confidences.tolist() == [[0.5, 0.5, 0.0, 0.0]]
+
+
 def test_replay_refuses_trees_and_traces_longer_than_its_blocks(tiny):  # noqa: F811
     ckpt, paths = tiny
     tree = engine_for(ckpt, "dflash", paths["dflash"], 6, topk=3, graphs=False)

@@ -71,6 +71,12 @@ class AcceptTrace:
         return AcceptTrace(tuple(scaled[a] - scaled[a + 1] for a in range(len(self.probs))),
                            f"{self.source} scaled to tau {tau:g}")
 
+    def conditional(self) -> list[float]:
+        """Per draft slot j = 1 .. max_accepted, the chance it is accepted once drafts 1 .. j-1 were: a confidence
+        calibrated to the trace that knows nothing of the pass at hand (what level 1 of two-level reads)."""
+        survival = [sum(self.probs[a:]) for a in range(len(self.probs))]  # P(accepted >= a)
+        return [s / prev if prev > 0 else 0.0 for prev, s in zip(survival, survival[1:])]
+
     def sample(self, rng: random.Random) -> int:
         return rng.choices(range(len(self.probs)), weights=self.probs)[0]
 
@@ -78,8 +84,9 @@ class AcceptTrace:
 class ReplayDrafter(Drafter):
     """`inner` drafts (its passes and their cost are real); each request's row is then the reference
     continuation (`reference[rid]`: the target's own output, from an AR run) for a count drawn from `trace`,
-    then a token that differs from the reference, then whatever `inner` drafted. Chains only; no early launch
-    (each proposal is replaced on the host, and placed in the verify pass eagerly, not by a graph)."""
+    then a token that differs from the reference, then whatever `inner` drafted; its confidences are the trace's
+    (`AcceptTrace.conditional`, the same for every pass). Chains only; no early launch (each proposal is replaced
+    on the host, and placed in the verify pass eagerly, not by a graph)."""
 
     name = "replay"
 
@@ -91,9 +98,11 @@ class ReplayDrafter(Drafter):
         if trace.max_accepted > self.num_proposals:
             raise ValueError(f"the trace accepts up to {trace.max_accepted} drafts; blocks here hold {self.num_proposals}")
         self.inner, self.reference, self.trace, self.vocab = inner, reference, trace, vocab_size
+        odds = trace.conditional()
+        self.confidences = odds + [0.0] * (self.num_proposals - len(odds))
         self.rng = random.Random(seed)
         self.tap_layers, self.source = inner.tap_layers, inner.source
-        self.capabilities = replace(inner.capabilities, early_launch=False, device_lookup=False)
+        self.capabilities = replace(inner.capabilities, early_launch=False, device_lookup=False, confidences=True)
 
     def start(self, reqs: list[Request], prompt_taps: list[torch.Tensor | None]) -> None:
         self.inner.start(reqs, prompt_taps)
@@ -108,7 +117,8 @@ class ReplayDrafter(Drafter):
             if accept < min(len(row), len(ref)) and row[accept] == ref[accept]:  # the next draft must miss
                 row[accept] = (ref[accept] + 1) % self.vocab
         tokens = torch.tensor(rows, dtype=draft.tokens.dtype, device=draft.tokens.device)
-        return Draft(tokens, None if draft.confidences is None else draft.confidences[: len(reqs)])
+        confidences = torch.tensor([self.confidences[: tokens.shape[1]]] * len(reqs), device=tokens.device)
+        return Draft(tokens, confidences)
 
     def commit(self, reqs: list[Request], committed: list[int], verify_taps: list[torch.Tensor | None]) -> None:
         self.inner.commit(reqs, committed, verify_taps)
