@@ -129,6 +129,10 @@ def ensure_cost_table(ckpt: Checkpoint, config: EngineConfig, model: torch.nn.Mo
         save_cost_table(profile_cost_table(ar, batches, list(COST_ROWS), context=context))
 
 
+def allocator_retries(device: torch.device) -> int:
+    return torch.cuda.memory_stats().get("num_alloc_retries", 0) if device.type == "cuda" else 0
+
+
 def profile_steps(engine: Engine, prompts: list[list[int]], rids: list[str], top: int, label: str) -> None:
     """Operators by device time over 8 AR, then 8 speculative, decode steps (prefill left out)."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
@@ -214,6 +218,7 @@ def main() -> None:
                 with engine.autoregressive() if not spec else nullcontext():
                     per_step(engine, prompts, 4, rids[name])
         seen = {k: {"ar": [], "spec": [], "verify": [], "draft": [], "tau": []} for k in engines}
+        retries = allocator_retries(device)
         for _ in range(args.repeats):
             for name, engine in engines.items():
                 with engine.autoregressive():
@@ -225,13 +230,16 @@ def main() -> None:
                                    ("draft", split["draft"] / passes)):
                     seen[name][key].append(1e3 * value)
                 seen[name]["tau"].append(stats.tau)
-        row: dict = {"batch": b}
+        # the caching allocator's retries (it frees its cache and asks again when a request does not fit): a step
+        # that waits on them costs far more than its kernels
+        row: dict = {"batch": b, "allocator_retries": allocator_retries(device) - retries,
+                     "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
         for name, engine in engines.items():
             row[name] = {f"{k}_step_ms" if k in ("ar", "spec") else f"{k}_ms": spread(v)
-                            for k, v in seen[name].items() if k != "tau"}
+                         for k, v in seen[name].items() if k != "tau"}
             row[name]["tau"] = spread(seen[name]["tau"])
             row[name]["throughput_over_ar"] = (row[name]["ar_step_ms"]["median"] * row[name]["tau"]["median"]
-                                                  / row[name]["spec_step_ms"]["median"])
+                                               / row[name]["spec_step_ms"]["median"])
             if device.type == "cuda" and not hybrid:
                 row[name]["graph_verify_ms"] = time_cuda(engine.runner.graph_for(16, b).graph.replay)
                 row[name]["graph_decode_ms"] = time_cuda(engine.runner.graph_for(1, b).graph.replay)
@@ -263,6 +271,8 @@ def main() -> None:
                   f"{k['spec_step_ms']['median']:.3f} ms (draft {k['draft_ms']['median']:.3f}, verify "
                   f"{k['verify_ms']['median']:.3f}), tau {k['tau']['median']:.2f}, throughput "
                   f"{k['throughput_over_ar']:.2f}x AR" + (f", {k['over_stock']:.2f}x stock's" if "over_stock" in k else ""))
+        if r["allocator_retries"]:
+            print(f"      the allocator retried {r['allocator_retries']} times (peak {r['peak_gib']:.1f} GiB)")
         if "invariant" in engines and "fastest" in engines:
             print(f"      invariant / fastest: AR {r['ar_invariant_over_fastest']:.3f}, "
                   f"spec {r['spec_invariant_over_fastest']:.3f}")

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# H200, inside `gpu_ferry.sh run` (ShareGPT needs .ferry/extra staged): issue 20's load figures in parts of one device
+# call each (under 10 minutes), every part's results packed into one file ($OUT/<part>.tgz: a call brings back at
+# most 8 files) beside its log ($OUT/<part>.log):
+#   offline  graphed against eager prefills, AR and speculation, B=32, 4 waves (benchmarks/prefill_graphs.py)
+#   served   `specpilot bench --serving --sweep` at C = 1..64, ignore-EOS: AR, stock, the defaults, the defaults +
+#            budget, the defaults + two-level + budget (the cost table profiled first where none is cached)
+#   served-eos  the same with requests stopping at EOS
+#   replay   Llama-3.1-8B shapes, acceptance replayed at tau 6.5, B = 16 and 32: stock, the defaults, + two-level
+#            (benchmarks/gpu_spec.py --mechanisms)
+#   bash benchmarks/gpu_load_suite.sh offline|served|served-eos|replay     [TOKENS=256] [PROMPTS=32] [REPEATS=2]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+part=${1:?usage: gpu_load_suite.sh offline|served|served-eos|replay}
+out=${OUT:-/tmp/out}
+work=$(mktemp -d)
+tokens=${TOKENS:-256}
+export SPECPILOT_SHAREGPT=${SPECPILOT_SHAREGPT:-$PWD/.ferry/extra/sharegpt_first_turns.json.gz}
+quiet() { grep -v -E "it/s\]|s/it\]"; }
+{
+case "$part" in
+offline)
+    timeout 300 python3 benchmarks/prefill_graphs.py --batch-size 32 --waves 4 --max-new-tokens "$tokens" \
+        --repeats "${REPEATS:-2}" --out "$work/prefill_graphs" 2>&1 | quiet | tail -n 6
+    ;;
+served|served-eos)
+    # two-level reads the cost table of this device and model: profiled once per machine
+    timeout 120 python3 -m specpilot.cli bench --profile-cost-table --device cuda 2>&1 | quiet | tail -n 2
+    eos=$([ "$part" = served-eos ] && echo --disable-ignore-eos)
+    timeout 500 python3 -m specpilot.cli bench --serving --sweep $eos --serve-flags "--device cuda" \
+        --setting ar="--speculative-algorithm none" --setting stock="--mechanisms stock" --setting all="" \
+        --setting budget="--mechanisms +budget" --setting two-level="--mechanisms +two-level,+budget" \
+        --num-prompts "${PROMPTS:-32}" --max-new-tokens "$tokens" --concurrency 1 4 8 16 32 64 --out "$work/sweep" \
+        2>&1 | quiet | tail -n 24
+    ;;
+replay)
+    timeout 560 python3 benchmarks/gpu_spec.py --batch 16 32 --repeats "${REPEATS:-2}" --new-tokens 64 \
+        --replay docs/results/2026-11-30_h200_s4_bench_tree4_assist.json --replay-tau 6.5 \
+        --mechanisms stock default +two-level --out "$work/replay" 2>&1 | quiet | tail -n 12
+    ;;
+*)
+    echo "unknown part $part: offline, served, served-eos or replay" >&2
+    exit 2
+    ;;
+esac
+} 2>&1 | tee "$out/$part.log"
+tar czf "$out/$part.tgz" -C "$work" .
