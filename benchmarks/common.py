@@ -7,17 +7,22 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from specpilot.bench.harness import spread
-from specpilot.engine.engine import Engine
+from specpilot.config import SamplingParams
+from specpilot.engine.engine import Engine, EngineConfig
+from specpilot.engine.registry import Profile, embedded_profile, open_defaults
 from specpilot.kernels.stream_read import stream_read_triton
 from specpilot.models.config import ModelConfig
 from specpilot.models.hybrid import HybridConfig, HybridTransformer
 from specpilot.models.linear import iter_linears
 from specpilot.models.transformer import Transformer
+from specpilot.state.request import Request
 
 LLAMA31_8B = ModelConfig(
     architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
@@ -167,3 +172,25 @@ def pass_clock(engine: Engine) -> dict[str, dict[str, float]]:
 
         setattr(engine, f"_{kind}", timed)
     return spent
+
+
+def timed_generate(engine: Engine, prompts: list[list[int]], params: SamplingParams, ar: bool,
+                   clock: dict[str, dict[str, float]]) -> tuple[list[Request], float, dict[str, dict[str, float]]]:
+    """The requests of one `generate` (AR, or as the engine speculates), its wall seconds, and its prefill passes and
+    decode steps with their seconds and share of the wall (`clock`: pass_clock's, zeroed first)."""
+    for tally in clock.values():
+        tally.update(passes=0.0, s=0.0)
+    start = time.perf_counter()
+    with engine.autoregressive() if ar else nullcontext():
+        reqs = engine.generate(prompts, params)
+    wall = time.perf_counter() - start
+    return reqs, wall, {kind: {"passes": int(t["passes"]), "s": round(t["s"], 4), "share": round(t["s"] / wall, 4)}
+                        for kind, t in clock.items()}
+
+
+def shipped_config(device: str, **fields: object) -> EngineConfig:
+    """The embedded model with its DFlash drafter as serve runs it on `device` (the open defaults and the shipped
+    profile), with `fields` set."""
+    config = EngineConfig(device=device, speculative_algorithm="dflash", **open_defaults(device, "dflash"))
+    profile = embedded_profile(device)
+    return replace(Profile.load(profile).apply(config) if profile else config, **fields)

@@ -1,5 +1,6 @@
 """What a step mechanism that can be switched per run (`budget`, `two-level`, `ragged`) does to offline throughput:
-one engine (the embedded model and its DFlash drafter, the device's default mechanisms), a batch of ShareGPT
+one engine (the embedded model and its DFlash drafter as serve runs it: the shipped profile, the device's default
+mechanisms), a batch of ShareGPT
 prompts decoded AR, with speculation as the defaults run it, and with the mechanism on (`ragged`: two-level
 without it, then with it); the modes interleaved per repeat, output ids checked equal. Reports tokens per
 second (median and range), accept length, and the mechanism's own report at the end. `two-level` reads the
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import out_dir, pass_clock, write_json  # noqa: E402
+from common import out_dir, pass_clock, shipped_config, timed_generate, write_json  # noqa: E402
 
 from specpilot.bench.datasets import apply_chat_template, load_prompts  # noqa: E402
 from specpilot.bench.harness import spread  # noqa: E402
@@ -33,8 +34,7 @@ from specpilot.config import SamplingParams  # noqa: E402
 from specpilot.costmodel.cost_table import profile_cost_table  # noqa: E402
 from specpilot.engine.budget import SpeculationBudget  # noqa: E402
 from specpilot.engine.cost_table import key_for, load_cost_table, save_cost_table  # noqa: E402
-from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
-from specpilot.engine.registry import open_defaults  # noqa: E402
+from specpilot.engine.engine import Engine  # noqa: E402
 from specpilot.engine.two_level import VerifyLengths  # noqa: E402
 
 COST_GRID = ([1, 2, 4, 8, 16, 32], [1, 2, 4, 8, 16])  # batch sizes, rows per request
@@ -64,10 +64,9 @@ def _engine(args: argparse.Namespace) -> Engine:
     """The device's default mechanisms, plus `two-level` (its graphs of every width, and `ragged`'s where that
     is measured) when it is measured; the mechanism is switched on and off between runs by setting its engine
     and step attributes, so all modes share one engine, its weights and graphs."""
-    config = EngineConfig(device=args.device, speculative_algorithm="dflash", max_running_requests=args.batch_size,
-                          speculative_eagle_topk=args.topk or open_defaults(args.device, "dflash")["speculative_eagle_topk"],
-                          context_length=args.context, max_total_tokens=args.batch_size * args.context,
-                          min_prefill_batch=args.prefill_waves)
+    config = shipped_config(args.device, max_running_requests=args.batch_size, context_length=args.context,
+                            max_total_tokens=args.batch_size * args.context, min_prefill_batch=args.prefill_waves)
+    config = replace(config, speculative_eagle_topk=args.topk) if args.topk else config
     engine = Engine.from_config(config)
     if args.mechanism in ("two-level", "ragged"):
         key = key_for(engine.device, engine.checkpoint.source, engine.dtype, engine.exact)
@@ -102,7 +101,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--context", type=int, default=1024, help="KV positions a request may reach")
-    ap.add_argument("--topk", type=int, default=None, help="draft tree top-k (default: the device's; 1: chains)")
+    ap.add_argument("--topk", type=int, default=None, help="draft tree top-k (default: the shipped profile's; 1: chains)")
     ap.add_argument("--dataset", default="sharegpt", help="the prompts' dataset (specpilot.bench.datasets)")
     ap.add_argument("--waves", type=int, default=1, help="batches' worth of prompts (the batch refills as they end)")
     ap.add_argument("--prefill-waves", type=int, default=1,
@@ -121,7 +120,7 @@ def main() -> None:
     tau: dict[str, list[float]] = {m: [] for m in modes[1:]}
     stage_ms: dict[str, list[dict[str, float]]] = {m: [] for m in modes[1:]}  # host ms per step, per stage
     spent = _stage_clock(engine)
-    pass_clock = pass_clock(engine)
+    clock = pass_clock(engine)
     pass_runs: dict[str, list[dict]] = {m: [] for m in modes}  # prefill and decode passes and seconds per run
     ids, reports = {}, []
     for r in range(args.repeats):
@@ -131,21 +130,13 @@ def main() -> None:
                 reports.append(report)
             engine.reset_spec_stats()
             spent.update(dict.fromkeys(spent, 0.0))
-            for tally in pass_clock.values():
-                tally.update(passes=0.0, s=0.0)
-            start = time.perf_counter()
-            if mode == "ar":
-                with engine.autoregressive():
-                    reqs = engine.generate(prompts, params)
-            else:
-                reqs = engine.generate(prompts, params)
+            reqs, wall, tallies = timed_generate(engine, prompts, params, mode == "ar", clock)
+            if mode != "ar":
                 tau[mode].append(engine.spec_stats.tau)
                 passes = engine.spec_stats.steps / args.batch_size  # verify steps, roughly (the batch drains)
                 stage_ms[mode].append({k: round(1e3 * v / passes, 3) for k, v in spent.items()})
-            wall = time.perf_counter() - start
             rates[mode].append(sum(len(q.output_ids) for q in reqs) / wall)
-            pass_runs[mode].append({kind: {"passes": int(t["passes"]), "s": round(t["s"], 4), "share": round(t["s"] / wall, 4)}
-                                    for kind, t in pass_clock.items()})
+            pass_runs[mode].append(tallies)
             ids[mode] = [q.output_ids for q in reqs]
         print(f"repeat {r + 1}: " + ", ".join(f"{m} {v[-1]:.1f} tok/s" for m, v in rates.items()), flush=True)
     reports.append(_switch(engine, on, "spec"))
@@ -163,7 +154,7 @@ def main() -> None:
     print(f"tok/s median: AR {med['ar']:.1f}, " + ", ".join(f"{m} {med[m]:.1f} ({med[m] / med['ar']:.2f}x)" for m in modes[1:])
           + "; accept length " + ", ".join(f"{m} {statistics.median(v):.2f}" for m, v in tau.items())
           + f"; ids equal AR's: {same}; last report: {reports[-1]}")
-    for kind in pass_clock:
+    for kind in clock:
         print(f"{kind} passes / seconds / share of the run (last repeat): "
               + ", ".join(f"{m} {r[-1][kind]['passes']} / {r[-1][kind]['s']:.3f} s / {r[-1][kind]['share']:.0%}"
                           for m, r in pass_runs.items()))

@@ -14,30 +14,20 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import out_dir, pass_clock, write_json  # noqa: E402
+from common import out_dir, pass_clock, shipped_config, timed_generate, write_json  # noqa: E402
 
 from specpilot.bench.datasets import apply_chat_template, load_prompts  # noqa: E402
 from specpilot.bench.harness import spread  # noqa: E402
 from specpilot.bench.provenance import collect  # noqa: E402
 from specpilot.config import SamplingParams  # noqa: E402
-from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
-from specpilot.engine.registry import Profile, embedded_profile, open_defaults  # noqa: E402
+from specpilot.engine.engine import Engine  # noqa: E402
 
 MODES = ("ar eager", "ar graphed", "spec eager", "spec graphed")
-
-
-def _engine(args: argparse.Namespace) -> Engine:
-    config = EngineConfig(device=args.device, speculative_algorithm="dflash", max_running_requests=args.batch_size,
-                          context_length=args.context, max_total_tokens=args.batch_size * args.context,
-                          **open_defaults(args.device, "dflash"))
-    profile = embedded_profile(args.device)
-    return Engine.from_config(Profile.load(profile).apply(config) if profile else config)
 
 
 def main() -> None:
@@ -52,7 +42,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    engine = _engine(args)
+    engine = Engine.from_config(shipped_config(args.device, max_running_requests=args.batch_size,
+                                               context_length=args.context,
+                                               max_total_tokens=args.batch_size * args.context))
     if not engine.runner.prefills:
         raise SystemExit("prefill_graphs.py: the engine captured no prefill graphs (needs CUDA graphs)")
     engine.warm_up()
@@ -68,18 +60,9 @@ def main() -> None:
         for mode in MODES:
             decoding, prefill = mode.split()
             engine.runner.prefills = graphs if prefill == "graphed" else {}
-            for tally in clock.values():
-                tally.update(passes=0.0, s=0.0)
-            start = time.perf_counter()
-            if decoding == "ar":
-                with engine.autoregressive():
-                    reqs = engine.generate(prompts, params)
-            else:
-                reqs = engine.generate(prompts, params)
-            wall = time.perf_counter() - start
+            reqs, wall, tallies = timed_generate(engine, prompts, params, decoding == "ar", clock)
             rates[mode].append(sum(len(q.output_ids) for q in reqs) / wall)
-            passes[mode].append({kind: {"passes": int(t["passes"]), "s": round(t["s"], 4), "share": round(t["s"] / wall, 4)}
-                                 for kind, t in clock.items()})
+            passes[mode].append(tallies)
             ids[mode] = [q.output_ids for q in reqs]
         print(f"repeat {r + 1}: " + ", ".join(f"{m} {v[-1]:.1f}" for m, v in rates.items()) + " tok/s", flush=True)
     engine.runner.prefills = graphs
