@@ -4,7 +4,8 @@
 # most 8 files) beside its log ($OUT/<part>.log):
 #   offline  graphed against eager prefills, AR and speculation, B=32, 4 waves (benchmarks/prefill_graphs.py)
 #   served   `specpilot bench --serving --sweep` at C = 1..64, ignore-EOS: AR, stock, the defaults, the defaults +
-#            budget, the defaults + two-level + budget (the cost table profiled first where none is cached)
+#            budget, the defaults + two-level + budget (the cost table profiled first where none is cached), the
+#            defaults with coalesced admission
 #   served-eos  the same with requests stopping at EOS
 #   replay   Llama-3.1-8B shapes, acceptance replayed at tau 6.5, B = 16 and 32: stock, the defaults, + two-level
 #            (benchmarks/gpu_spec.py --mechanisms)
@@ -30,6 +31,7 @@ served|served-eos)
     timeout 500 python3 -m specpilot.cli bench --serving --sweep $eos --serve-flags "--device cuda" \
         --setting ar="--speculative-algorithm none" --setting stock="--mechanisms stock" --setting all="" \
         --setting budget="--mechanisms +budget" --setting two-level="--mechanisms +two-level,+budget" \
+        --setting coalesce="--admission coalesce" \
         --num-prompts "${PROMPTS:-32}" --max-new-tokens "$tokens" --concurrency 1 4 8 16 32 64 --out "$work/sweep" \
         2>&1 | quiet | tail -n 24
     ;;

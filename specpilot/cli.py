@@ -56,6 +56,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefill-graph-tokens", type=_nonneg_int, default=None, metavar="N",
                    help="CUDA: prefill passes of up to 8 prompts and N prompt tokens replay a CUDA graph (an eager "
                         f"pass is launch-bound); 0: eager prefills (default {EngineConfig.prefill_graph_tokens})")
+    g.add_argument("--admission", choices=["eager", "coalesce"], default=None,
+                   help="while requests run, waiting ones join as soon as a slot is free (eager), or once the free "
+                        "slots' idle time outweighs what a prefill pass stalls the batch for (coalesce: fewer "
+                        f"passes under load, TTFT a pass or so later; default {EngineConfig.admission})")
     g.add_argument("--disable-cuda-graph", dest="cuda_graphs", action="store_false", default=None,
                    help="run decode eagerly on CUDA")
     g.add_argument("--cuda-graph-bs", dest="cuda_graph_batch_sizes", type=_positive_int, nargs="+", default=None,

@@ -36,6 +36,9 @@ class EngineConfig:
     # graph per (prompts, tokens) bucket; an eager pass is launch-bound, and under load a request that ends
     # admits the next one in a pass of its own. 0: prefills run eagerly.
     prefill_graph_tokens: int = 2048
+    # eager: waiting requests join as soon as a slot is free; coalesce: while requests run, once the free slots'
+    # idle time outweighs a prefill pass's stall of the batch (engine/admission.py)
+    admission: str = "eager"
     speculative_algorithm: str | None = None  # None | dflash | pard | ngram
     speculative_draft_model_path: str | None = None
     speculative_num_draft_tokens: int | None = None  # tokens per verify pass (block size); default from the drafter

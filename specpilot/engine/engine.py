@@ -18,6 +18,7 @@ import torch
 from specpilot.config import SamplingParams
 from specpilot.drafters.base import DrafterContext
 from specpilot.engine.config import EngineConfig, resolve_device, resolve_dtype
+from specpilot.engine.admission import Admission
 from specpilot.engine.ahead import AheadDecode
 from specpilot.engine.memory import KVPlan, kv_bytes_per_token, plan_kv, return_freed_memory
 from specpilot.engine.budget import SpeculationBudget
@@ -37,7 +38,7 @@ from specpilot.kernels.triton_support import HAS_TRITON
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import Checkpoint, load_checkpoint
 from specpilot.models.linear import iter_linears, to_b12, weight_bytes
-from specpilot.models.runner import ModelRunner, RunOutput
+from specpilot.models.runner import PREFILL_GRAPH_BATCH_SIZES, ModelRunner, RunOutput
 from specpilot.models.transformer import Transformer
 from specpilot.progress import phase
 from specpilot.state.cache import KVCache
@@ -148,6 +149,7 @@ class Engine:
         self.stops = StopChecker(self.tokenizer, mcfg.eos_token_ids, self.context_length)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.admission = Admission(PREFILL_GRAPH_BATCH_SIZES[-1]) if config.admission == "coalesce" else None
         self.verifier = Verifier()
         # Token forcing (specpilot.forcing) installs itself here: it sees every decided token first.
         self.forcing: TokenObserver | None = None
@@ -287,7 +289,11 @@ class Engine:
         admitted = self._admit()
         if admitted:
             self.last_step = "prefill"
-            return self._prefill(admitted)
+            start = time.perf_counter()
+            finished = self._prefill(admitted)
+            if self.admission is not None:
+                self.admission.prefilled(time.perf_counter() - start)
+            return finished
         if self.running:
             self.last_step = "decode"
             return self._decode(self.running)
@@ -303,6 +309,8 @@ class Engine:
         free = min(self.cache.num_free, self.config.max_running_requests - len(self.running))
         if self.running and free < min(self.config.min_prefill_batch, len(self.waiting)):
             return admitted
+        if self.admission is not None and not self.admission.worth_a_pass(self.waiting, free, len(self.running)):
+            return admitted
         budget = self.config.max_prefill_tokens
         while self.waiting and len(self.running) + len(admitted) < self.config.max_running_requests:
             req = self.waiting[0]
@@ -317,6 +325,8 @@ class Engine:
             req.slot = self.cache.allocate(need, share)
             budget -= len(req.prompt_ids)
             admitted.append(req)
+        if self.admission is not None:
+            self.admission.filled(len(admitted))
         return admitted
 
     def _prefill(self, reqs: list[Request]) -> list[Request]:
@@ -458,6 +468,8 @@ class Engine:
             if req.slot is not None:
                 self.cache.free(req.slot)
                 req.slot = None
+                if self.admission is not None:
+                    self.admission.slot_freed()
             if req in self.running:
                 self.running.remove(req)
 

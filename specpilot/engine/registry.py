@@ -119,6 +119,8 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("max-prefill-tokens", "max_prefill_tokens", "an integer >= 1", _int_at_least(1), ()),
     Tunable("prefill-graph-tokens", "prefill_graph_tokens", "0 (prefills run eagerly) or the most prompt tokens a "
             "prefill pass replays a CUDA graph for (with CUDA graphs)", _int_at_least(0), ()),
+    Tunable("admission", "admission", "eager (waiting requests join as slots free) or coalesce (once idle slots "
+            "outweigh a prefill pass)", lambda v: v in ("eager", "coalesce"), ()),
     Tunable("prefill-waves", "min_prefill_batch", "an integer >= 1: free slots that admit a wave",
             _int_at_least(1), ()),
     Tunable("max-running-requests", "max_running_requests", "an integer >= 1, or null (the memory's)",
