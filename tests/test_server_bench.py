@@ -89,6 +89,7 @@ def test_bench_serving_sweep_starts_each_setting_and_charts_them(tiny_dir, tmp_p
     assert main(argv) == 0
     report = json.loads((tmp_path / "sweep.json").read_text())
     assert list(report["settings"]) == ["ar", "ngram"] and report["concurrency"] == [1, 2]
+    assert report["provenance"]["dtype"] == "float32"  # the servers' own, not `auto`
     for name, setting in report["settings"].items():
         assert [r["concurrency"] for r in setting["runs"]] == [1, 2]
         assert all(r["summary"]["completed"] == r["num_prompts"] == max(2, 2 * r["concurrency"]) for r in setting["runs"])

@@ -55,6 +55,7 @@ def run_sweep(settings: dict[str, str], serve_flags: str, concurrencies: list[in
         try:
             url = f"http://127.0.0.1:{server.port}"
             info = server.http().get("/get_server_info").json()
+            report["provenance"]["dtype"] = report["provenance"]["dtype"] or info.get("dtype")
             runs: list[dict[str, Any]] = []
             report["settings"][name] = {"flags": flags, "speculative_algorithm": info.get("speculative_algorithm"),
                                         "speed": info.get("speed"), "runs": runs}

@@ -102,8 +102,9 @@ class ServerContext:
         return sub
 
     def server_args(self) -> dict[str, Any]:
-        """The settings in effect; `speed`: the mechanisms on and every tunable's value (engine/registry.py)."""
-        return asdict(self.engine.config) | asdict(self.args) | {
+        """The settings in effect (`dtype` as resolved, not `auto`); `speed`: the mechanisms on and every tunable's value
+        (engine/registry.py)."""
+        return asdict(self.engine.config) | asdict(self.args) | {"dtype": str(self.engine.dtype).removeprefix("torch."),
             "max_queued_requests": self.max_queued_requests, "kv_cache": self.engine.kv_plan.as_dict(),
             "kv_pool": self.scheduler.snapshot.kv_pool, "weights": self.engine.weights_info(),
             "speed": in_effect(self.engine.config, self.engine.mechanisms)}

@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
+import torch
+
 from specpilot.engine.config import EngineConfig
 from specpilot.engine.engine import Engine
 from specpilot.engine.memory import KVPlan
@@ -48,12 +50,13 @@ class EngineFacts:
     checkpoint: CheckpointFacts
     mechanisms: frozenset[str]
     weights: dict[str, int | str]
+    dtype: torch.dtype
 
     @classmethod
     def of(cls, engine: Engine) -> EngineFacts:
         return cls(engine.config, engine.tokenizer, engine.context_length, engine.kv_plan,
                    CheckpointFacts(engine.checkpoint.source, engine.checkpoint.config), engine.mechanisms,
-                   engine.weights_info())
+                   engine.weights_info(), engine.dtype)
 
 
 class PipeSink:

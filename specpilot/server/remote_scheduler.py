@@ -35,7 +35,7 @@ class RemoteEngine:
     def __init__(self, facts: EngineFacts) -> None:
         self.config, self.tokenizer, self.context_length = facts.config, facts.tokenizer, facts.context_length
         self.kv_plan, self.checkpoint, self.mechanisms = facts.kv_plan, facts.checkpoint, facts.mechanisms
-        self._weights = facts.weights
+        self._weights, self.dtype = facts.weights, facts.dtype
         self._stops = StopChecker(facts.tokenizer, facts.checkpoint.config.eos_token_ids, facts.context_length)
 
     def weights_info(self) -> dict[str, int | str]:
