@@ -83,20 +83,29 @@ def _step_time(server: Server) -> dict[str, dict[str, float]]:
 
 
 def sweep_chart(report: dict[str, Any], path: Path) -> Path:
-    """Output throughput and median TPOT against concurrency, one line per setting."""
+    """Output throughput, its ratio to the first setting's and median TPOT against concurrency, one line per
+    setting."""
     from specpilot.bench.charts import plt, save
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4))
+    first = next(iter(report["settings"]), None)
+    base = {} if first is None else {r["concurrency"]: r["summary"]["output_throughput"]
+                                     for r in report["settings"][first]["runs"]}
     for name, setting in report["settings"].items():
         cs = [r["concurrency"] for r in setting["runs"]]
         ax1.plot(cs, [r["summary"]["output_throughput"] for r in setting["runs"]], marker="o", label=name)
-        ax2.plot(cs, [r["summary"]["tpot_ms"]["p50"] or 0.0 for r in setting["runs"]], marker="o", label=name)
-    for ax, label in ((ax1, "output tokens/s"), (ax2, "median TPOT (ms)")):
+        shared = [r for r in setting["runs"] if base.get(r["concurrency"])]
+        ax2.plot([r["concurrency"] for r in shared],
+                 [r["summary"]["output_throughput"] / base[r["concurrency"]] for r in shared], marker="o", label=name)
+        ax3.plot(cs, [r["summary"]["tpot_ms"]["p50"] or 0.0 for r in setting["runs"]], marker="o", label=name)
+    ax2.axhline(1.0, color="grey", linewidth=0.8)
+    for ax, label in ((ax1, "output tokens/s"), (ax2, f"output tokens/s ÷ {first}'s"), (ax3, "median TPOT (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency")
         ax.set_ylabel(label)
         ax.legend()
-    ax1.set_title("specpilot bench --serving --sweep")
+    eos = "ignore EOS" if report["client"].get("ignore_eos", True) else "stop at EOS"
+    ax1.set_title(f"specpilot bench --serving --sweep ({eos})")
     return save(fig, path, provenance.label(report["provenance"]))
 
 
