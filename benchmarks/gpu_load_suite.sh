@@ -14,6 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:?usage: gpu_load_suite.sh offline|served|served-eos|replay}
 out=${OUT:-/tmp/out}
+mkdir -p "$out"
 work=$(mktemp -d)
 tokens=${TOKENS:-256}
 export SPECPILOT_SHAREGPT=${SPECPILOT_SHAREGPT:-$PWD/.ferry/extra/sharegpt_first_turns.json.gz}
