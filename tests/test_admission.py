@@ -19,7 +19,7 @@ def _waiting(*created: float) -> list[Request]:
 
 
 def test_idle_slot_seconds_against_the_batch_a_pass_stalls():
-    admission = Admission(max_prefill_batch=8)
+    admission = Admission(max_prefill_batch=8, slots=32)
     waiting = _waiting(10.45, 10.45)
     assert admission.worth_a_pass(waiting, free=2, running=30, now=10.46)  # no pass measured yet: admit
     admission.prefilled(0.002)

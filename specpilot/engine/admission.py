@@ -19,10 +19,12 @@ SMOOTHING = 0.3  # weight of the latest prefill pass in the moving average of th
 
 
 class Admission:
-    def __init__(self, max_prefill_batch: int) -> None:
-        """`max_prefill_batch`: waiting requests worth one pass whatever it costs (the largest prefill graph's)."""
+    def __init__(self, max_prefill_batch: int, slots: int) -> None:
+        """`max_prefill_batch`: waiting requests worth one pass whatever it costs (the largest prefill graph's);
+        `slots`: the requests that may run at once (no more slots than that are ever free)."""
         self.max_prefill_batch = max_prefill_batch
-        self.freed: deque[float] = deque()  # when slots freed by ending requests did, oldest first, until refilled
+        # when slots freed by ending requests did, oldest first, until refilled
+        self.freed: deque[float] = deque(maxlen=slots)
         self.prefill_s: float | None = None  # recent prefill passes' seconds (None: none measured yet)
 
     def slot_freed(self, now: float | None = None) -> None:

@@ -149,7 +149,8 @@ class Engine:
         self.stops = StopChecker(self.tokenizer, mcfg.eos_token_ids, self.context_length)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.admission = Admission(PREFILL_GRAPH_BATCH_SIZES[-1]) if config.admission == "coalesce" else None
+        self.admission = Admission(PREFILL_GRAPH_BATCH_SIZES[-1], config.max_running_requests) \
+            if config.admission == "coalesce" else None
         self.verifier = Verifier()
         # Token forcing (specpilot.forcing) installs itself here: it sees every decided token first.
         self.forcing: TokenObserver | None = None
