@@ -146,11 +146,13 @@ def test_graphed_prefill_is_bitwise_the_eager_one_on_cuda(tiny):  # noqa: F811
     assert engine.exact and engine.runner.prefills
     prompts = mixed_prompts(ckpt.config.vocab_size, 8, seed=9)
     for group in (prompts[:1], prompts[1:4], prompts[4:8]):
-        slots = list(range(len(group)))
+        slots = [engine.cache.allocate(len(p)) for p in group]  # a paged cache maps only allocated slots apart
         with torch.inference_mode():  # as the engine's passes run
             graphed = engine.runner._graphed_prefill(slots, [0] * len(group), group)
             alone = [engine.runner.run(ForwardBatch.build([s], [0], [p], engine.cache.max_len, engine.device))
                      for s, p in zip(slots, group)]
+        for s in slots:
+            engine.cache.free(s)
         assert graphed is not None
         assert torch.equal(graphed.logits, torch.stack([a.logits[-1] for a in alone]))
         assert torch.equal(graphed.taps, torch.cat([a.taps for a in alone]))

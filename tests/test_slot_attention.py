@@ -309,8 +309,22 @@ def test_invariant_kernel_refuses_a_tile_height_that_would_change_bits() -> None
     for dtype, block_m in ((torch.float32, 32), (torch.bfloat16, 64)):
         with pytest.raises(ValueError, match="block_m must be 16 or 32"):  # raised before any launch
             call(slot_attention_invariant, {**inp, "q": inp["q"].to(dtype)}, positions=positions, block_m=block_m)
+    small = {k: v for k, v in make_inputs(Case("chain", q_lens=(3,), kv_lens=(5,), head_dim=32)).items() if k != "causal"}
+    with pytest.raises(ValueError, match="under head_dim 64"):  # 32-row tiles round otherwise at head_dim 32
+        call(slot_attention_invariant, {**small, "q": small["q"].to(torch.bfloat16)}, positions=positions, block_m=32)
     with pytest.raises(ValueError, match="per_token needs a tree pass"):  # a chain has no gathered tiles
         call(slot_attention_invariant, inp, positions=positions, per_token=True)
+
+
+def test_small_heads_keep_16_row_tiles() -> None:
+    """The launch the engine takes for a long prefill: 32-row tiles from head_dim 64 up, 16 below (the tiny
+    test models' 32-wide heads, where the taller tile rounds some rows otherwise on the H100)."""
+    from specpilot.kernels.slot_attention import invariant_launch
+
+    cpu = torch.device("cpu")
+    for head_dim, block_m in ((32, 16), (64, 32), (128, 32)):
+        launch = invariant_launch(cpu, 4, 2, 2, 256, head_dim, False, torch.bfloat16)
+        assert launch.block_m == block_m, head_dim
 
 
 def test_dispatch_on_cpu_uses_torch() -> None:

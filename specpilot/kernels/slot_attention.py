@@ -24,9 +24,9 @@ Two implementations share one contract:
   its running softmax bit for bit as it was, so a verify's rows may share tiles their later tokens need. A tree
   node reads the tiles that hold its ancestors (those from its context length rounded down to a tile) through
   ``tree_tail_rows``: lane ``i`` of such a tile is the key its chain would have there, so the node's tiles hold
-  what the decode of the same token reads. Tile heights 16 and 32 take the same MMA layout (one per row; float32,
-  whose dots are FMA loops, keeps 16), and no FMA contraction is allowed, so the split-grid and single-program
-  forms round the same (docs/ARCHITECTURE.md, "Batch invariance").
+  what the decode of the same token reads. Tile heights 16 and 32 take the same MMA layout (one per row) from
+  head_dim 64 up (float32, whose dots are FMA loops, and smaller heads keep 16), and no FMA contraction is
+  allowed, so the split-grid and single-program forms round the same (docs/ARCHITECTURE.md, "Batch invariance").
 """
 
 from __future__ import annotations
@@ -66,10 +66,13 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 MAX_TREE_Q_LEN = 64  # one int64 of visibility bits per query row
 # The batch-invariant kernel's fixed reduction structure (changing either changes rounding, never what is
 # computed): keys per partial and per key tile, both at absolute offsets. Its row tiles are 16 or 32 high (the
-# same bits); a tree node's table spans the two key tiles its ancestors can reach.
+# same bits from TALL_TILE_MIN_HEAD_DIM up); a tree node's table spans the two key tiles its ancestors can reach.
 SPLIT_KEYS = 256
 INVARIANT_BLOCK_N = 64
 INVARIANT_BLOCK_M = 16
+# 32-row tiles round as 16-row ones only from this head size up: at head_dim 32 some rows differ in their last
+# bits on the H100 (docs/RESULTS.md, session 30), so such heads keep 16
+TALL_TILE_MIN_HEAD_DIM = 64
 TREE_TABLE_KEYS = 2 * INVARIANT_BLOCK_N
 INVARIANT_SPLIT_GRID_MAX_Q = 64  # passes of at most this many queries per request spread splits over programs
 # The invariant kernel's launch on CUDA, by kind of pass (every choice gives the same bits; the H100 sweep of
@@ -987,16 +990,22 @@ def tree_tail_rows(positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Te
     return torch.where(virtual <= positions[:, None], rows, 0).to(torch.int32)
 
 
-def _invariant_block_m(device: torch.device, rows_max: int, programs16: int, kind: str, dtype: torch.dtype) -> int:
+def tall_tiles_round_alike(dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether 32-row tiles give the bits 16-row ones do (float32's FMA dots and small heads do not)."""
+    return dtype != torch.float32 and head_dim >= TALL_TILE_MIN_HEAD_DIM
+
+
+def _invariant_block_m(device: torch.device, rows_max: int, programs16: int, kind: str, dtype: torch.dtype,
+                       head_dim: int) -> int:
     """(token, head) rows per program (the same bits at 16 and 32): 32 halves the programs re-reading a
     request's keys, which pays on CUDA once the 16-row programs (`programs16`) fill the SMs
     (_BLOCK_M32_PROGRAMS_PER_SM; a tree's more, as its per-token tiles cost every row of a program) and the
     taller tile pads few rows (48 rows take three 16-row tiles, two 32-row tiles would compute 64). Off CUDA
     every such pass takes 32, so the interpreter keeps both heights in use. float32 stays at 16: its dots are
     FMA loops whose register layout, and so its row sums' order, follow the tile height (16-bit dtypes take
-    one MMA layout per row at either)."""
+    one MMA layout per row at either), and so do heads under TALL_TILE_MIN_HEAD_DIM."""
     padded16, padded32 = triton.cdiv(rows_max, 16) * 16, triton.cdiv(rows_max, 32) * 32
-    if dtype == torch.float32 or rows_max < 32 or 16 * padded32 > 17 * padded16:
+    if not tall_tiles_round_alike(dtype, head_dim) or rows_max < 32 or 16 * padded32 > 17 * padded16:
         return INVARIANT_BLOCK_M
     if device.type == "cuda" and programs16 < _BLOCK_M32_PROGRAMS_PER_SM[kind] * _sm_count(device):
         return INVARIANT_BLOCK_M
@@ -1030,7 +1039,7 @@ def invariant_launch(device: torch.device, batch: int, num_kv_heads: int, group:
     rows_max = max_q_len * group
     programs16 = triton.cdiv(rows_max, INVARIANT_BLOCK_M) * batch * num_kv_heads
     kind = _pass_kind(max_q_len, tree)
-    block_m = block_m or _invariant_block_m(device, rows_max, programs16, kind, dtype)
+    block_m = block_m or _invariant_block_m(device, rows_max, programs16, kind, dtype, head_dim)
     per_token = _per_token_tree(device, tree, group, programs16) if per_token is None else per_token
     if split_grid is None:
         programs = (max_q_len if per_token else triton.cdiv(rows_max, block_m)) * batch * num_kv_heads
@@ -1076,8 +1085,9 @@ def slot_attention_invariant(
     num_tokens, num_heads, head_dim = q.shape
     if positions.shape != (num_tokens,) or positions.dtype not in _INDEX_DTYPES:
         raise ValueError(f"positions must be int32/int64 [{num_tokens}], got {positions.dtype} {tuple(positions.shape)}")
-    if block_m not in (None, 16, 32) or (block_m == 32 and q.dtype == torch.float32):
-        raise ValueError(f"block_m must be 16 or 32 (the heights with one MMA layout; 16 in float32), got {block_m}")
+    if block_m not in (None, 16, 32) or (block_m == 32 and not tall_tiles_round_alike(q.dtype, head_dim)):
+        raise ValueError(f"block_m must be 16 or 32 (the heights with one MMA layout; 16 in float32 and under "
+                         f"head_dim {TALL_TILE_MIN_HEAD_DIM}), got {block_m} (head_dim {head_dim}, {q.dtype})")
     out, max_q_len = _triton_prologue("slot_attention_invariant", q, k_cache, v_cache, slot_ids, q_starts, q_lens,
                                       kv_lens, max_q_len, tree_mask, page_table)
     if out.numel() == 0 or max_q_len == 0:
