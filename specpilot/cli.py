@@ -370,10 +370,17 @@ def _train_drafter_args(p: argparse.ArgumentParser) -> None:
     add(o, "--gamma", "slot k's loss weight is exp(-(k-1)/gamma); default 7 * B / 16", type=float)
     add(o, "--distill", "weight in [0, 1] of the cross-entropy against the target's whole distribution at "
                         "each slot (soft labels, for draft trees' top-k); the rest: against its tokens", type=float)
+    add(o, "--rank-loss", "weight of a ranking term per slot (weighted by depth as the cross-entropy): softplus of "
+                          "the drafter's --rank-topk-th best other logit over the target token's, which pushes the "
+                          "token into the top-k a draft tree keeps; 0: off", type=float)
+    add(o, "--rank-topk", "the top-k the ranking term aims at (the served trees' per-node top-k)", type=_positive_int)
     add(o, "--lr", "AdamW peak learning rate (cosine schedule)", type=float)
     add(o, "--warmup-ratio", "share of steps warming the learning rate up", type=float)
     add(o, "--max-grad-norm", "gradient clipping", type=float)
     add(o, "--seed", "model init, batch order, anchors", type=int)
+    add(o, "--patience", "stop once this many validations in a row fail to beat the best top-k tree tau, and "
+                         "export the best validation's drafter (needs --validation-prompts); default: run every "
+                         "epoch and export the last", type=_positive_int)
     add(o, "--cache-features", "compute the target's tap features once and keep them in host memory (small runs, "
                                "CPU); default: recompute them per batch (one target forward, nothing stored)",
         action="store_true")
@@ -641,6 +648,9 @@ def _cmd_train_drafter(args: argparse.Namespace) -> int:
     report = train_drafter(config)
     last = report["epochs"][-1] if report["epochs"] else {}
     state = "done" if report["finished"] else f"stopped at step {report['steps']}/{report['total_steps']}"
+    if report["stopped_early"]:
+        state = (f"stopped early after epoch {len(report['epochs'])} of {config.epochs}, exported epoch "
+                 f"{report['exported_epoch']}'s drafter")
     tau = f", validation {validation_taus(report['validation'][-1])}" if report["validation"] else ""
     print(f"{state}: loss {last.get('loss', float('nan')):.4f}{tau}; wrote {config.out}")
     return 0

@@ -27,8 +27,11 @@ from specpilot.state.pages import PageTable
 from specpilot.state.request import Request
 from specpilot.training.data import load_training_prompts
 from specpilot.training.train import (
+    BEST_FILE,
     STATE_FILE,
     VALIDATION_TOPK,
+    DraftTrainer,
+    LossMix,
     TrainConfig,
     ValidationStats,
     build_target_layer_ids,
@@ -136,17 +139,18 @@ def test_draft_model_is_made_of_target_layers_and_exports_what_it_loads(tmp_path
 # ---------------------------------------------------------------- defaults
 
 
-@pytest.mark.parametrize("distill", [0.0, 0.6])
-def test_chunked_head_loss_equals_whole(distill):
+@pytest.mark.parametrize("mix", [LossMix(), LossMix(distill=0.6), LossMix(0.3, rank_weight=0.5, rank_topk=3)],
+                         ids=["hard", "distill", "distill+rank"])
+def test_chunked_head_loss_equals_whole(mix):
     """Recomputing the logits chunk by chunk in backward changes neither the loss nor its gradients."""
     g = torch.Generator().manual_seed(0)
     head = torch.randn(50, 8, generator=g)
     targets = torch.randint(0, 50, (13,), generator=g)
-    soft_h = torch.randn(13, 8, generator=g) if distill else None
+    soft_h = torch.randn(13, 8, generator=g) if mix.distill else None
     results = []
-    for chunk in (50 * 13 * 2, 50 * 4, 1):
+    for chunk in (50 * 13 * 3, 50 * 4, 1):
         h = torch.randn(13, 8, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
-        ce, rank = lm_head_loss(h, head, targets, chunk, soft_h, distill)
+        ce, rank = lm_head_loss(h, head, targets, chunk, soft_h, mix)
         ce.sum().backward()
         results.append((ce.detach(), rank, h.grad))
     for ce, rank, grad in results[1:]:
@@ -185,12 +189,28 @@ def test_distilled_loss_mixes_in_the_target_distribution():
     h, soft_h = torch.randn(5, 6, generator=g), torch.randn(5, 6, generator=g)
     targets = torch.randint(0, 30, (5,), generator=g)
     hard, _ = lm_head_loss(h, head, targets)
-    mixed, _ = lm_head_loss(h, head, targets, soft_h=soft_h, distill=0.25)
+    mixed, _ = lm_head_loss(h, head, targets, soft_h=soft_h, mix=LossMix(distill=0.25))
     logq = torch.log_softmax(h @ head.T, -1)
     soft = -(torch.softmax(soft_h @ head.T, -1) * logq).sum(-1)
     torch.testing.assert_close(mixed, 0.75 * hard + 0.25 * soft)
-    torch.testing.assert_close(lm_head_loss(h, head, targets, soft_h=soft_h, distill=1.0)[0], soft)
-    torch.testing.assert_close(lm_head_loss(h, head, targets, soft_h=soft_h, distill=0.0)[0], hard)
+    torch.testing.assert_close(lm_head_loss(h, head, targets, soft_h=soft_h, mix=LossMix(distill=1.0))[0], soft)
+    torch.testing.assert_close(lm_head_loss(h, head, targets, soft_h=soft_h, mix=LossMix(distill=0.0))[0], hard)
+
+
+def test_the_rank_term_falls_once_the_token_is_inside_the_tree_s_top_k():
+    """rank weight w, top-k: CE + w x softplus(k-th best other logit - the token's). Row 0's token is 2nd of 5
+    (inside a top-2, outside a top-1), row 1's 4th; the term's gradient raises the token's logit."""
+    head = torch.eye(5)
+    h = torch.tensor([[0.1, 0.9, 0.3, 0.0, 0.5], [0.1, 0.9, 0.3, 0.0, 0.5]], requires_grad=True)
+    targets = torch.tensor([4, 0])
+    hard, _ = lm_head_loss(h, head, targets)
+    for k, kth in ((1, torch.tensor([0.9, 0.9])), (2, torch.tensor([0.3, 0.5]))):
+        ranked, _ = lm_head_loss(h, head, targets, mix=LossMix(rank_weight=0.5, rank_topk=k))
+        expected = hard + 0.5 * torch.nn.functional.softplus(kth - torch.tensor([0.5, 0.1]))
+        torch.testing.assert_close(ranked, expected)
+    term = lm_head_loss(h, head, targets, mix=LossMix(rank_weight=1.0, rank_topk=2))[0] - hard
+    (grad,) = torch.autograd.grad(term.sum(), h)
+    assert grad[0, 4] < 0 and grad[1, 0] < 0  # descending the term raises each token's own logit
 
 
 def test_slot_sources_pick_the_position_before_each_slot():
@@ -257,6 +277,44 @@ def test_distilled_run_learns(target_dir, tmp_path):
     losses, validation = report["step_losses"], report["validation"]
     assert report["finished"] and sum(losses[-6:]) / 6 < sum(losses[:6]) / 6 - 0.3, losses
     assert validation[-1]["tau"] > validation[0]["tau"] + 0.1, validation
+
+
+def test_ranked_run_learns(target_dir, tmp_path):
+    """--rank-loss: the tiny run with the ranking term at weight 0.5 learns; validation's tree tau rises."""
+    report = train_drafter(tiny_config(tmp_path / "run", target_dir, rank_loss=0.5, rank_topk=2), toy_corpus(24),
+                           toy_corpus(6, seed=1))
+    losses, validation = report["step_losses"], report["validation"]
+    assert report["finished"] and sum(losses[-6:]) / 6 < sum(losses[:6]) / 6 - 0.3, losses
+    key = f"tau_top{VALIDATION_TOPK}"
+    assert validation[-1][key] > validation[0][key] + 0.1, validation
+
+
+def test_patience_stops_early_and_exports_the_best_validation_s_drafter(tiny_run, target_dir, tmp_path, monkeypatch):
+    """Scripted validations (tree tau 1.0, 2.0, 1.5, 2.0): with --patience 2 the run stops after the fourth
+    epoch (two in a row fail to beat the second's; a tie does not), exports the drafter as it was at the second
+    validation, and a --resume of the stopped run trains no further."""
+    source, prompts, _ = tiny_run
+    out = tmp_path / "run"
+    out.mkdir()
+    shutil.copy(source / "data.pt", out / "data.pt")  # the tiny run's cached responses
+    taus, seen = iter([1.0, 2.0, 1.5, 2.0, 3.0, 3.0]), []
+
+    def scripted(self):
+        seen.append({k: v.clone() for k, v in published_state_dict(self.model, self.dcfg).items()})
+        tau = next(taus)
+        return {"tau": tau, "steps": 1, "accuracy": [], f"tau_top{VALIDATION_TOPK}": tau}
+
+    monkeypatch.setattr(DraftTrainer, "validate", scripted)
+    report = train_drafter(tiny_config(out, target_dir, patience=2, validation_prompts=1), prompts, prompts[:1])
+    assert report["finished"] and report["stopped_early"] and len(seen) == 4
+    assert report["steps"] == 4 * 6 < report["total_steps"] and (report["best_epoch"], report["exported_epoch"]) == (2, 2)
+    exported = load_file(str(out / "model.safetensors"))
+    assert all(torch.equal(exported[k], v.to(torch.bfloat16)) for k, v in seen[1].items())
+    assert not all(torch.equal(exported[k], v.to(torch.bfloat16)) for k, v in seen[3].items())
+    assert (out / BEST_FILE).is_file()
+    again = train_drafter(tiny_config(out, target_dir, patience=2, validation_prompts=1, resume=True), prompts,
+                          prompts[:1])
+    assert again["steps"] == 4 * 6 and len(seen) == 4
 
 
 def test_checkpoint_is_in_the_published_format(tiny_run, target_dir, tmp_path):
@@ -383,6 +441,8 @@ def test_cli_trains_on_dataset_prompts(tiny_dir, tmp_path, capsys):
     (["--resume"], "--resume"),
     (["--mask-token-id", "100000"], "--mask-token-id"),
     (["--distill", "1.5"], "--distill"),
+    (["--rank-loss", "-1"], "--rank-loss"),
+    (["--patience", "2", "--validation-prompts", "0"], "--patience"),
 ])
 def test_cli_errors_name_the_flag(tiny_dir, tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exc:

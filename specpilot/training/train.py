@@ -76,7 +76,8 @@ LOG_EVERY = 50  # steps between log lines when the console is not a terminal (no
 GEN_PREFILL_WAVE = 8
 VALIDATION_CHUNK = 8  # validation sequences per forward (every response position is an anchor)
 # Settings that may change between a run and its --resume (they do not change what is trained).
-OPERATIONAL_KEYS = ("out", "resume", "stop_after", "save_every", "gen_batch_size", "device")
+OPERATIONAL_KEYS = ("out", "resume", "stop_after", "save_every", "gen_batch_size", "device", "patience")
+BEST_FILE = "best_model.pt"  # the drafter of the best validation so far (with --patience)
 
 
 @dataclass
@@ -99,6 +100,8 @@ class TrainConfig:
     anchors_per_seq: int = 64
     gamma: float | None = None  # loss decay over block slots; default 7 * block_size / 16
     distill: float = 0.0  # weight of the target's whole distribution in the loss (0: its tokens only)
+    rank_loss: float = 0.0  # weight of the top-k ranking term (draft trees keep each slot's top rank_topk)
+    rank_topk: int = VALIDATION_TOPK
     lr: float = 6e-4
     warmup_ratio: float = 0.04
     max_grad_norm: float = 1.0
@@ -107,6 +110,7 @@ class TrainConfig:
     gen_batch_size: int = 32  # requests the target generates concurrently
     save_every: int = 500  # steps between trainer_state.pt saves
     stop_after: int | None = None  # leave after this many steps of this invocation (continue with resume)
+    patience: int | None = None  # stop once this many validations in a row fail to beat the best tree tau
     resume: bool = False
     device: str = "auto"
     dtype: str = "auto"  # the target's dtype; the drafter keeps fp32 master weights under autocast
@@ -118,6 +122,10 @@ class TrainConfig:
             raise ValueError(f"--block-size must be >= 2, got {self.block_size}")
         if not 0.0 <= self.distill <= 1.0:
             raise ValueError(f"--distill must lie in [0, 1], got {self.distill}")
+        if self.rank_loss < 0 or self.rank_topk < 1:
+            raise ValueError(f"--rank-loss must be >= 0 and --rank-topk >= 1, got {self.rank_loss}, {self.rank_topk}")
+        if self.patience is not None and (self.patience < 1 or not self.validation_prompts):
+            raise ValueError(f"--patience needs validation prompts and at least 1, got {self.patience}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"--dtype must be auto, float32 or bfloat16 for training, got {self.dtype!r}")
 
@@ -131,6 +139,21 @@ class TrainConfig:
         for key in OPERATIONAL_KEYS:
             d.pop(key)
         return json.loads(json.dumps(d))
+
+    @property
+    def loss_mix(self) -> LossMix:
+        return LossMix(self.distill, self.rank_loss, self.rank_topk)
+
+
+@dataclass(frozen=True)
+class LossMix:
+    """What a slot's loss mixes into the cross-entropy against the target's token: `distill`, the weight of
+    the one against the target's whole distribution; `rank_weight` x softplus(the drafter's `rank_topk`-th best
+    other logit - the target token's), which falls once the token ranks inside the top-k a draft tree keeps."""
+
+    distill: float = 0.0
+    rank_weight: float = 0.0
+    rank_topk: int = VALIDATION_TOPK
 
 
 # ---------------------------------------------------------------- drafter shape
@@ -278,14 +301,19 @@ def slot_sources(final: torch.Tensor, anchors: torch.Tensor, block_size: int) ->
 
 
 def _ce_and_rank(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, soft_h: torch.Tensor | None,
-                 distill: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 mix: LossMix) -> tuple[torch.Tensor, torch.Tensor]:
     logits = F.linear(h, head).float()
     ce = F.cross_entropy(logits, targets, reduction="none")
     if soft_h is not None:  # cross-entropy against the target's distribution (its logits from its hidden)
         soft = torch.softmax(F.linear(soft_h, head).float(), dim=-1)
-        ce = (1 - distill) * ce + distill * -(soft * torch.log_softmax(logits, dim=-1)).sum(-1)
+        ce = (1 - mix.distill) * ce + mix.distill * -(soft * torch.log_softmax(logits, dim=-1)).sum(-1)
+    target_logit = logits.gather(-1, targets[:, None])
+    if mix.rank_weight:
+        others = logits.scatter(-1, targets[:, None], float("-inf"))
+        kth = others.topk(min(mix.rank_topk, others.shape[-1] - 1), dim=-1).values[:, -1:]
+        ce = ce + mix.rank_weight * F.softplus(kth - target_logit).squeeze(-1)
     with torch.no_grad():  # the target token's rank among the drafter's: logits strictly above it
-        rank = (logits > logits.gather(-1, targets[:, None])).sum(-1)
+        rank = (logits > target_logit).sum(-1)
     return ce, rank
 
 
@@ -300,31 +328,33 @@ def logit_chunk_elements(device: torch.device) -> int:
 
 def lm_head_loss(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor,
                  chunk_elements: int = LOGIT_CHUNK_ELEMENTS, soft_h: torch.Tensor | None = None,
-                 distill: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row cross-entropy and the target token's rank (0: the drafter's top token) through the frozen head;
-    with `soft_h` (the target's final hidden
-    state that decided each row's token) the cross-entropy mixes in, at weight `distill`, the one
-    against the target's distribution. Beyond one chunk of rows the logits are recomputed in backward
-    instead of kept (a 150K vocabulary makes them the largest activation)."""
-    rows = max(1, chunk_elements // head.shape[0] // (1 if soft_h is None else 2))
+                 mix: LossMix = LossMix()) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row loss and the target token's rank (0: the drafter's top token) through the frozen head: the
+    cross-entropy against the token, with `soft_h` (the target's final hidden state that decided each row's
+    token) mixed with the one against the target's distribution, plus the ranking term (`LossMix`). Beyond one
+    chunk of rows the logits are recomputed in backward instead of kept (a 150K vocabulary makes them the
+    largest activation)."""
+    copies = 1 + (soft_h is not None) + (mix.rank_weight > 0)  # logit-sized tensors a row holds at once
+    rows = max(1, chunk_elements // head.shape[0] // copies)
     if h.shape[0] <= rows:
-        return _ce_and_rank(h, head, targets, soft_h, distill)
+        return _ce_and_rank(h, head, targets, soft_h, mix)
     parts = [checkpoint(_ce_and_rank, h[i : i + rows], head, targets[i : i + rows],
-                        None if soft_h is None else soft_h[i : i + rows], distill, use_reentrant=False)
+                        None if soft_h is None else soft_h[i : i + rows], mix, use_reentrant=False)
              for i in range(0, h.shape[0], rows)]
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def draft_loss(hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, ok: torch.Tensor,
                gamma: float, chunk_elements: int = LOGIT_CHUNK_ELEMENTS, soft_h: torch.Tensor | None = None,
-               distill: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy of slots 1..B-1 weighted by exp(-(k-1)/gamma) (early slots gate every later
-    acceptance), averaged over counted slots; also each slot's target rank (NOT_COUNTED where not counted).
-    `soft_h` [N, A, B-1, H]: the target's hidden states behind the slots' tokens (see lm_head_loss)."""
+               mix: LossMix = LossMix()) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss of slots 1..B-1 (lm_head_loss) weighted by exp(-(k-1)/gamma) (early slots gate every later
+    acceptance, so the ranking term is weighted by depth too), averaged over counted slots; also each slot's
+    target rank (NOT_COUNTED where not counted). `soft_h` [N, A, B-1, H]: the target's hidden states behind the
+    slots' tokens (see lm_head_loss)."""
     slots = hidden.shape[2] - 1
     weights = torch.exp(-torch.arange(slots, device=hidden.device, dtype=torch.float32) / gamma).expand(ok.shape)
     ce, rank = lm_head_loss(hidden[:, :, 1:][ok], head, targets[ok], chunk_elements,
-                            None if soft_h is None else soft_h[ok], distill)
+                            None if soft_h is None else soft_h[ok], mix)
     w = weights[ok]
     ranks = torch.full(ok.shape, NOT_COUNTED, dtype=torch.long, device=ok.device)
     ranks[ok] = rank
@@ -411,6 +441,11 @@ class ValidationStats(SlotAccuracy):
                 f"accuracy_top{VALIDATION_TOPK}": [c / max(k, 1) for c, k in zip(self.topk_correct, self.counted)]}
 
 
+def tree_tau(summary: dict) -> float:
+    """What early stopping compares: a validation's top-k tree tau (its chained tau where it has none)."""
+    return summary.get(f"tau_top{VALIDATION_TOPK}", summary["tau"])
+
+
 def validation_taus(summary: dict) -> str:
     """A validation's chained tau, and its top-k tree's where it has one (runs resumed from before it may not)."""
     tree = summary.get(f"tau_top{VALIDATION_TOPK}")
@@ -477,6 +512,8 @@ class DraftTrainer:
         self.validations: list[dict] = []  # one per finished epoch
         self.step_losses: list[float] = []
         self.elapsed_s = 0.0
+        self.best_epoch: int | None = None  # 1-based: the validation with the best tree tau
+        self.stopped_early = False  # --patience ended the run before its last epoch
         self.autocast = torch.autocast(self.device.type, dtype=engine.dtype, enabled=engine.dtype != torch.float32)
         self.logit_chunk = logit_chunk_elements(self.device)
 
@@ -516,7 +553,7 @@ class DraftTrainer:
             hidden = draft_hidden(self.model, self.engine.model, self.rope, feats, batch.tokens, batch.anchors,
                                   self.dcfg.mask_token_id, self.cfg.block_size)
             return draft_loss(hidden, self.engine.model.lm_head.weight, targets, ok, self.cfg.loss_gamma,
-                              self.logit_chunk, soft_h, self.cfg.distill)
+                              self.logit_chunk, soft_h, self.cfg.loss_mix)
 
     @torch.no_grad()
     def validate(self) -> dict:
@@ -537,10 +574,11 @@ class DraftTrainer:
         task = progress.add_task("training", total=self.total_steps, completed=self.step, stats="")
         start, before = time.perf_counter(), self.elapsed_s
         with _deterministic():
-            while self.step < stop:
+            while self.step < stop and not self.stopped_early:
                 self.train_step()
                 if self.validation is not None and self.step % self.steps_per_epoch == 0:  # an epoch ended
                     self.validations.append(self.validate())
+                    self._track_best()
                 status = self._status()
                 progress.update(task, completed=self.step, stats=status)
                 if not progress.console.is_terminal and self.step % LOG_EVERY == 0:
@@ -549,7 +587,27 @@ class DraftTrainer:
                 if self.step % cfg.save_every == 0 and self.step < stop:
                     self.save()
         self.save()
-        return self.step == self.total_steps
+        return self.step == self.total_steps or self.stopped_early
+
+    def _track_best(self) -> None:
+        """After a validation: keep the drafter if its tree tau is the best so far (with --patience, on disk, as
+        the one to export); stop once --patience validations in a row have not beaten it."""
+        taus = [tree_tau(v) for v in self.validations]
+        self.best_epoch = taus.index(max(taus)) + 1  # the first of equals: a tie does not beat the best
+        if self.best_epoch == len(taus):
+            if self.cfg.patience is not None:
+                path = self.cfg.out / BEST_FILE
+                torch.save({"epoch": self.best_epoch, "model": self.model.state_dict()}, path.with_suffix(".tmp"))
+                path.with_suffix(".tmp").replace(path)
+        elif self.cfg.patience is not None and len(taus) - self.best_epoch >= self.cfg.patience:
+            self.stopped_early = True
+
+    def best_model(self) -> DFlashModel:
+        """The drafter to export: with --patience the best validation's, else the last."""
+        path = self.cfg.out / BEST_FILE
+        if self.cfg.patience is not None and path.is_file():
+            self.model.load_state_dict(torch.load(path, map_location=self.device, weights_only=True)["model"])
+        return self.model
 
     def _status(self) -> str:
         s = self.epochs[-1].summary()
@@ -565,7 +623,7 @@ class DraftTrainer:
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "epochs": [asdict(e) for e in self.epochs], "validations": self.validations,
             "step_losses": self.step_losses,
-            "elapsed_s": self.elapsed_s,
+            "elapsed_s": self.elapsed_s, "stopped_early": self.stopped_early,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
         }
@@ -576,8 +634,10 @@ class DraftTrainer:
     def load(self) -> None:
         path = self.cfg.out / STATE_FILE
         state = torch.load(path, map_location=self.device, weights_only=True)
-        if state["recipe"] != self.cfg.recipe():
-            changed = sorted(k for k in state["recipe"] if state["recipe"][k] != self.cfg.recipe().get(k))
+        # a recipe saved before a setting existed took its default
+        saved = {k: v for k, v in TrainConfig(self.cfg.out).recipe().items() if k not in state["recipe"]} | state["recipe"]
+        if saved != self.cfg.recipe():
+            changed = sorted(k for k in saved if saved[k] != self.cfg.recipe().get(k))
             raise ValueError(f"--resume: {path} was trained with different settings ({', '.join(changed)})")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -585,6 +645,10 @@ class DraftTrainer:
         self.step, self.step_losses, self.elapsed_s = state["step"], state["step_losses"], state["elapsed_s"]
         self.epochs = [EpochStats(**e) for e in state["epochs"]]
         self.validations = state["validations"]
+        self.stopped_early = state.get("stopped_early", False)
+        if self.validations:
+            taus = [tree_tau(v) for v in self.validations]
+            self.best_epoch = taus.index(max(taus)) + 1
         torch.set_rng_state(state["rng"]["torch"].cpu())
         random.setstate(state["rng"]["python"])
         if state["rng"]["cuda"] and torch.cuda.is_available():
@@ -691,7 +755,7 @@ def train_drafter(cfg: TrainConfig, prompts: list[list[int]] | None = None,
             trainer.load()
         finished = trainer.run(progress)
     if finished:
-        export_dflash(trainer.model, dcfg, tcfg.num_layers, cfg.out)
+        export_dflash(trainer.best_model(), dcfg, tcfg.num_layers, cfg.out)
     report = _report(cfg, trainer, dcfg, data_stats, finished)
     (cfg.out / "training.json").write_text(json.dumps(report, indent=2))
     return report
@@ -712,7 +776,9 @@ def _report(cfg: TrainConfig, trainer: DraftTrainer, dcfg: DFlashConfig, data: D
         "draft": {"num_layers": dcfg.layers.num_layers, "target_layer_ids": dcfg.target_layer_ids,
                   "mask_token_id": dcfg.mask_token_id, "block_size": dcfg.block_size, "gamma": cfg.loss_gamma,
                   "parameters": sum(p.numel() for p in trainer.model.parameters())},
-        "steps": trainer.step, "total_steps": trainer.total_steps,
+        "steps": trainer.step, "total_steps": trainer.total_steps, "best_epoch": trainer.best_epoch,
+        "stopped_early": trainer.stopped_early,
+        "exported_epoch": trainer.best_epoch if cfg.patience is not None else len(trainer.epochs),
         "epochs": [e.summary() for e in trainer.epochs], "validation": trainer.validations,
         "step_losses": [round(x, 5) for x in trainer.step_losses],
         "train_wall_s": trainer.elapsed_s, "device": _device_name(trainer.device), "dtype": str(trainer.engine.dtype),
