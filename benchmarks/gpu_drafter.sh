@@ -5,6 +5,12 @@
 #       The training run of the README in RUN, stopped after DEADLINE_S seconds; calling it again resumes it
 #       where it stopped (--resume) until it is done. DATA: a data.pt made earlier by the same command (its
 #       settings are checked), so a run can skip regenerating the responses.
+#   benchmarks/gpu_drafter.sh variants DIR DEADLINE_S [DATA]
+#       Recipe variants on the same data, each in DIR/NAME with --patience ${PATIENCE:-3} (stop once that many
+#       validations fail to beat the best top-4 tree tau; export the best): $VARIANTS (default "hard distill
+#       rank": the recipe as it is, + --distill 0.5, + --rank-loss 0.5), in order, until DEADLINE_S seconds are
+#       spent; calling it again resumes. The first variant's responses (or DATA) serve the others. Then
+#       DIR/curves/training_curves.{png,json}: every variant's validation curves side by side.
 #   benchmarks/gpu_drafter.sh repro RUN STEPS
 #       Reproducibility: the same command and seed again, from RUN's data, for STEPS steps in RUN.repro;
 #       prints the largest loss difference against RUN's first STEPS steps.
@@ -29,11 +35,33 @@ RECIPE=(--num-layers 4 --intermediate-size 512 --block-size 16 --num-taps 5 --da
 
 train() {
     local run=$1 deadline=$2 data=${3:-}
+    shift 3 || shift $#
     mkdir -p "$run"
     [[ -n $data && ! -f $run/data.pt ]] && cp "$data" "$run/data.pt"
+    local held_out
+    held_out=$(dirname "${data:-.}")/validation.pt  # the validation responses made beside DATA, if any
+    [[ -n $data && -f $held_out && ! -f $run/validation.pt ]] && cp "$held_out" "$run/validation.pt"
     local resume=()
     [[ -f $run/trainer_state.pt ]] && resume=(--resume)
-    timeout "$deadline" "${SPECPILOT[@]}" train-drafter --out "$run" "${RECIPE[@]}" "${resume[@]}" || [[ $? == 124 ]]
+    timeout "$deadline" "${SPECPILOT[@]}" train-drafter --out "$run" "${RECIPE[@]}" "$@" "${resume[@]}" || [[ $? == 124 ]]
+}
+
+declare -A VARIANT_ARGS=([hard]="" [distill]="--distill 0.5" [rank]="--rank-loss 0.5")
+
+variants() {
+    local dir=$1 deadline=$2 data=${3:-} end runs=()
+    end=$(( $(date +%s) + deadline ))
+    for name in ${VARIANTS:-hard distill rank}; do
+        [[ -v VARIANT_ARGS[$name] ]] || { echo "unknown variant $name (${!VARIANT_ARGS[*]})" >&2; exit 2; }
+        local left=$(( end - $(date +%s) ))
+        if (( left > 30 )) && ! grep -qs '"finished": true' "$dir/$name/training.json"; then
+            read -r -a args <<< "${VARIANT_ARGS[$name]}"
+            train "$dir/$name" "$left" "$data" "${args[@]}" --patience "${PATIENCE:-3}"
+        fi
+        [[ -z $data && -f $dir/$name/data.pt ]] && data=$dir/$name/data.pt
+        [[ -f $dir/$name/training.json ]] && runs+=("$name=$dir/$name")
+    done
+    (( ${#runs[@]} )) && python3 benchmarks/training_curves.py "${runs[@]}" --out "$dir/curves"
 }
 
 repro() {
@@ -79,7 +107,9 @@ eval_drafter() {
 
 case ${1:-} in
     train) train "$2" "$3" "${4:-}" ;;
+    variants) variants "$2" "$3" "${4:-}" ;;
     repro) repro "$2" "$3" ;;
     eval) eval_drafter "$2" "$3" ;;
-    *) echo "usage: $0 train RUN DEADLINE_S [DATA] | repro RUN STEPS | eval RUN OUT" >&2; exit 2 ;;
+    *) echo "usage: $0 train RUN DEADLINE_S [DATA] | variants DIR DEADLINE_S [DATA] | repro RUN STEPS | eval RUN OUT" >&2
+       exit 2 ;;
 esac

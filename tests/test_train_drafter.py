@@ -450,3 +450,24 @@ def test_cli_errors_name_the_flag(tiny_dir, tmp_path, capsys, argv, message):
               "--datasets", "math", "--num-prompts", "2", "--max-new-tokens", "4", *argv])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_training_curves_chart_runs_side_by_side(tiny_run, tmp_path, capsys):
+    """benchmarks/training_curves.py: each run's validation taus per epoch and its smoothed loss, in a PNG and
+    a JSON; a directory without a training.json is refused by name."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import training_curves
+
+    out, _, report = tiny_run
+    training_curves.main([f"hard={out}", f"again={out}", "--out", str(tmp_path)])
+    assert (tmp_path / "training_curves.png").stat().st_size > 0
+    runs = json.loads((tmp_path / "training_curves.json").read_text())
+    assert list(runs) == ["hard", "again"]
+    assert runs["hard"]["tau"] == [v["tau"] for v in report["validation"]] and len(runs["hard"]["tree_tau"]) == 6
+    assert runs["hard"]["best_epoch"] == report["best_epoch"] and runs["hard"]["loss"]
+    with pytest.raises(SystemExit):
+        training_curves.main([f"missing={tmp_path / 'nowhere'}", "--out", str(tmp_path)])
+    assert "training.json does not exist" in capsys.readouterr().err

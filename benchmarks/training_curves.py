@@ -1,0 +1,96 @@
+"""Drafter training runs side by side: each run's validation curves (the chain's tau and the top-4 tree's, per
+epoch) and its training loss (per step, smoothed), from the training.json each `specpilot train-drafter` run
+writes, in one PNG and one JSON. Recipe variants trained on the same data (benchmarks/gpu_drafter.sh variants)
+are compared this way.
+
+    python3 benchmarks/training_curves.py NAME=RUN_DIR [NAME=RUN_DIR ...] --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import out_dir, write_json  # noqa: E402
+
+from specpilot.training.train import VALIDATION_TOPK  # noqa: E402
+
+TREE_KEY = f"tau_top{VALIDATION_TOPK}"
+SMOOTHING = 50  # steps per point of the loss curve
+
+
+def curves(report: dict) -> dict:
+    """A run's figures to plot: validation taus per epoch, the loss averaged over SMOOTHING steps, the summary."""
+    validation = report.get("validation") or []
+    losses = report.get("step_losses") or []
+    window = max(1, min(SMOOTHING, len(losses) // 20 or 1))
+    smoothed = [sum(losses[i : i + window]) / len(losses[i : i + window]) for i in range(0, len(losses), window)]
+    tree = [v.get(TREE_KEY) for v in validation]
+    best = max(range(len(tree)), key=lambda i: tree[i] or 0.0) + 1 if tree else None
+    return {
+        "tau": [v["tau"] for v in validation], "tree_tau": tree, "loss_steps": list(range(0, len(losses), window)),
+        "loss": smoothed, "best_epoch": report.get("best_epoch", best), "stopped_early": report.get("stopped_early"),
+        "recipe": {k: report["args"].get(k) for k in ("distill", "rank_loss", "rank_topk", "num_layers",
+                                                      "intermediate_size", "num_taps", "lr", "epochs", "patience")
+                   if k in report.get("args", {})},
+    }
+
+
+def chart(runs: dict[str, dict], path: Path) -> None:
+    fig, (taus, loss) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for i, (name, run) in enumerate(runs.items()):
+        color = f"C{i}"
+        epochs = range(1, len(run["tau"]) + 1)
+        taus.plot(epochs, run["tau"], "--", color=color, label=f"{name}: chain")
+        if any(t is not None for t in run["tree_tau"]):
+            taus.plot(epochs, run["tree_tau"], "-", color=color, label=f"{name}: top-{VALIDATION_TOPK} tree")
+        if run["best_epoch"]:
+            taus.axvline(run["best_epoch"], color=color, alpha=0.25)
+        loss.plot(run["loss_steps"], run["loss"], color=color, label=name)
+    taus.set(xlabel="epoch", ylabel="validation tau (chained as decoding)", title="validation")
+    taus.xaxis.set_major_locator(MaxNLocator(integer=True))
+    loss.set(xlabel="step", ylabel="training loss", title="training loss (smoothed)")
+    taus.legend(fontsize=8)
+    loss.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _run(spec: str) -> tuple[str, Path]:
+    name, sep, directory = spec.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=RUN_DIR, got {spec!r}")
+    path = Path(directory) / "training.json"
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{name}: {path} does not exist (a train-drafter run writes it)")
+    return name, path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=_run, help="NAME=RUN_DIR of each train-drafter run")
+    parser.add_argument("--out", default=None, help="directory for training_curves.{png,json} (default $OUT)")
+    args = parser.parse_args(argv)
+    runs = {name: curves(json.loads(path.read_text())) for name, path in args.runs}
+    out = out_dir(args.out)
+    chart(runs, out / "training_curves.png")
+    write_json(out / "training_curves.json", runs)
+    for name, run in runs.items():
+        tree = run["tree_tau"][-1] if run["tree_tau"] else None
+        print(f"{name}: {len(run['tau'])} validations, last tau {run['tau'][-1] if run['tau'] else None}, "
+              f"tree {tree}, best epoch {run['best_epoch']}")
+    print(f"wrote {out / 'training_curves.png'}")
+
+
+if __name__ == "__main__":
+    main()
