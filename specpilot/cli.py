@@ -348,11 +348,15 @@ def _train_drafter_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target", default="default",
                    help="target GGUF file or HF directory, or 'default' (the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--out", required=True, help="output directory: checkpoint, data.pt, trainer_state.pt")
-    add(g, "--datasets", "train splits whose first user turns are the prompts", nargs="+", choices=TRAIN_DATASETS)
+    add(g, "--datasets", "train splits whose prompts are trained on: first user turns; sharegpt-turns: ShareGPT's "
+                         "later user turns with the conversation before them", nargs="+", choices=TRAIN_DATASETS)
     add(g, "--num-prompts", "prompts, split evenly across --datasets", type=_positive_int)
     add(g, "--validation-prompts", "held-out prompts (the next ones of each train split) whose responses "
                                    "measure tau after every epoch; 0: none", type=_nonneg_int)
     add(g, "--max-new-tokens", "response tokens the target generates per prompt", type=_positive_int)
+    add(g, "--responses-per-prompt", "responses the target writes per prompt: its greedy one, the rest sampled at "
+                                     "--response-temperature (more data from the same prompts)", type=_positive_int)
+    add(g, "--response-temperature", "temperature of the sampled responses", type=float)
     add(g, "--max-seq-len", "prompt + response tokens at most", type=_positive_int)
     add(g, "--gen-batch-size", "requests the target generates concurrently", type=_positive_int)
     d = p.add_argument_group("drafter")

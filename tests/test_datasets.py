@@ -56,14 +56,14 @@ def test_benchmark_only_sets_have_no_train_split(dataset):
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="humaneval, mtbench, sharegpt, math, code"):
+    with pytest.raises(ValueError, match="humaneval, mtbench, sharegpt, math, code, sharegpt-turns"):
         load_prompts("gsm8k")
     with pytest.raises(ValueError, match="split"):
         load_prompts("math", split="test")
     with pytest.raises(ValueError, match="num_prompts"):
         load_prompts("math", -1)
     assert load_prompts("math", 0) == []
-    assert DATASETS == ("humaneval", "mtbench", "sharegpt", "math", "code")
+    assert DATASETS == ("humaneval", "mtbench", "sharegpt", "math", "code", "sharegpt-turns")
 
 
 def test_code_prompts_are_training_only_stdlib_stubs():
@@ -161,6 +161,64 @@ def test_sharegpt_first_turns_export_gives_the_same_splits(sharegpt, tmp_path: P
     monkeypatch.setenv(datasets.SHAREGPT_PATH_ENV, str(tmp_path / "missing.json"))
     with pytest.raises(FileNotFoundError, match="SPECPILOT_SHAREGPT"):
         load_prompts("sharegpt", 1)
+
+
+def _write_sharegpt(path: Path, conversations: list[tuple[str, list[tuple[str, str]]]]) -> Path:
+    import json
+
+    path.write_text(json.dumps([{"id": cid, "conversations": [{"from": who, "value": text} for who, text in turns]}
+                                for cid, turns in conversations]))
+    return path
+
+
+def _held_out_text() -> str:
+    return next(t for t in (f"question {i}" for i in range(1000)) if datasets.is_held_out(t))
+
+
+def test_sharegpt_turns_are_later_user_turns_with_the_conversation_before_them(tmp_path: Path, monkeypatch):
+    """Each user turn after the first, with the turns before it (replies as the assistant's), while the whole
+    stays within SHAREGPT_TURNS_MAX_CHARS and the turn within SHAREGPT_MAX_CHARS; a conversation stops at a turn
+    out of alternation or empty, and one whose first turn is a benchmark prompt gives nothing."""
+    train = next(t for t in (f"hello {i}" for i in range(1000)) if not datasets.is_held_out(t))
+    long_reply = "r" * (datasets.SHAREGPT_TURNS_MAX_CHARS - 40)
+    path = _write_sharegpt(tmp_path / "s.json", [
+        ("a", [("human", train), ("gpt", "hi"), ("human", "two"), ("gpt", "ok"), ("human", "three")]),
+        ("b", [("human", "b1"), ("gpt", "x"), ("gpt", "out of turn"), ("human", "never")]),
+        ("c", [("human", "c1"), ("gpt", "x"), ("human", ""), ("gpt", "y"), ("human", "never")]),
+        ("d", [("human", "d1"), ("gpt", long_reply), ("human", "fits"), ("gpt", "z" * 40), ("human", "too far")]),
+        ("e", [("human", "e1"), ("gpt", "x"), ("human", "t" * (datasets.SHAREGPT_MAX_CHARS + 1)), ("gpt", "y"),
+               ("human", "short")]),
+        ("f", [("human", _held_out_text()), ("gpt", "x"), ("human", "benchmark conversation")]),
+        ("g", [("gpt", "a continuation chunk"), ("human", "without context")]),
+    ])
+    monkeypatch.setenv(datasets.SHAREGPT_PATH_ENV, str(path))
+    prompts = {p.id: p for p in load_prompts("sharegpt-turns", split="train")}
+    assert sorted(prompts) == ["sharegpt-a-turn2", "sharegpt-a-turn3", "sharegpt-d-turn2", "sharegpt-e-turn3"]
+    assert prompts["sharegpt-a-turn3"].messages == [
+        {"role": "user", "content": train}, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "two"},
+        {"role": "assistant", "content": "ok"}, {"role": "user", "content": "three"}]
+    assert [m["role"] for m in prompts["sharegpt-e-turn3"].messages] == ["user", "assistant"] * 2 + ["user"]
+    with pytest.raises(ValueError, match="training-only"):
+        load_prompts("sharegpt-turns", split="bench")
+    _write_sharegpt(path, [("a", [("human", train)])])
+    with pytest.raises(ValueError, match="--train-turns"):
+        load_prompts("sharegpt-turns", split="train")
+
+
+def test_sharegpt_train_turns_export_gives_both_sets(sharegpt, tmp_path: Path, monkeypatch):
+    """scripts/export_sharegpt_first_turns.py --train-turns: one file with sharegpt's splits and sharegpt-turns'
+    prompts, as the package gives them."""
+    import subprocess
+    import sys
+
+    turns = load_prompts("sharegpt-turns", split="train")
+    out = tmp_path / "turns.json.gz"
+    subprocess.run([sys.executable, "scripts/export_sharegpt_first_turns.py", "--train-turns", "--out", str(out)],
+                   check=True, cwd=Path(__file__).parents[1])
+    assert out.stat().st_size < 16 * 2**20
+    monkeypatch.setenv(datasets.SHAREGPT_PATH_ENV, str(out))
+    assert {split: load_prompts("sharegpt", split=split) for split in ("bench", "train")} == sharegpt
+    assert load_prompts("sharegpt-turns", split="train") == turns and len(turns) > len(sharegpt["train"])
 
 
 @pytest.fixture(scope="module")

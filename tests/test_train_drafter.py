@@ -442,6 +442,7 @@ def test_cli_trains_on_dataset_prompts(tiny_dir, tmp_path, capsys):
     (["--mask-token-id", "100000"], "--mask-token-id"),
     (["--distill", "1.5"], "--distill"),
     (["--rank-loss", "-1"], "--rank-loss"),
+    (["--responses-per-prompt", "2", "--response-temperature", "0"], "--response-temperature"),
     (["--patience", "2", "--validation-prompts", "0"], "--patience"),
 ])
 def test_cli_errors_name_the_flag(tiny_dir, tmp_path, capsys, argv, message):
@@ -471,3 +472,25 @@ def test_training_curves_chart_runs_side_by_side(tiny_run, tmp_path, capsys):
     with pytest.raises(SystemExit):
         training_curves.main([f"missing={tmp_path / 'nowhere'}", "--out", str(tmp_path)])
     assert "training.json does not exist" in capsys.readouterr().err
+
+
+def test_more_responses_per_prompt_sample_past_the_greedy_one(target_dir, tmp_path):
+    """--responses-per-prompt 3: each prompt's greedy response and two sampled ones (seeded, so a second
+    generation repeats them); the cache records the setting, so a greedy-only run refuses it."""
+    prompts = toy_corpus(4, seed=3)
+    settings = dict(epochs=1, responses_per_prompt=3, response_temperature=1.5, validation_prompts=0)
+    first = train_drafter(tiny_config(tmp_path / "a", target_dir, **settings), prompts)
+    again = train_drafter(tiny_config(tmp_path / "b", target_dir, **settings), prompts)
+    assert first["data"]["num_sequences"] == again["data"]["num_sequences"] == 12
+    a, b = (torch.load(tmp_path / d / "data.pt", weights_only=True) for d in ("a", "b"))
+    assert torch.equal(a["tokens"], b["tokens"]) and a["meta"]["responses_per_prompt"] == 3
+    seqs = a["tokens"].split(a["lengths"].tolist())
+    greedy = train_drafter(tiny_config(tmp_path / "g", target_dir, epochs=1, validation_prompts=0), prompts)
+    g = torch.load(tmp_path / "g" / "data.pt", weights_only=True)
+    assert greedy["data"]["num_sequences"] == 4 and "responses_per_prompt" not in g["meta"]
+    assert [s.tolist() for s in g["tokens"].split(g["lengths"].tolist())] == [seqs[i].tolist() for i in (0, 3, 6, 9)]
+    assert any(not torch.equal(seqs[3 * i], seqs[3 * i + k]) for i in range(4) for k in (1, 2))
+    (tmp_path / "c").mkdir()
+    shutil.copy(tmp_path / "a" / "data.pt", tmp_path / "c" / "data.pt")
+    with pytest.raises(ValueError, match="different settings"):
+        train_drafter(tiny_config(tmp_path / "c", target_dir, epochs=1, validation_prompts=0), prompts)

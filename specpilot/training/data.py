@@ -46,7 +46,7 @@ class DataStats:
 
 def load_training_prompts(tokenizer, datasets: list[str], num_prompts: int,
                           num_validation: int = 0) -> tuple[list[list[int]], list[list[int]]]:
-    """First user turns of the datasets' train splits (disjoint from the bench splits), interleaved so
+    """Prompts of the datasets' train splits (disjoint from the bench splits), interleaved so
     any prefix is an even mixture, under the target's chat template: `num_prompts` for training and the
     `num_validation` that follow them in each set for validation (the training prompts do not depend on
     how many validation prompts are asked for)."""
@@ -64,14 +64,33 @@ def load_training_prompts(tokenizer, datasets: list[str], num_prompts: int,
             [apply_chat_template(tokenizer, p) for p in held[:num_validation]])
 
 
-def generate_responses(engine: Engine, prompts: list[list[int]], max_new_tokens: int,
-                       progress: Progress) -> tuple[list[Sample], DataStats]:
-    """Greedy responses by the target with continuous batching (engine.max_running_requests at a time).
+@dataclass(frozen=True)
+class Responses:
+    """What the target writes per prompt: its greedy response, and `per_prompt - 1` more sampled at
+    `temperature` (each request seeded from its prompt's index and its own, so the data repeat)."""
+
+    per_prompt: int = 1
+    temperature: float = 0.8
+
+    def params(self, max_new_tokens: int, prompt: int) -> list[SamplingParams]:
+        sampled = [SamplingParams(max_new_tokens=max_new_tokens, temperature=self.temperature,
+                                  seed=prompt * self.per_prompt + k) for k in range(1, self.per_prompt)]
+        return [SamplingParams(max_new_tokens=max_new_tokens), *sampled]
+
+    def meta(self) -> dict:
+        """The cache's record of them (nothing for greedy only, as caches made before sampling have none)."""
+        return {} if self.per_prompt == 1 else {"responses_per_prompt": self.per_prompt,
+                                                "response_temperature": self.temperature}
+
+
+def generate_responses(engine: Engine, prompts: list[list[int]], max_new_tokens: int, progress: Progress,
+                       responses: Responses = Responses()) -> tuple[list[Sample], DataStats]:
+    """The target's responses (`Responses`) with continuous batching (engine.max_running_requests at a time).
     Prompts leave room for at least two response tokens (one anchor and its target) or are skipped."""
     fits = [p for p in prompts if len(p) + 2 <= engine.context_length]
-    params = SamplingParams(max_new_tokens=max_new_tokens)
-    task = progress.add_task("generating responses", total=len(fits), stats="")
-    reqs = [engine.add_request(p, params) for p in fits]
+    task = progress.add_task("generating responses", total=len(fits) * responses.per_prompt, stats="")
+    reqs = [engine.add_request(p, params) for i, p in enumerate(fits)
+            for params in responses.params(max_new_tokens, i)]
     start, produced = time.perf_counter(), 0
     while engine.has_work:
         finished = engine.step()
@@ -91,11 +110,13 @@ def prompts_digest(prompts: list[list[int]]) -> str:
 
 
 def load_or_generate(out: Path, meta: dict, engine: Engine, prompts: list[list[int]], max_new_tokens: int,
-                     progress: Progress, name: str = DATA_FILE) -> tuple[list[Sample], DataStats]:
+                     progress: Progress, name: str = DATA_FILE,
+                     responses: Responses = Responses()) -> tuple[list[Sample], DataStats]:
     """Generated sequences are cached in out/`name` (flat int32 tokens + lengths) with the settings that
     made them (`meta`); a rerun with the same settings reuses them instead of regenerating, different
     settings are refused."""
     path = out / name
+    meta = meta | responses.meta()
     if path.is_file():
         data = torch.load(path, weights_only=True)
         if data["meta"] != meta:
@@ -104,7 +125,7 @@ def load_or_generate(out: Path, meta: dict, engine: Engine, prompts: list[list[i
         seqs = data["tokens"].split(data["lengths"].tolist())
         samples = [Sample(t, p) for t, p in zip(seqs, data["prompt_lens"].tolist())]
         return samples, DataStats(**{**data["stats"], "reused_cache": True})
-    samples, stats = generate_responses(engine, prompts, max_new_tokens, progress)
+    samples, stats = generate_responses(engine, prompts, max_new_tokens, progress, responses)
     data = {"meta": meta, "stats": asdict(stats), "tokens": torch.cat([s.tokens for s in samples]),
             "lengths": torch.tensor([len(s.tokens) for s in samples]),
             "prompt_lens": torch.tensor([s.prompt_len for s in samples])}

@@ -56,6 +56,7 @@ from specpilot.training.data import (
     Batch,
     DataStats,
     FeatureSource,
+    Responses,
     Sample,
     load_or_generate,
     load_training_prompts,
@@ -88,6 +89,8 @@ class TrainConfig:
     num_prompts: int = 2048
     validation_prompts: int = 64  # held-out prompts (the train splits' next ones) for the per-epoch tau
     max_new_tokens: int = 512
+    responses_per_prompt: int = 1  # the target's greedy response, and the rest sampled at response_temperature
+    response_temperature: float = 0.8
     max_seq_len: int = 3072
     num_layers: int = 5
     intermediate_size: int | None = None  # the draft layers' MLP width; default: the target's
@@ -122,6 +125,9 @@ class TrainConfig:
             raise ValueError(f"--block-size must be >= 2, got {self.block_size}")
         if not 0.0 <= self.distill <= 1.0:
             raise ValueError(f"--distill must lie in [0, 1], got {self.distill}")
+        if self.responses_per_prompt < 1 or self.response_temperature <= 0:
+            raise ValueError(f"--responses-per-prompt must be >= 1 and --response-temperature > 0, got "
+                             f"{self.responses_per_prompt}, {self.response_temperature}")
         if self.rank_loss < 0 or self.rank_topk < 1:
             raise ValueError(f"--rank-loss must be >= 0 and --rank-topk >= 1, got {self.rank_loss}, {self.rank_topk}")
         if self.patience is not None and (self.patience < 1 or not self.validation_prompts):
@@ -739,7 +745,8 @@ def train_drafter(cfg: TrainConfig, prompts: list[list[int]] | None = None,
     meta = {"target": engine.checkpoint.source, "dtype": str(engine.dtype), "prompts": prompts_digest(prompts),
             "max_new_tokens": cfg.max_new_tokens, "max_seq_len": engine.context_length}
     with _progress() as progress:
-        samples, data_stats = load_or_generate(cfg.out, meta, engine, prompts, cfg.max_new_tokens, progress)
+        samples, data_stats = load_or_generate(cfg.out, meta, engine, prompts, cfg.max_new_tokens, progress,
+                                               responses=Responses(cfg.responses_per_prompt, cfg.response_temperature))
         if not samples:
             raise ValueError("no training sequences: every prompt is longer than --max-seq-len")
         features = FeatureSource(engine, samples, tuple(taps), cfg.cache_features, cfg.batch_size, progress,
