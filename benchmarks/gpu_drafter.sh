@@ -8,7 +8,7 @@
 #   benchmarks/gpu_drafter.sh variants DIR DEADLINE_S [DATA]
 #       Recipe variants on the same data, each in DIR/NAME with --patience ${PATIENCE:-3} (stop once that many
 #       validations fail to beat the best top-4 tree tau; export the best): $VARIANTS (default "hard distill
-#       rank": the recipe as it is, + --distill 0.5, + --rank-loss 0.5), in order, until DEADLINE_S seconds are
+#       rank": the recipe as it is, + --distill 0.5, + --rank-loss 0.5; shapes: deep wide taps8), in order, until DEADLINE_S seconds are
 #       spent; calling it again resumes. The first variant's responses (or DATA) serve the others. Then
 #       DIR/curves/training_curves.{png,json}: every variant's validation curves side by side.
 #   benchmarks/gpu_drafter.sh repro RUN STEPS
@@ -49,7 +49,11 @@ train() {
     timeout "$deadline" "${SPECPILOT[@]}" train-drafter --out "$run" "${RECIPE[@]}" "$@" "${resume[@]}" || [[ $? == 124 ]]
 }
 
-declare -A VARIANT_ARGS=([hard]="" [distill]="--distill 0.5" [rank]="--rank-loss 0.5")
+# objectives on the recipe's shape, and shapes (bf16 sizes with the recipe's 17.5 MB: deep 20.6, wide 19.2, taps8 19.5,
+# all within issue 25's 25 MB) on its objective
+declare -A VARIANT_ARGS=([hard]="" [distill]="--distill 0.5" [rank]="--rank-loss 0.5"
+                         [deep]="--num-layers 6 --intermediate-size 320" [wide]="--num-layers 3 --intermediate-size 1024"
+                         [taps8]="--num-taps 8")
 
 variants() {
     local dir=$1 deadline=$2 data=${3:-} end runs=()

@@ -39,6 +39,7 @@ def curves(report: dict) -> dict:
     return {
         "tau": [v["tau"] for v in validation], "tree_tau": tree, "loss_steps": list(range(0, len(losses), window)),
         "loss": smoothed, "best_epoch": report.get("best_epoch", best), "stopped_early": report.get("stopped_early"),
+        "parameters": report.get("draft", {}).get("parameters"),
         "recipe": {k: report["args"].get(k) for k in ("distill", "rank_loss", "rank_topk", "num_layers",
                                                       "intermediate_size", "num_taps", "lr", "epochs", "patience")
                    if k in report.get("args", {})},
@@ -49,6 +50,8 @@ def chart(runs: dict[str, dict], path: Path) -> None:
     fig, (taus, loss) = plt.subplots(1, 2, figsize=(12, 4.5))
     for i, (name, run) in enumerate(runs.items()):
         color = f"C{i}"
+        if run["parameters"]:
+            name = f"{name} ({run['parameters'] * 2 / 1e6:.1f} MB bf16)"
         epochs = range(1, len(run["tau"]) + 1)
         taus.plot(epochs, run["tau"], "--", color=color, label=f"{name}: chain")
         if any(t is not None for t in run["tree_tau"]):
