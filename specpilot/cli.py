@@ -569,12 +569,14 @@ def _profile_cost_table(args: argparse.Namespace) -> int:
     (out / "cost_table.json").write_text(json.dumps({"provenance": prov, "table": json.loads(table.to_json())},
                                                    indent=2))
     cost_chart(table, out / "cost_table.png", provenance.label(prov))
-    view = Table(title=f"ms per pass: {table.key} (context {table.context}, {'graphs' if table.graphs else 'eager'})")
+    kinds = "chain / tree" if table.tree_ms is not None else "chain"
+    view = Table(title=f"ms per pass ({kinds}): {table.key} (context {table.context}, "
+                       f"{'graphs' if table.graphs else 'eager'})")
     view.add_column("B \\ rows", justify="right")
     for t in table.tokens:
         view.add_column(str(t), justify="right")
-    for b, row in zip(table.batch_sizes, table.ms):
-        view.add_row(str(b), *(f"{ms:.3f}" for ms in row))
+    for b, row, tree in zip(table.batch_sizes, table.ms, table.tree_ms or [None] * len(table.ms)):
+        view.add_row(str(b), *(f"{ms:.3f}" if tree is None else f"{ms:.3f} / {t:.3f}" for ms, t in zip(row, tree or row)))
     Console().print(view)
     print(f"cached in {cached}; results in {out}/: cost_table.json, cost_table.png")
     return 0

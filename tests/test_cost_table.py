@@ -23,6 +23,18 @@ def test_the_table_interpolates_between_and_past_its_points():
     assert single.at(1, 1) == 5.0
 
 
+def test_trees_read_their_own_grid_where_the_table_has_one(tmp_path, monkeypatch):
+    both = CostTable("k", (1, 4), (1, 8), TABLE.ms, 512, False, tree_ms=((1.0, 4.0), (3.0, 20.0)))
+    assert both.at(4, 8) == 10.0 and both.at(4, 8, tree=True) == 20.0 and both.at(1, 4.5, tree=True) == 2.5
+    assert TABLE.at(4, 8, tree=True) == 10.0  # unmeasured trees cost a chain's
+    assert CostTable.from_json(both.to_json()) == both
+    old = json.loads(TABLE.to_json())
+    del old["tree_ms"]  # a table cached before trees were profiled
+    assert CostTable.from_json(json.dumps(old)) == TABLE
+    with pytest.raises(ValueError, match="needs that many times"):
+        CostTable("k", (1, 4), (1, 8), TABLE.ms, 0, False, tree_ms=((1.0, 2.0),))
+
+
 def test_a_malformed_table_is_refused():
     with pytest.raises(ValueError, match="increasing"):
         CostTable("k", (4, 1), (1,), ((1.0,), (2.0,)), 0, False)
@@ -51,6 +63,8 @@ def test_bench_profiles_the_targets_passes(tiny_dir, tmp_path, monkeypatch, caps
     table = CostTable.from_json(json.dumps(report["table"]))
     assert table.batch_sizes == (1, 3) and table.tokens == (1, 4) and table.context == 32 and not table.graphs
     assert all(ms > 0 for row in table.ms for ms in row)
+    assert all(ms > 0 for row in table.tree_ms for ms in row)  # tree-masked verifies, timed apart
+    assert [row[0] for row in table.tree_ms] == [row[0] for row in table.ms]  # one row is no tree
     assert load_cost_table(table.key) == table and report["provenance"]["argv"]
     assert (tmp_path / "out" / "cost_table.png").stat().st_size > 0
     assert "ms per pass" in capsys.readouterr().out

@@ -156,3 +156,17 @@ def test_graphed_prefill_is_bitwise_the_eager_one_on_cuda(tiny):  # noqa: F811
         assert graphed is not None
         assert torch.equal(graphed.logits, torch.stack([a.logits[-1] for a in alone]))
         assert torch.equal(graphed.taps, torch.cat([a.taps for a in alone]))
+
+
+def test_the_cost_table_times_chains_and_trees_through_graphs(tiny, replays):  # noqa: F811
+    """`--profile-cost-table` where the engine runs graphs: chain passes replay the chain graphs, tree passes the
+    tree-masked ones (a chain-shaped tree until a step lays its own), every (batch, rows) point of both grids."""
+    from specpilot.costmodel.cost_table import profile_cost_table
+
+    ckpt, _ = tiny
+    engine = Engine(ckpt, EngineConfig(device="cpu", max_running_requests=4, context_length=256, cuda_graphs=True))
+    before = replays["n"]
+    table = profile_cost_table(engine, [1, 3], [1, 4], context=32, repeats=1)
+    assert table.graphs and table.tree_ms is not None and all(ms > 0 for row in table.tree_ms for ms in row)
+    assert replays["n"] - before >= 2 * 2 * 2 - 2  # both grids but the trees' one-row points, each at least once
+    assert not engine.has_work and engine.cache.num_free == 4

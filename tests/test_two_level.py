@@ -234,6 +234,23 @@ def test_widths_ahead_follow_the_previous_step_s_drafts():
     assert lengths.kept == 2 * 6 + 2 * 1 + 2 * 6 + 2 * (width - 1)
 
 
+def test_trees_are_priced_by_the_table_s_tree_grid():
+    """Chains cost nothing more per row here, trees' nodes do (the invariant kernel's tail tiles): a chain keeps
+    every draft, a tree of the same confidences narrows, and the step's time beside a tree's pass subtracts the
+    tree's; a table without a tree grid prices trees as chains."""
+    both = CostTable("t", (1, 8), (1, 16), FLAT.ms, context=0, graphs=False, tree_ms=SLOPED.ms)
+    conf = np.array([[0.9, 0.8, 0.5, 0.2, 0.1, 0.05]] * 2)
+    parents = np.broadcast_to(np.arange(6), (2, 6))  # a chain-shaped tree
+    assert _chooser(both, 0.5).choose(conf, widths=[2, 4, 7]) == [6, 6]
+    narrowed = _chooser(both, 0.5).choose_tree(conf, parents, widths=[2, 4, 7])
+    assert narrowed is not None and narrowed.shape[1] < 6
+    assert _chooser(FLAT, 0.5).choose_tree(conf, parents, widths=[2, 4, 7]) is None
+    lengths = VerifyLengths(both)
+    lengths.choose_tree(conf, parents, widths=[2, 4, 7])  # the first step: everything, as a tree
+    lengths.observe(5.0, 2, 2 * 5)
+    assert lengths.other_ms == pytest.approx(5.0 - SLOPED.at(2, 5))
+
+
 def test_the_step_beside_the_pass_is_a_moving_average():
     lengths = VerifyLengths(SLOPED)
     lengths.observe(5.0, 2, 2 * 5)  # the pass of 5 rows per request costs 2 ms: 3 ms beside it

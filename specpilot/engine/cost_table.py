@@ -1,6 +1,7 @@
 """T(B, tokens): how long the target's pass over B requests of `tokens` rows each takes on this device and
 model, measured once (`specpilot bench --profile-cost-table`), kept on disk per device and model, and read at
-start by what chooses verify lengths. Between and past the measured points the table interpolates linearly
+start by what chooses verify lengths. A chain's rows and a draft tree's cost differently (a tree node reads its
+own gathered tail tiles in the batch-invariant attention), so a table holds both grids where it measured trees. Between and past the measured points the table interpolates linearly
 (beyond the largest batch or token count it extends the last segment's slope)."""
 
 from __future__ import annotations
@@ -24,20 +25,24 @@ class CostTable:
     ms: tuple[tuple[float, ...], ...]  # ms[i][j]: batch_sizes[i] requests of tokens[j] rows
     context: int  # positions already in each request's cache while it was measured
     graphs: bool  # the passes ran as CUDA graphs
+    tree_ms: tuple[tuple[float, ...], ...] | None = None  # the same grid for tree-masked verifies (None: unmeasured)
 
     def __post_init__(self) -> None:
         if list(self.batch_sizes) != sorted(set(self.batch_sizes)) or list(self.tokens) != sorted(set(self.tokens)):
             raise ValueError("a cost table's batch sizes and token counts must be increasing")
-        if len(self.ms) != len(self.batch_sizes) or any(len(row) != len(self.tokens) for row in self.ms):
-            raise ValueError(f"a cost table of {len(self.batch_sizes)} x {len(self.tokens)} points needs that many times")
+        for grid in (self.ms, self.tree_ms or self.ms):
+            if len(grid) != len(self.batch_sizes) or any(len(row) != len(self.tokens) for row in grid):
+                raise ValueError(f"a cost table of {len(self.batch_sizes)} x {len(self.tokens)} points needs that many "
+                                 f"times")
 
-    def at(self, batch: int, tokens: float) -> float:
-        """Milliseconds of one pass of `batch` requests with `tokens` rows each (bilinear in the grid)."""
-        return float(self.along_tokens(batch, np.array([tokens], dtype=np.float64))[0])
+    def at(self, batch: int, tokens: float, tree: bool = False) -> float:
+        """Milliseconds of one pass of `batch` requests with `tokens` rows each (bilinear in the grid); `tree`: a
+        tree-masked verify's, where the table measured them (else the chain's)."""
+        return float(self.along_tokens(batch, np.array([tokens], dtype=np.float64), tree)[0])
 
-    def along_tokens(self, batch: float, tokens: np.ndarray) -> np.ndarray:
+    def along_tokens(self, batch: float, tokens: np.ndarray, tree: bool = False) -> np.ndarray:
         """`at` for one batch size and many row counts at once (what level 1 of two-level verification asks)."""
-        ms = np.asarray(self.ms, dtype=np.float64)
+        ms = np.asarray(self.tree_ms if tree and self.tree_ms is not None else self.ms, dtype=np.float64)
         i0, i1, u = _bracket(self.batch_sizes, np.array([batch], dtype=np.float64))
         row = ms[i0[0]] + u[0] * (ms[i1[0]] - ms[i0[0]])
         j0, j1, v = _bracket(self.tokens, np.asarray(tokens, dtype=np.float64))
@@ -49,8 +54,9 @@ class CostTable:
     @classmethod
     def from_json(cls, text: str) -> CostTable:
         raw = json.loads(text)
+        tree = raw.get("tree_ms")  # tables profiled before trees were have none
         return cls(raw["key"], tuple(raw["batch_sizes"]), tuple(raw["tokens"]), tuple(tuple(r) for r in raw["ms"]),
-                   raw["context"], raw["graphs"])
+                   raw["context"], raw["graphs"], None if tree is None else tuple(tuple(r) for r in tree))
 
 
 def _bracket(points: tuple[int, ...], x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -5,7 +5,8 @@ A chain's draft j is accepted only if drafts 1..j all are, so with the drafter's
 probability of each drafted token) draft j survives with probability s_j = c_1 ··· c_j, and a request that
 verifies L drafts commits 1 + s_1 + ... + s_L tokens in expectation. The step costs the cost table's
 T(B, rows per request) for the verify pass plus the rest of the step (drafting, acceptance, the host's
-work), which the step measures as it runs. Level 1 keeps the drafts that maximise expected tokens per
+work), which the step measures as it runs; a draft tree's verify is priced by the table's tree grid where it
+has one (its nodes cost more than a chain's rows in the batch-invariant attention). Level 1 keeps the drafts that maximise expected tokens per
 millisecond: survivals do not increase along a chain, so the best k drafts kept overall are the k largest
 survivals (each request a prefix of its chain), and one pass over k = 0 .. B*K finds the best k (under
 `ragged` graphs, each k costing its rows' bucket). Where the verify pass runs as a CUDA graph of one width
@@ -66,6 +67,7 @@ class VerifyLengths:
         # step's survivals, each request's likeliest first, that forecast the next width or rows
         self._pending: tuple[HostCopy, int, int, int, bool] | None = None
         self._ahead: np.ndarray | None = None
+        self._tree = False  # the latest choice verifies draft trees: priced (and observed) on the tree grid
 
     def choose(self, confidences: np.ndarray, widths: Sequence[int] | None = None,
                row_buckets: Sequence[int] | None = None) -> list[int]:
@@ -74,6 +76,7 @@ class VerifyLengths:
         requests; None: any number per request (a ragged pass), whose rows `row_buckets` round up to the
         captured ragged graph's they run in (None: an eager pass, no rounding)."""
         n, k = confidences.shape
+        self._tree = False
         bins, calibrated = self._calibrated(confidences)
         survival = np.cumprod(calibrated, axis=1)
         if self.other_ms is None:
@@ -90,6 +93,7 @@ class VerifyLengths:
         width of `widths` for all, and per request the nodes to keep ([B, width - 1] 0-based, ascending); None
         where every node is kept."""
         n, k = confidences.shape
+        self._tree = True
         bins, calibrated = self._calibrated(confidences)
         survival = _tree_survival(calibrated, parents)
         # per request its nodes likeliest first; among equals the earlier (a parent before its child)
@@ -112,6 +116,7 @@ class VerifyLengths:
         confidences, a tree's parents and kept nodes) go to the host beside the verify."""
         n, k = confidences.shape
         width = k + 1
+        self._tree = tree is not None
         if self.other_ms is not None and self._ahead is not None and self._ahead.shape[1] == k:
             width = self._best_width(self._ahead, n, widths)
         keep = self.select(confidences, tree, width) if tree is not None and width <= k else None
@@ -129,6 +134,7 @@ class VerifyLengths:
         step was measured); returns (lengths, rows), as `Draft.device_lengths` holds them. This step's drafts and
         lengths go to the host beside the verify."""
         n, k = confidences.shape
+        self._tree = False
         buckets = sorted(row_buckets)
         rows = n * (k + 1)
         if self.other_ms is not None and self._ahead is not None and self._ahead.shape[1] == k:
@@ -219,7 +225,7 @@ class VerifyLengths:
         if row_buckets is not None:  # a graph's pass costs its bucket's rows
             buckets = np.array(sorted(row_buckets))
             rows = buckets[np.minimum(np.searchsorted(buckets, rows), len(buckets) - 1)]
-        ms = self.other_ms + self.table.along_tokens(n, rows / n)
+        ms = self.other_ms + self.table.along_tokens(n, rows / n, self._tree)
         best = int(np.argmax(tokens / ms))
         return np.bincount(order[:best] // k, minlength=n).tolist()
 
@@ -236,7 +242,7 @@ class VerifyLengths:
         # expected accepted drafts per width, over n requests
         per_width = np.concatenate([[0.0], survival.sum(axis=0).cumsum()]) * n / survival.shape[0]
         tokens = n + per_width[np.array(options) - 1]
-        ms = self.other_ms + self.table.along_tokens(n, np.array(options, dtype=np.float64))
+        ms = self.other_ms + self.table.along_tokens(n, np.array(options, dtype=np.float64), self._tree)
         return options[int(np.argmax(tokens / ms))]
 
     def learn(self, paths: list[list[int]]) -> None:
@@ -259,8 +265,9 @@ class VerifyLengths:
         np.add.at(self.accepted, bins[on_path[:, 1:] & verified], 1.0)
 
     def observe(self, step_ms: float, batch: int, rows: int) -> None:
-        """A step's wall time, its batch size and its verify rows: what it spent beside the table's pass time."""
-        other = max(step_ms - self.table.at(batch, rows / batch), 0.0)
+        """A step's wall time, its batch size and its verify rows: what it spent beside the table's pass time (its
+        tree grid's for the trees the latest choice verified)."""
+        other = max(step_ms - self.table.at(batch, rows / batch, self._tree), 0.0)
         if self.other_ms is None:
             self.other_ms = other
         else:
