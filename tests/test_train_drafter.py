@@ -403,6 +403,30 @@ def test_validation_prompts_follow_the_training_prompts():
     assert not {tuple(p) for p in held_out} & {tuple(p) for p in train}
 
 
+def test_validation_passes_over_the_conversations_training_takes_from(tmp_path, monkeypatch):
+    """ShareGPT's opening turns and later turns share conversations: a validation prompt never comes from one a
+    training prompt came from, whichever of the two sets either is in."""
+    import re
+
+    from specpilot.bench import datasets
+
+    conversations = []
+    for c in range(40):
+        opening = next(t for t in (f"c{c}: open {i}" for i in range(1000)) if not datasets.is_held_out(t))
+        turns = [("human", opening), ("gpt", "ok"), ("human", f"c{c}: second"), ("gpt", "ok"), ("human", f"c{c}: third")]
+        conversations.append({"id": f"id{c}", "conversations": [{"from": w, "value": t} for w, t in turns]})
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(conversations))
+    monkeypatch.setenv(datasets.SHAREGPT_PATH_ENV, str(path))
+    train, held_out = load_training_prompts(_BytesTokenizer(), ["sharegpt", "sharegpt-turns"], 20, 10)
+    assert len(train) == 20 and len(held_out) == 10
+
+    def tags(prompts):
+        return {tag for p in prompts for tag in re.findall(r"c\d+:", bytes(p).decode())}
+
+    assert tags(train) and tags(held_out) and not tags(train) & tags(held_out)
+
+
 def test_chained_tau_steps_like_decoding():
     # anchor 0 accepts 2 (commits 3), anchor 3 accepts 0, anchor 4 accepts 3 (past the end: stops)
     assert chained_tau([2, 9, 9, 0, 3, 9]) == (3, 3 + 1 + 4)

@@ -53,6 +53,12 @@ class Prompt:
     messages: list[dict[str, str]]  # chat messages (role/content): a first user turn, or a conversation so far
     answer: str | None = None  # math only
 
+    @property
+    def conversation(self) -> str:
+        """The conversation the prompt comes from: its own id, but a ShareGPT conversation's turns and its
+        opening prompt share one."""
+        return self.id.rsplit("-turn", 1)[0] if self.dataset == "sharegpt-turns" else self.id
+
 
 def load_prompts(dataset: str, num_prompts: int | None = None, split: str = "bench", seed: int = 0) -> list[Prompt]:
     """The first `num_prompts` prompts (all if None) of a deterministic split.

@@ -48,8 +48,9 @@ def load_training_prompts(tokenizer, datasets: list[str], num_prompts: int,
                           num_validation: int = 0) -> tuple[list[list[int]], list[list[int]]]:
     """Prompts of the datasets' train splits (disjoint from the bench splits), interleaved so
     any prefix is an even mixture, under the target's chat template: `num_prompts` for training and the
-    `num_validation` that follow them in each set for validation (the training prompts do not depend on
-    how many validation prompts are asked for)."""
+    `num_validation` that follow them in each set for validation, passing over any from a conversation a
+    training prompt comes from (ShareGPT's turns share one), so validation sees nothing trained on (the
+    training prompts do not depend on how many validation prompts are asked for)."""
     from specpilot.bench.datasets import apply_chat_template, load_prompts
 
     if tokenizer is None:
@@ -57,10 +58,12 @@ def load_training_prompts(tokenizer, datasets: list[str], num_prompts: int,
     per_set = -(-num_prompts // len(datasets))
     val_per_set = -(-num_validation // len(datasets))
     # seed 0: the data do not depend on the training seed, so seed sweeps see the same sequences
-    sets = [load_prompts(d, per_set + val_per_set, split="train", seed=0) for d in datasets]
-    mixed = [s[i] for i in range(per_set) for s in sets if i < len(s)]
-    held = [s[i] for i in range(per_set, per_set + val_per_set) for s in sets if i < len(s)]
-    return ([apply_chat_template(tokenizer, p) for p in mixed[:num_prompts]],
+    sets = [load_prompts(d, split="train", seed=0) for d in datasets]
+    mixed = [s[i] for i in range(per_set) for s in sets if i < len(s)][:num_prompts]
+    trained = {p.conversation for p in mixed}
+    unseen = [[p for p in s[per_set:] if p.conversation not in trained][:val_per_set] for s in sets]
+    held = [s[i] for i in range(val_per_set) for s in unseen if i < len(s)]
+    return ([apply_chat_template(tokenizer, p) for p in mixed],
             [apply_chat_template(tokenizer, p) for p in held[:num_validation]])
 
 
