@@ -15,6 +15,8 @@ import torch
 
 from specpilot.bench.harness import spread
 from specpilot.config import SamplingParams
+from specpilot.costmodel.cost_table import profile_cost_table
+from specpilot.engine.cost_table import key_for, load_cost_table, save_cost_table
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.engine.registry import Profile, embedded_profile, open_defaults
 from specpilot.kernels.stream_read import stream_read_triton
@@ -194,3 +196,11 @@ def shipped_config(device: str, **fields: object) -> EngineConfig:
     config = EngineConfig(device=device, speculative_algorithm="dflash", **open_defaults(device, "dflash"))
     profile = embedded_profile(device)
     return replace(Profile.load(profile).apply(config) if profile else config, **fields)
+
+
+def ensure_cost_table(engine: Engine, batch_sizes: list[int], tokens: list[int], context: int) -> None:
+    """Two-level's cost table of `engine`'s target on this device, profiled where none is cached."""
+    key = key_for(engine.device, engine.checkpoint.source, engine.dtype, engine.exact)
+    if load_cost_table(key) is None:
+        print(f"profiling the cost table {key} (batch sizes {batch_sizes}, rows {tokens})", flush=True)
+        save_cost_table(profile_cost_table(engine, batch_sizes, tokens, context=context))

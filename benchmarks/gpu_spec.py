@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     LLAMA31_8B,
     QWEN35_STYLE_8B,
+    ensure_cost_table,
     hybrid_config,
     out_dir,
     synthetic_hybrid,
@@ -41,13 +42,11 @@ from common import (  # noqa: E402
 )
 
 from specpilot.bench.harness import spread  # noqa: E402
-from specpilot.costmodel.cost_table import profile_cost_table  # noqa: E402
 from specpilot.bench.replay import LABEL, AcceptTrace, ReplayDrafter  # noqa: E402
 from specpilot.config import SamplingParams  # noqa: E402
 from specpilot.drafters.base import DrafterContext  # noqa: E402
 from specpilot.drafters.dflash import DFlashDrafter  # noqa: E402
 from specpilot.drafters.dflash_model import DFlashConfig, DFlashModel  # noqa: E402
-from specpilot.engine.cost_table import key_for, load_cost_table, save_cost_table  # noqa: E402
 from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
 from specpilot.engine.registry import parse_mechanisms  # noqa: E402
 from specpilot.engine.spec_stats import SpecStats  # noqa: E402
@@ -119,14 +118,11 @@ def variants(args: argparse.Namespace, config: EngineConfig, hybrid: bool) -> di
             for m in args.mechanisms}
 
 
-def ensure_cost_table(ckpt: Checkpoint, config: EngineConfig, model: torch.nn.Module, batches: list[int],
+def target_cost_table(ckpt: Checkpoint, config: EngineConfig, model: torch.nn.Module, batches: list[int],
                       context: int) -> None:
     """Two-level's cost table of this target on this device, profiled (AR engine, graphs) where none is cached."""
     ar = Engine(ckpt, replace(config, speculative_algorithm=None, mechanisms=None), model=model)
-    key = key_for(ar.device, ckpt.source, ar.dtype, ar.exact)
-    if load_cost_table(key) is None:
-        print(f"profiling the cost table {key} (batch sizes {batches}, rows {COST_ROWS})", flush=True)
-        save_cost_table(profile_cost_table(ar, batches, list(COST_ROWS), context=context))
+    ensure_cost_table(ar, batches, list(COST_ROWS), context)
 
 
 def allocator_retries(device: torch.device) -> int:
@@ -201,7 +197,7 @@ def main() -> None:
             return ReplayDrafter(dflash(config, ctx), reference, trace, target_cfg.vocab_size)
     configs = variants(args, config, hybrid)
     if any(c.asks_for("two-level") for c in configs.values()):
-        ensure_cost_table(ckpt, next(iter(configs.values())), model, sorted(set(args.batch)), args.context)
+        target_cost_table(ckpt, next(iter(configs.values())), model, sorted(set(args.batch)), args.context)
     engines = {k: Engine(ckpt, c, model=model, drafter_factory=factory) for k, c in configs.items()}
     rng = random.Random(0)
     rows = []

@@ -25,15 +25,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import out_dir, pass_clock, shipped_config, timed_generate, write_json  # noqa: E402
+from common import ensure_cost_table, out_dir, pass_clock, shipped_config, timed_generate, write_json  # noqa: E402
 
 from specpilot.bench.datasets import apply_chat_template, load_prompts  # noqa: E402
 from specpilot.bench.harness import spread  # noqa: E402
 from specpilot.bench.provenance import collect  # noqa: E402
 from specpilot.config import SamplingParams  # noqa: E402
-from specpilot.costmodel.cost_table import profile_cost_table  # noqa: E402
 from specpilot.engine.budget import SpeculationBudget  # noqa: E402
-from specpilot.engine.cost_table import key_for, load_cost_table, save_cost_table  # noqa: E402
+from specpilot.engine.cost_table import key_for, load_cost_table  # noqa: E402
 from specpilot.engine.engine import Engine  # noqa: E402
 from specpilot.engine.two_level import VerifyLengths  # noqa: E402
 
@@ -69,11 +68,7 @@ def _engine(args: argparse.Namespace) -> Engine:
     config = replace(config, speculative_eagle_topk=args.topk) if args.topk else config
     engine = Engine.from_config(config)
     if args.mechanism in ("two-level", "ragged"):
-        key = key_for(engine.device, engine.checkpoint.source, engine.dtype, engine.exact)
-        if load_cost_table(key) is None:
-            sizes = [b for b in COST_GRID[0] if b <= args.batch_size]
-            print(f"profiling the cost table {key} (batch sizes {sizes}, rows {COST_GRID[1]})", flush=True)
-            save_cost_table(profile_cost_table(engine, sizes, COST_GRID[1], context=args.context // 2))
+        ensure_cost_table(engine, [b for b in COST_GRID[0] if b <= args.batch_size], COST_GRID[1], args.context // 2)
         added = {"two-level"} | ({"ragged"} if args.mechanism == "ragged" else set())
         engine = Engine(engine.checkpoint, replace(engine.config, mechanisms=engine.mechanisms | added),
                         model=engine.model, cache=engine.cache)

@@ -250,14 +250,7 @@ def sharegpt_file() -> Path:
 def sharegpt_opening_turns(path: Path) -> list[tuple[str, str]]:
     """(conversation id, stripped opening human turn) of every conversation that opens with one, in file
     order; conversations opening with a gpt turn are continuation chunks without their context."""
-    rows = []
-    for conv in read_json_array(path):
-        turns = conv.get("conversations") or []
-        if turns and turns[0].get("from") in ("human", "user"):
-            text = (turns[0].get("value") or "").strip()
-            if text:
-                rows.append((str(conv["id"]), text))
-    return rows
+    return [(cid, turns[0][1]) for cid, turns in sharegpt_dialogues(path)]
 
 
 _SEPARATORS = re.compile(r"[\s,]*")

@@ -131,7 +131,8 @@ class RaggedStaticBatch:
         return ForwardBatch(
             input_ids=self.input_ids[:t], positions=self.positions[:t], write_index=self.write_index[:t],
             slot_ids=self.slot_ids[:b], q_starts=self.q_starts[:b], q_lens=self.q_lens[:b], kv_lens=self.kv_lens[:b],
-            max_q_len=self.q, num_kv_splits=num_kv_splits, verify=self.verify,
+            # no request holds more than the bucket's rows: a prefill bucket's attention launches for those, not max_t
+            max_q_len=min(self.q, t), num_kv_splits=num_kv_splits, verify=self.verify,
         )
 
     def fill(self, slots: list[int], start_lens: list[int], token_lists: list[list[int]], b: int, t: int) -> None:
