@@ -6,6 +6,7 @@ import json
 import os
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import replace
@@ -118,6 +119,48 @@ def timed_ms(fn: Callable[[], object], device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return (time.perf_counter() - start) * 1e3
+
+
+class TritonCompiles:
+    """Triton kernels compiled (or loaded from the disk cache) while the context is open, with their seconds: a
+    timed run that specialises a kernel anew pays for a compile inside its steps. Counts nothing where triton
+    lacks the runtime hooks (CPU-only installs without triton.knobs)."""
+
+    def __init__(self) -> None:
+        self.kernels: Counter[str] = Counter()
+        self.specialisations: list[str] = []  # each compile's signature: which argument took a new value
+        self.seconds = 0.0
+        self._started: float | None = None
+
+    def _before(self, *_, **kwargs) -> bool:
+        self._started = time.perf_counter()
+        return False  # False: compile as usual
+
+    def _after(self, *_, **kwargs) -> None:
+        self.kernels[getattr(kwargs.get("fn"), "name", "?")] += 1
+        self.specialisations.append(str(kwargs.get("repr", "")))
+        if self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self._started = None
+
+    def __enter__(self) -> TritonCompiles:
+        try:
+            from triton import knobs
+        except ImportError:
+            self._hooks = None
+            return self
+        self._hooks = knobs.runtime
+        self._saved = (knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook)
+        knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = self._before, self._after
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._hooks is not None:
+            self._hooks.jit_cache_hook, self._hooks.jit_post_compile_hook = self._saved
+
+    def report(self) -> dict:
+        return {"count": sum(self.kernels.values()), "seconds": self.seconds, "kernels": dict(self.kernels),
+                "specialisations": self.specialisations}
 
 
 def time_cuda(fn: Callable[[], object], iters: int = 50, warmup: int = 5) -> float:

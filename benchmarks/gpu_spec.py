@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     LLAMA31_8B,
     QWEN35_STYLE_8B,
+    TritonCompiles,
     ensure_cost_table,
     hybrid_config,
     out_dir,
@@ -215,20 +216,22 @@ def main() -> None:
                     per_step(engine, prompts, 4, rids[name])
         seen = {k: {"ar": [], "spec": [], "verify": [], "draft": [], "tau": []} for k in engines}
         retries = allocator_retries(device)
-        for _ in range(args.repeats):
-            for name, engine in engines.items():
-                with engine.autoregressive():
-                    ar_step = per_step(engine, prompts, args.new_tokens, rids[name])[0]
-                spec_step, stats, _ = per_step(engine, prompts, args.new_tokens, rids[name])
-                passes = stats.steps / b  # verify passes per request = engine steps
-                split = stats.time_split(wait=True)
-                for key, value in (("ar", ar_step), ("spec", spec_step), ("verify", split["verify"] / passes),
-                                   ("draft", split["draft"] / passes)):
-                    seen[name][key].append(1e3 * value)
-                seen[name]["tau"].append(stats.tau)
+        with TritonCompiles() as compiles:  # a compile inside a timed step is charged to it
+            for _ in range(args.repeats):
+                for name, engine in engines.items():
+                    with engine.autoregressive():
+                        ar_step = per_step(engine, prompts, args.new_tokens, rids[name])[0]
+                    spec_step, stats, _ = per_step(engine, prompts, args.new_tokens, rids[name])
+                    passes = stats.steps / b  # verify passes per request = engine steps
+                    split = stats.time_split(wait=True)
+                    for key, value in (("ar", ar_step), ("spec", spec_step), ("verify", split["verify"] / passes),
+                                       ("draft", split["draft"] / passes)):
+                        seen[name][key].append(1e3 * value)
+                    seen[name]["tau"].append(stats.tau)
         # the caching allocator's retries (it frees its cache and asks again when a request does not fit): a step
         # that waits on them costs far more than its kernels
         row: dict = {"batch": b, "allocator_retries": allocator_retries(device) - retries,
+                     "triton_compiles": compiles.report(),
                      "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
         for name, engine in engines.items():
             row[name] = {f"{k}_step_ms" if k in ("ar", "spec") else f"{k}_ms": spread(v)
@@ -267,6 +270,9 @@ def main() -> None:
                   f"{k['spec_step_ms']['median']:.3f} ms (draft {k['draft_ms']['median']:.3f}, verify "
                   f"{k['verify_ms']['median']:.3f}), tau {k['tau']['median']:.2f}, throughput "
                   f"{k['throughput_over_ar']:.2f}x AR" + (f", {k['over_stock']:.2f}x stock's" if "over_stock" in k else ""))
+        if r["triton_compiles"]["count"]:
+            print(f"      {r['triton_compiles']['count']} Triton compiles in the timed runs "
+                  f"({r['triton_compiles']['seconds']:.1f} s): {r['triton_compiles']['kernels']}")
         if r["allocator_retries"]:
             print(f"      the allocator retried {r['allocator_retries']} times (peak {r['peak_gib']:.1f} GiB)")
         if "invariant" in engines and "fastest" in engines:

@@ -330,3 +330,25 @@ def test_a_qwen3_5_vision_language_checkpoint_loads_its_language_model(tmp_path)
         with torch.no_grad():
             expected = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, min_new_tokens=20)
         assert req.output_ids == expected[0, len(prompt):].tolist()
+
+
+def test_the_drafter_compiles_each_key_split_choice_before_serving(pair, tmp_path, monkeypatch):
+    """Without graphs (a hybrid target), the drafter's eager passes choose attention's key splits by their request
+    count, each a Triton kernel of its own: `warm` runs one pass per choice, the smallest batch making it."""
+    from spec_fixtures import write_random_dflash
+
+    from specpilot.drafters import dflash
+    from specpilot.engine.engine import Engine, EngineConfig
+
+    hf, _ = pair
+    hf.save_pretrained(tmp_path / "target")
+    path = write_random_dflash(tmp_path / "dflash", hidden=64, num_target_layers=4, mask_token_id=319)
+    engine = Engine.from_config(EngineConfig(model_path=str(tmp_path / "target"), device="cpu", max_running_requests=6,
+                                             context_length=160, speculative_algorithm="dflash",
+                                             speculative_draft_model_path=str(path)))
+    monkeypatch.setattr(dflash, "kv_splits", lambda device, b, heads: max(1, 4 // b))  # 4, 2, 1, 1, 1, 1
+    passes = []
+    body = engine.drafter._body_pass
+    monkeypatch.setattr(engine.drafter, "_body_pass", lambda inputs, b: passes.append(b) or body(inputs, b))
+    engine.drafter.warm(6)
+    assert passes == [1, 2, 3]

@@ -126,6 +126,9 @@ class ReplayDrafter(Drafter):
     def release(self, req: Request) -> None:
         self.inner.release(req)
 
+    def warm(self, max_batch: int) -> None:
+        self.inner.warm(max_batch)
+
     def capture(self, batch_sizes: tuple[int, ...], sources: dict[int, VerifySource]) -> None:
         self.inner.capture(batch_sizes, sources)
 

@@ -128,6 +128,11 @@ class Drafter(ABC):
         proposal into the draft trees; returns the lookup (its owner releases requests from it)."""
         raise NotImplementedError(f"{self.name} takes no device lookup")
 
+    def warm(self, max_batch: int) -> None:
+        """Without graphs, on a device whose kernels compile on first use: compile now whatever the eager passes
+        for 1..max_batch requests will launch, so that no step pays for a compile. Nothing by default (a drafter
+        whose launches do not change with its batch)."""
+
     def capture(self, batch_sizes: tuple[int, ...], sources: dict[tuple[int, int], VerifySource]) -> None:
         """graphs: capture the drafter's passes per batch-size bucket; `sources` ((verify width, bucket) -> the
         static verify batch, acceptance and ordered taps of the engine's graphs) lets an early launch read them."""

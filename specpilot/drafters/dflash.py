@@ -291,6 +291,18 @@ class DFlashDrafter(Drafter):
             return tuple(vars(tree).values())
         return (*vars(tree).values(), node_confidences(top, ids, hint, self.lookup_prob, tree))
 
+    @torch.inference_mode()
+    def warm(self, max_batch: int) -> None:
+        """An eager pass chooses attention's key splits by its request count, and each choice is a kernel of its
+        own (Triton compiles one per split count, ~1 s each): one pass per choice, on the scratch slot."""
+        max_b = min(max_batch, self.cache.num_slots)
+        inputs, compiled = DraftInputs(self, max_b), set()
+        for b in range(1, max_b + 1):
+            splits = inputs.batch(b).num_kv_splits
+            if splits not in compiled:
+                compiled.add(splits)
+                self._body_pass(inputs, b)
+
     # ---- CUDA graphs --------------------------------------------------------------------------
     @torch.inference_mode()
     def capture(self, batch_sizes: tuple[int, ...], sources: dict[tuple[int, int], VerifySource]) -> None:

@@ -87,6 +87,9 @@ class NgramAssistedDrafter(Drafter):
         if self.device_lookup is not None:
             self.device_lookup.release(req)
 
+    def warm(self, max_batch: int) -> None:
+        self.model.warm(max_batch)
+
     def capture(self, batch_sizes: tuple[int, ...], sources: dict[tuple[int, int], VerifySource]) -> None:
         self.model.capture(batch_sizes, sources)
 

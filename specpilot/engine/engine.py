@@ -161,6 +161,9 @@ class Engine:
         if graphs:
             with phase("capturing CUDA graphs"):
                 self._capture_graphs()
+        elif self._drafter is not None and self.device.type == "cuda":  # Triton compiles on first launch
+            with phase("compiling the drafter's kernels"):
+                self._drafter.warm(config.max_running_requests)
 
     @property
     def drafter(self) -> Drafter | None:
