@@ -8,11 +8,12 @@ mechanism sets instead (engines over the same weights, the default kernels): eac
 for the defaults; two-level reads the synthetic target's cost table, profiled first where none is cached.
 
     python benchmarks/gpu_spec.py [--out DIR] [--batch 1 8 32] [--repeats 3] [--smoke]   (--smoke: tiny, CPU)
-        [--replay BENCH_JSON[:DATASET] [--replay-tau 6.5]] [--mechanisms stock default +two-level,+budget]
+        [--replay TRACE_OR_BENCH_JSON[:DATASET] [--replay-tau 6.5]] [--mechanisms stock default +two-level,+budget]
 
 --replay: replayed acceptance (specpilot/bench/replay.py): the drafter's passes run as they are, but each verify
 pass accepts a count drawn from a recorded run's acceptance (scaled to --replay-tau if given) of the target's own
-AR tokens, recorded first per engine; rows are labelled so.
+AR tokens, recorded first per engine; rows are labelled so. From a confidence trace, each pass also carries the
+confidences of a recorded pass that accepted as many (what two-level reads); from a bench JSON, one vector for all.
 """
 
 from __future__ import annotations
@@ -159,8 +160,9 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks the script runs")
     ap.add_argument("--target", choices=list(TARGETS), default="llama",
                     help="llama: Llama-3.1-8B shapes; hybrid: a Qwen3.5-style hybrid (no graphs, not exact)")
-    ap.add_argument("--replay", default=None, metavar="BENCH_JSON[:DATASET]",
-                    help="replayed acceptance from a specpilot bench JSON's accept histogram")
+    ap.add_argument("--replay", default=None, metavar="JSON[:DATASET]",
+                    help="replayed acceptance: a confidence trace (benchmarks/record_confidences.py: each pass's "
+                         "acceptance with its drafter's confidences), or a specpilot bench JSON's accept histogram")
     ap.add_argument("--replay-tau", type=float, default=None, help="the replayed trace scaled to this tau")
     ap.add_argument("--mechanisms", nargs="+", default=None, metavar="SET",
                     help="compare these mechanism sets (each a --mechanisms value; default: the defaults) instead of "
@@ -172,7 +174,7 @@ def main() -> None:
     trace = None
     if args.replay:
         path, _, dataset = args.replay.partition(":")
-        trace = AcceptTrace.from_bench_json(path, dataset or None)
+        trace = AcceptTrace.load(path, dataset or None)
         trace = trace.scaled_to(args.replay_tau) if args.replay_tau else trace
     device = torch.device("cpu" if args.smoke else "cuda")
     full, tiny, target_name = TARGETS[args.target]

@@ -21,13 +21,17 @@ def run_script(name: str, *args: str) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
 
 
-@pytest.mark.parametrize("target", ["llama", "hybrid"])
-def test_gpu_spec_smoke_with_replayed_acceptance(tmp_path, target):
-    trace = tmp_path / "bench.json"
-    trace.write_text(json.dumps({"results": [{"dataset": "humaneval",
-                                              "accept_histogram": [0, 45, 52, 34, 14, 6, 3, 3, 2, 2, 2, 1, 1, 1, 0, 0, 0]}]}))
+@pytest.mark.parametrize("target,trace", [("llama", "histogram"), ("hybrid", "histogram"), ("llama", "passes")])
+def test_gpu_spec_smoke_with_replayed_acceptance(tmp_path, target, trace):
+    path = tmp_path / "trace.json"
+    if trace == "histogram":  # a specpilot bench JSON
+        path.write_text(json.dumps({"results": [{"dataset": "humaneval", "accept_histogram":
+                                                 [0, 45, 52, 34, 14, 6, 3, 3, 2, 2, 2, 1, 1, 1, 0, 0, 0]}]}))
+    else:  # a confidence trace (record_confidences.py)
+        passes = [(a, [0.9] * a + [0.3] * (15 - a)) for a in (0, 1, 2, 2, 3, 5, 8, 15)]
+        path.write_text(json.dumps({"dataset": "humaneval", "passes": passes}))
     run_script("gpu_spec.py", "--target", target, "--batch", "1", "2", "--repeats", "1", "--new-tokens", "12",
-               "--context", "16", "--replay", f"{trace}:humaneval", "--replay-tau", "4", "--out", str(tmp_path))
+               "--context", "16", "--replay", f"{path}:humaneval", "--replay-tau", "4", "--out", str(tmp_path))
     result = json.loads((tmp_path / "gpu_spec.json").read_text())
     assert result["acceptance"].startswith("replayed acceptance") and result["target"] == f"tiny {target}"
     assert [r["batch"] for r in result["rows"]] == [1, 2]

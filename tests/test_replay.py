@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_speculative import engine_for, mixed_prompts, tiny  # noqa: F401  (module fixture)
 
-from specpilot.bench.replay import AcceptTrace, ReplayDrafter
+from specpilot.bench.replay import AcceptTrace, RecordingDrafter, ReplayDrafter
 from specpilot.config import SamplingParams
 
 
@@ -84,3 +84,51 @@ def test_replay_refuses_trees_and_traces_longer_than_its_blocks(tiny):  # noqa: 
     chain = engine_for(ckpt, "ngram", block=3, graphs=False)
     with pytest.raises(ValueError, match="accepts up to 4 drafts; blocks here hold 2"):
         ReplayDrafter(chain.drafter, {}, AcceptTrace((0.2, 0.2, 0.2, 0.2, 0.2), "t"), 10)
+
+
+def test_a_confidence_trace_draws_the_confidences_of_a_pass_that_accepted_as_many(tmp_path):
+    passes = [(0, [0.2, 0.1]), (2, [0.9, 0.8]), (2, [0.7, 0.6]), (1, [0.6, 0.3])]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"dataset": "humaneval", "passes": passes}))
+    trace = AcceptTrace.load(path)
+    assert trace.probs == (0.25, 0.25, 0.5) and trace.tau == 2.25
+    recorded = {(a, tuple(c)) for a, c in passes}
+    rng = random.Random(0)
+    for t in (trace, trace.scaled_to(2.8)):
+        draws = [t.sample_pass(rng) for _ in range(200)]
+        assert {d for d in draws} <= recorded and {a for a, _ in draws} == {0, 1, 2}
+    assert AcceptTrace((0.5, 0.5), "t").sample_pass(rng)[1] is None  # a histogram has no passes
+    with pytest.raises(ValueError, match="every pass needs 2 confidences"):
+        AcceptTrace.from_passes([(0, [0.1, 0.2]), (3, [0.1, 0.2])], "t")
+
+
+def test_replay_of_a_confidence_trace_proposes_its_recorded_confidences(tiny):  # noqa: F811
+    ckpt, _ = tiny
+    spec = engine_for(ckpt, "ngram", block=5, graphs=False)
+    trace = AcceptTrace.from_passes([(1, [0.75, 0.5, 0.25]), (3, [1.0, 0.875, 0.625])], "t")  # exact in fp32
+    replay = ReplayDrafter(spec.drafter, {"r": list(range(3, 40))}, trace, ckpt.config.vocab_size, seed=1)
+    req = spec.add_request([3, 4, 5, 3, 4], SamplingParams(max_new_tokens=8, ignore_eos=True), rid="r")
+    spec.drafter = replay
+    spec.step()
+    rows = [replay.propose([req]).confidences.tolist()[0] for _ in range(8)]
+    assert {tuple(r) for r in rows} == {(0.75, 0.5, 0.25, 0.0), (1.0, 0.875, 0.625, 0.0)}  # padded to the block's 4
+
+
+def test_a_recording_counts_every_verify_pass_but_each_requests_last(tiny):  # noqa: F811
+    ckpt, paths = tiny
+    spec = engine_for(ckpt, "dflash", paths["dflash"], 6, graphs=False)
+    recording = RecordingDrafter(spec.drafter)
+    spec.drafter = recording
+    prompts = mixed_prompts(ckpt.config.vocab_size, 4)
+    spec.generate(prompts, SamplingParams(max_new_tokens=20, ignore_eos=True))
+    hist = spec.spec_stats.histogram
+    assert len(recording.passes) == sum(hist) - len(prompts)
+    assert all(len(c) == 5 and all(0.0 <= x <= 1.0 for x in c) for _, c in recording.passes)
+    recorded = [0] * len(hist)
+    for accepted, _ in recording.passes:
+        recorded[accepted + 1] += 1
+    assert all(r <= h for r, h in zip(recorded, hist))  # each a pass the engine counted, drafts + the bonus
+    trace = AcceptTrace.from_passes(recording.passes, "recorded")
+    assert trace.max_accepted == 5
+    with pytest.raises(ValueError, match="takes a chain drafter"):
+        RecordingDrafter(engine_for(ckpt, "dflash", paths["dflash"], 6, topk=3, graphs=False).drafter)

@@ -2,13 +2,20 @@
 the target's own continuation for a sampled number of tokens, then a wrong one, so each verify pass accepts
 exactly the sampled count. The counts follow a recorded run's acceptance (`specpilot bench` JSON's
 accept_histogram) or a shape scaled to a chosen τ. Every figure measured so is labelled "replayed acceptance":
-the tokens are AR's, the acceptance is not the drafter's own."""
+the tokens are AR's, the acceptance is not the drafter's own.
+
+A confidence trace (`RecordingDrafter`, benchmarks/record_confidences.py) also keeps, per recorded verify pass, the
+drafter's confidence in each of its drafts beside how many were accepted. Replayed from it, a pass that accepts a
+drafts carries the confidences of a real pass that accepted a: what two-level's level 1 reads is then as
+informative as a real drafter's, not one vector for every pass."""
 
 from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -26,6 +33,8 @@ class AcceptTrace:
 
     probs: tuple[float, ...]
     source: str
+    # a confidence trace's passes: (drafts accepted, the drafter's confidence per draft slot)
+    passes: tuple[tuple[int, tuple[float, ...]], ...] = ()
 
     @classmethod
     def from_histogram(cls, counts: list[int], source: str) -> AcceptTrace:
@@ -34,6 +43,27 @@ class AcceptTrace:
         if total <= 0:
             raise ValueError(f"{source}: the acceptance histogram counts no verify pass")
         return cls(tuple(c / total for c in counts[1:]), source)
+
+    @classmethod
+    def from_passes(cls, passes: list[tuple[int, list[float]]], source: str) -> AcceptTrace:
+        """Recorded passes (drafts accepted, confidences per draft slot); the counts' shares are the trace's."""
+        if not passes:
+            raise ValueError(f"{source}: the confidence trace holds no pass")
+        slots = len(passes[0][1])
+        if any(len(c) != slots or not 0 <= a <= slots for a, c in passes):
+            raise ValueError(f"{source}: every pass needs {slots} confidences and 0..{slots} drafts accepted")
+        counts = [0] * (slots + 1)
+        for a, _ in passes:
+            counts[a] += 1
+        return cls(tuple(c / len(passes) for c in counts), source, tuple((a, tuple(c)) for a, c in passes))
+
+    @classmethod
+    def load(cls, path: str | Path, dataset: str | None = None) -> AcceptTrace:
+        """A confidence trace (JSON with "passes"), or a `specpilot bench` JSON's histogram (`from_bench_json`)."""
+        raw = json.loads(Path(path).read_text())
+        if "passes" in raw:
+            return cls.from_passes(raw["passes"], f"{path} ({raw.get('dataset', 'confidence trace')})")
+        return cls.from_bench_json(path, dataset)
 
     @classmethod
     def from_bench_json(cls, path: str | Path, dataset: str | None = None) -> AcceptTrace:
@@ -68,8 +98,9 @@ class AcceptTrace:
             mid = (lo * hi) ** 0.5
             lo, hi = (mid, hi) if tau_at(mid) > tau else (lo, mid)
         scaled = [1.0] + [s**lo for s in survival] + [0.0]
+        # the survival's support is unchanged, so every count drawn still has recorded passes to take confidences from
         return AcceptTrace(tuple(scaled[a] - scaled[a + 1] for a in range(len(self.probs))),
-                           f"{self.source} scaled to tau {tau:g}")
+                           f"{self.source} scaled to tau {tau:g}", self.passes)
 
     def conditional(self) -> list[float]:
         """Per draft slot j = 1 .. max_accepted, the chance it is accepted once drafts 1 .. j-1 were: a confidence
@@ -80,45 +111,34 @@ class AcceptTrace:
     def sample(self, rng: random.Random) -> int:
         return rng.choices(range(len(self.probs)), weights=self.probs)[0]
 
+    def sample_pass(self, rng: random.Random) -> tuple[int, tuple[float, ...] | None]:
+        """A count of accepted drafts, and where the trace recorded passes, the confidences of one that accepted
+        as many (None without)."""
+        accepted = self.sample(rng)
+        return accepted, rng.choice(self._by_count[accepted]) if self.passes else None
 
-class ReplayDrafter(Drafter):
-    """`inner` drafts (its passes and their cost are real); each request's row is then the reference
-    continuation (`reference[rid]`: the target's own output, from an AR run) for a count drawn from `trace`,
-    then a token that differs from the reference, then whatever `inner` drafted; its confidences are the trace's
-    (`AcceptTrace.conditional`, the same for every pass). Chains only; no early launch (each proposal is replaced
-    on the host, and placed in the verify pass eagerly, not by a graph)."""
+    @cached_property
+    def _by_count(self) -> dict[int, list[tuple[float, ...]]]:
+        by: dict[int, list[tuple[float, ...]]] = {}
+        for a, confidences in self.passes:
+            by.setdefault(a, []).append(confidences)
+        return by
 
-    name = "replay"
 
-    def __init__(self, inner: Drafter, reference: dict[str, list[int]], trace: AcceptTrace, vocab_size: int,
-                 seed: int = 0) -> None:
+class HostDrafter(Drafter):
+    """A drafter around `inner` whose proposals or commits pass through the host: `inner` drafts, keeps its state
+    and compiles or captures what it runs; no early launch or device lookup (their drafts never reach the host)."""
+
+    def __init__(self, inner: Drafter) -> None:
         super().__init__(inner.block_size)
         if inner.capabilities.trees:
-            raise ValueError("replayed acceptance takes a chain drafter (tree-topk 1)")
-        if trace.max_accepted > self.num_proposals:
-            raise ValueError(f"the trace accepts up to {trace.max_accepted} drafts; blocks here hold {self.num_proposals}")
-        self.inner, self.reference, self.trace, self.vocab = inner, reference, trace, vocab_size
-        odds = trace.conditional()
-        self.confidences = odds + [0.0] * (self.num_proposals - len(odds))
-        self.rng = random.Random(seed)
+            raise ValueError(f"{self.name} takes a chain drafter (tree-topk 1)")
+        self.inner = inner
         self.tap_layers, self.source = inner.tap_layers, inner.source
-        self.capabilities = replace(inner.capabilities, early_launch=False, device_lookup=False, confidences=True)
+        self.capabilities = replace(inner.capabilities, early_launch=False, device_lookup=False)
 
     def start(self, reqs: list[Request], prompt_taps: list[torch.Tensor | None]) -> None:
         self.inner.start(reqs, prompt_taps)
-
-    def propose(self, reqs: list[Request]) -> Draft:
-        draft = self.inner.propose(reqs)
-        rows = draft.tokens[: len(reqs)].tolist()
-        for row, req in zip(rows, reqs):
-            ref = self.reference[req.rid][len(req.output_ids) :]
-            accept = min(self.trace.sample(self.rng), len(ref))
-            row[:accept] = ref[:accept]
-            if accept < min(len(row), len(ref)) and row[accept] == ref[accept]:  # the next draft must miss
-                row[accept] = (ref[accept] + 1) % self.vocab
-        tokens = torch.tensor(rows, dtype=draft.tokens.dtype, device=draft.tokens.device)
-        confidences = torch.tensor([self.confidences[: tokens.shape[1]]] * len(reqs), device=tokens.device)
-        return Draft(tokens, confidences)
 
     def commit(self, reqs: list[Request], committed: list[int], verify_taps: list[torch.Tensor | None]) -> None:
         self.inner.commit(reqs, committed, verify_taps)
@@ -129,8 +149,82 @@ class ReplayDrafter(Drafter):
     def warm(self, max_batch: int) -> None:
         self.inner.warm(max_batch)
 
-    def capture(self, batch_sizes: tuple[int, ...], sources: dict[int, VerifySource]) -> None:
+    def capture(self, batch_sizes: tuple[int, ...], sources: dict[tuple[int, int], VerifySource]) -> None:
         self.inner.capture(batch_sizes, sources)
 
     def static_draft(self, bucket: int) -> Draft | None:
-        return None  # proposals are new tensors, not the inner drafter's graph outputs
+        return None  # proposals pass through the host, not the inner drafter's graph outputs
+
+
+class ReplayDrafter(HostDrafter):
+    """`inner` drafts (its passes and their cost are real); each request's row is then the reference
+    continuation (`reference[rid]`: the target's own output, from an AR run) for a count drawn from `trace`,
+    then a token that differs from the reference, then whatever `inner` drafted; its confidences are those of a
+    recorded pass that accepted as many (a confidence trace's), or else the trace's `conditional` odds, the same
+    for every pass. Chains only; each proposal is replaced on the host, and placed in the verify pass eagerly,
+    not by a graph."""
+
+    name = "replay"
+
+    def __init__(self, inner: Drafter, reference: dict[str, list[int]], trace: AcceptTrace, vocab_size: int,
+                 seed: int = 0) -> None:
+        super().__init__(inner)
+        if trace.max_accepted > self.num_proposals:
+            raise ValueError(f"the trace accepts up to {trace.max_accepted} drafts; blocks here hold {self.num_proposals}")
+        self.reference, self.trace, self.vocab = reference, trace, vocab_size
+        self.confidences = self._padded(trace.conditional())
+        self.rng = random.Random(seed)
+        self.capabilities = replace(self.capabilities, confidences=True)
+
+    def propose(self, reqs: list[Request]) -> Draft:
+        draft = self.inner.propose(reqs)
+        rows, confidences = draft.tokens[: len(reqs)].tolist(), []
+        for row, req in zip(rows, reqs):
+            ref = self.reference[req.rid][len(req.output_ids) :]
+            accept, recorded = self.trace.sample_pass(self.rng)
+            accept = min(accept, len(ref))
+            row[:accept] = ref[:accept]
+            if accept < min(len(row), len(ref)) and row[accept] == ref[accept]:  # the next draft must miss
+                row[accept] = (ref[accept] + 1) % self.vocab
+            confidences.append((self.confidences if recorded is None else self._padded(recorded))[: len(row)])
+        tokens = torch.tensor(rows, dtype=draft.tokens.dtype, device=draft.tokens.device)
+        return Draft(tokens, torch.tensor(confidences, device=tokens.device))
+
+    def _padded(self, confidences: Sequence[float]) -> list[float]:
+        return [*confidences] + [0.0] * (self.num_proposals - len(confidences))
+
+
+class RecordingDrafter(HostDrafter):
+    """`inner` drafting as it does; per request and verify pass, its confidence in each of its drafts and how many
+    the target accepted (`passes`: a confidence trace, what `AcceptTrace.from_passes` replays). A pass counts once
+    its request drafts again, so a request's last pass, which its end may have cut short, never does. Record with
+    every draft verified (stock mechanisms: no budget or two-level trimming the chain)."""
+
+    name = "recording"
+
+    def __init__(self, inner: Drafter) -> None:
+        super().__init__(inner)
+        if not inner.capabilities.confidences:
+            raise ValueError(f"{inner.name} gives no confidences to record")
+        self.passes: list[tuple[int, tuple[float, ...]]] = []
+        self._proposed: dict[str, tuple[float, ...]] = {}  # per request: the confidences of its newest draft
+        self._committed: dict[str, tuple[int, tuple[float, ...]]] = {}  # its newest verified pass, not yet counted
+
+    def propose(self, reqs: list[Request]) -> Draft:
+        draft = self.inner.propose(reqs)
+        for req, confidences in zip(reqs, draft.confidences[: len(reqs)].tolist()):
+            if req.rid in self._committed:
+                self.passes.append(self._committed.pop(req.rid))
+            self._proposed[req.rid] = tuple(confidences)
+        return draft
+
+    def commit(self, reqs: list[Request], committed: list[int], verify_taps: list[torch.Tensor | None]) -> None:
+        for req, tokens in zip(reqs, committed):
+            if req.rid in self._proposed:
+                self._committed[req.rid] = (tokens - 1, self._proposed.pop(req.rid))  # drafts: all but the bonus
+        super().commit(reqs, committed, verify_taps)
+
+    def release(self, req: Request) -> None:
+        self._proposed.pop(req.rid, None)
+        self._committed.pop(req.rid, None)
+        super().release(req)
