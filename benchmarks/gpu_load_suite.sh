@@ -8,7 +8,10 @@
 #            defaults with coalesced admission
 #   served-eos  the same with requests stopping at EOS
 #   replay   Llama-3.1-8B shapes, acceptance replayed at tau 6.5, B = 16 and 32: stock, the defaults, + two-level
-#            (benchmarks/gpu_spec.py --mechanisms)
+#            (benchmarks/gpu_spec.py --mechanisms), from the embedded pair's confidence trace (REPLAY=: another trace
+#            or bench JSON), so two-level reads recorded confidences
+# Every part's archive also holds the cost tables the machine profiled (two-level's T(B, rows): what a CPU analysis
+# of its choices needs).
 #   bash benchmarks/gpu_load_suite.sh offline|served|served-eos|replay     [TOKENS=256] [PROMPTS=32] [REPEATS=2]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +41,7 @@ served|served-eos)
     ;;
 replay)
     timeout 560 python3 benchmarks/gpu_spec.py --batch 16 32 --repeats "${REPEATS:-2}" --new-tokens 64 \
-        --replay docs/results/2026-11-30_h200_s4_bench_tree4_assist.json --replay-tau 6.5 \
+        --replay "${REPLAY:-docs/results/2026-12-06_cpu_s31/confidence_trace_humaneval.json}" --replay-tau 6.5 \
         --mechanisms stock default +two-level --out "$work/replay" 2>&1 | quiet | tail -n 12
     ;;
 *)
@@ -47,4 +50,5 @@ replay)
     ;;
 esac
 } 2>&1 | tee "$out/$part.log"
+cp -r "$(python3 -c 'from specpilot.config import cache_root; print(cache_root())')/cost_tables" "$work/" 2>/dev/null
 tar czf "$out/$part.tgz" -C "$work" .
