@@ -7,7 +7,8 @@
 #            budget, the defaults + two-level + budget (the cost table profiled first where none is cached), the
 #            defaults with coalesced admission
 #   served-eos  the same with requests stopping at EOS
-#   replay   Llama-3.1-8B shapes, acceptance replayed at tau 6.5, B = 16 and 32: stock, the defaults, + two-level
+#   replay   Llama-3.1-8B shapes, acceptance replayed at tau 6.5, B = 16 and 32: stock, the defaults, + two-level,
+#            + two-level + ragged
 #            (benchmarks/gpu_spec.py --mechanisms), from the embedded pair's confidence trace (REPLAY=: another trace
 #            or bench JSON), so two-level reads recorded confidences
 # Every part's archive also holds the cost tables the machine profiled (two-level's T(B, rows): what a CPU analysis
@@ -42,7 +43,7 @@ served|served-eos)
 replay)
     timeout 560 python3 benchmarks/gpu_spec.py --batch 16 32 --repeats "${REPEATS:-2}" --new-tokens 64 \
         --replay "${REPLAY:-docs/results/2026-12-06_cpu_s31/confidence_trace_humaneval.json}" --replay-tau 6.5 \
-        --mechanisms stock default +two-level --out "$work/replay" 2>&1 | quiet | tail -n 12
+        --mechanisms stock default +two-level +two-level,+ragged --out "$work/replay" 2>&1 | quiet | tail -n 12
     ;;
 *)
     echo "unknown part $part: offline, served, served-eos or replay" >&2
