@@ -43,7 +43,7 @@ served|served-eos)
 replay)
     timeout 560 python3 benchmarks/gpu_spec.py --batch 16 32 --repeats "${REPEATS:-2}" --new-tokens 64 \
         --replay "${REPLAY:-docs/results/2026-12-06_cpu_s31/confidence_trace_humaneval.json}" --replay-tau 6.5 \
-        --mechanisms stock default +two-level +two-level,+ragged --out "$work/replay" 2>&1 | quiet | tail -n 12
+        --mechanisms stock default +two-level +two-level,+ragged --out "$work/replay" 2>&1 | quiet | tail -n 16
     ;;
 *)
     echo "unknown part $part: offline, served, served-eos or replay" >&2
