@@ -234,6 +234,26 @@ def test_widths_ahead_follow_the_previous_step_s_drafts():
     assert lengths.kept == 2 * 6 + 2 * 1 + 2 * 6 + 2 * (width - 1)
 
 
+def test_level_one_sits_out_where_no_width_is_cheaper():
+    """A pass that costs the same at every width (a small batch's) leaves nothing to trim: level 1 keeps the whole
+    block, sends nothing to the host and learns nothing, while its counts still report every draft verified."""
+    sure = torch.full((2, 6), 0.99)
+    flat = VerifyLengths(FLAT)
+    flat.choose_ahead(sure, None, [2, 4, 7])  # the first step: nothing measured yet, so it takes part
+    flat.learn([[0, 1], [0, 1]])
+    flat.observe(5.0, 2, 14)
+    tried = flat.tried.copy()
+    assert flat.choose_ahead(torch.full((2, 6), 0.01), _random_tree(2, 6, seed=1), [2, 4, 7]) == (7, None)
+    assert flat._pending is None
+    flat.learn([[0], [0]])
+    assert (flat.tried == tried).all() and (flat.kept, flat.offered) == (24, 24)
+    lengths, rows = flat.choose_rows_ahead(torch.full((2, 6), 0.01), [3, 8, 14])
+    assert lengths.tolist() == [6, 6] and rows == 14
+    sloped = _chooser(SLOPED, 0.5)
+    sloped.choose_ahead(sure, None, [2, 4, 7])
+    assert sloped._pending is not None  # where rows cost, it takes part
+
+
 def test_trees_are_priced_by_the_table_s_tree_grid():
     """Chains cost nothing more per row here, trees' nodes do (the invariant kernel's tail tiles): a chain keeps
     every draft, a tree of the same confidences narrows, and the step's time beside a tree's pass subtracts the

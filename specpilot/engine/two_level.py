@@ -25,6 +25,9 @@ launches. The host picks the step's width from the previous step's drafts (alrea
 device picks which nodes of each tree fill it (`select`) from this step's; this step's drafts reach the host
 beside the verify, for the calibration and the next step's width.
 
+Where no narrower verify could pay (the table prices every width about alike for this batch, as for a small batch
+whose pass is bound by latency), level 1 sits the step out: the whole block, and none of its host work.
+
 Lossless by construction: level 1 only drops proposals; the target decides every committed token.
 """
 
@@ -41,6 +44,9 @@ from specpilot.state.tree import TreeLayout
 
 SMOOTHING = 0.2  # weight of a step in the moving average of the step's time beside its verify pass
 OUTLIER = 4.0  # a step counts at most this many times the average (a step that compiled a kernel is no sample)
+# level 1 sits a step out unless a narrower verify could raise tokens per millisecond by this much: its own host
+# work (the drafts' copy, the calibration, a tree's selection) costs about that of a small batch's step
+MIN_GAIN = 0.03
 BINS = 10  # confidence bins of the calibration
 PRIOR = 4.0  # drafts' worth of the drafter's own confidence in each bin
 DECAY = 0.995  # per step, of the calibration's counts
@@ -117,6 +123,9 @@ class VerifyLengths:
         n, k = confidences.shape
         width = k + 1
         self._tree = tree is not None
+        if not self._can_pay(n, widths, k):
+            self._sit_out(n, k)
+            return width, None
         if self.other_ms is not None and self._ahead is not None and self._ahead.shape[1] == k:
             width = self._best_width(self._ahead, n, widths)
         keep = self.select(confidences, tree, width) if tree is not None and width <= k else None
@@ -137,6 +146,10 @@ class VerifyLengths:
         self._tree = False
         buckets = sorted(row_buckets)
         rows = n * (k + 1)
+        if not self._can_pay(n, [1], k):  # not even a row per request would
+            self._sit_out(n, k)
+            return torch.full((n,), k, dtype=torch.long, device=confidences.device), \
+                next((t for t in buckets if t >= rows), buckets[-1])
         if self.other_ms is not None and self._ahead is not None and self._ahead.shape[1] == k:
             like_last = np.resize(self._ahead, (n, k))  # the last step's requests, as many as this step's
             rows = n + sum(self._ragged(like_last, buckets))
@@ -145,6 +158,25 @@ class VerifyLengths:
         copy = HostCopy.of(torch.cat([confidences.float().flatten(), lengths.float()]))
         self._pending = (copy, n, k, 0, False)
         return lengths, rows
+
+    def _can_pay(self, n: int, widths: Sequence[int], k: int) -> bool:
+        """Whether verifying fewer rows (per request, `widths` below the whole block's k + 1) could raise tokens
+        per millisecond for n requests by MIN_GAIN: at best it keeps every token the whole block would, for a
+        cheaper step. Where the pass costs about the same at every width (a small batch's, bound by latency) it
+        cannot, and level 1's host work would only slow the step. Unknown before a step was measured: it can."""
+        narrower = [w for w in widths if 1 <= w <= k]
+        if self.other_ms is None:
+            return True
+        if not narrower:
+            return False
+        cheapest = min(self.table.at(n, w, self._tree) for w in narrower)
+        return self.other_ms + self.table.at(n, k + 1, self._tree) > (1 + MIN_GAIN) * (self.other_ms + cheapest)
+
+    def _sit_out(self, n: int, k: int) -> None:
+        """A step that verifies every draft without level 1: nothing goes to the host, nothing is learnt."""
+        self._pending = self._last = None
+        self.kept += n * k
+        self.offered += n * k
 
     def select_chains(self, confidences: torch.Tensor, drafts: int) -> torch.Tensor:
         """On the device: how many of its drafts each chain verifies ([B]) so that the `drafts` likeliest to
