@@ -4,6 +4,7 @@ profile of a real engine's target through `specpilot bench --profile-cost-table`
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -47,7 +48,7 @@ def test_tables_are_cached_per_key(tmp_path, monkeypatch):
     key = table_key("NVIDIA H200", "/models/Llama 3.1", "bfloat16", exact=True)
     assert key == "NVIDIA_H200-Llama_3.1-bfloat16-invariant"
     assert load_cost_table(key) is None
-    table = CostTable(key, *list(vars(TABLE).values())[1:])
+    table = replace(TABLE, key=key)
     assert save_cost_table(table) == cache_path(key) and cache_path(key).parent == tmp_path / "cost_tables"
     assert load_cost_table(key) == table
     cache_path(key).write_text("{not json")

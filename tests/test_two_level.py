@@ -234,6 +234,23 @@ def test_widths_ahead_follow_the_previous_step_s_drafts():
     assert lengths.kept == 2 * 6 + 2 * 1 + 2 * 6 + 2 * (width - 1)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 16), st.integers(0, 2**31 - 1))
+def test_a_node_survives_with_the_product_of_its_path(n, k, seed):
+    from specpilot.engine.two_level import _tree_survival
+
+    rng = np.random.default_rng(seed)
+    parents = np.array([[0] + [int(rng.integers(0, j + 1)) for j in range(1, k)] for _ in range(n)])
+    calibrated = rng.random((n, k)) * (rng.random((n, k)) > 0.1)
+    expected = np.ones((n, k))
+    for i, j in itertools.product(range(n), range(k)):
+        node = j + 1
+        while node > 0:  # up the path to the root
+            expected[i, j] *= calibrated[i, node - 1]
+            node = parents[i, node - 1]
+    np.testing.assert_allclose(_tree_survival(calibrated, parents), expected, rtol=1e-12)
+
+
 def test_level_one_sits_out_where_no_width_is_cheaper():
     """A pass that costs the same at every width (a small batch's) leaves nothing to trim: level 1 keeps the whole
     block, sends nothing to the host and learns nothing, while its counts still report every draft verified."""

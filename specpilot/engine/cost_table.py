@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -42,11 +43,21 @@ class CostTable:
 
     def along_tokens(self, batch: float, tokens: np.ndarray, tree: bool = False) -> np.ndarray:
         """`at` for one batch size and many row counts at once (what level 1 of two-level verification asks)."""
-        ms = np.asarray(self.tree_ms if tree and self.tree_ms is not None else self.ms, dtype=np.float64)
-        i0, i1, u = _bracket(self.batch_sizes, np.array([batch], dtype=np.float64))
+        ms = self._grids[1 if tree and self.tree_ms is not None else 0]
+        i0, i1, u = _bracket(self._points[0], np.array([batch], dtype=np.float64))
         row = ms[i0[0]] + u[0] * (ms[i1[0]] - ms[i0[0]])
-        j0, j1, v = _bracket(self.tokens, np.asarray(tokens, dtype=np.float64))
+        j0, j1, v = _bracket(self._points[1], np.asarray(tokens, dtype=np.float64))
         return row[j0] + v * (row[j1] - row[j0])
+
+    # level 1 prices every step: the grids as arrays once, not per call
+    @cached_property
+    def _grids(self) -> tuple[np.ndarray, np.ndarray | None]:
+        return (np.asarray(self.ms, dtype=np.float64),
+                None if self.tree_ms is None else np.asarray(self.tree_ms, dtype=np.float64))
+
+    @cached_property
+    def _points(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(self.batch_sizes, dtype=np.float64), np.asarray(self.tokens, dtype=np.float64)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -59,9 +70,8 @@ class CostTable:
                    raw["context"], raw["graphs"], None if tree is None else tuple(tuple(r) for r in tree))
 
 
-def _bracket(points: tuple[int, ...], x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _bracket(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per value of x the grid points it lies between (the last segment past either end) and its fraction."""
-    grid = np.asarray(points, dtype=np.float64)
     if len(grid) == 1:
         zero = np.zeros(len(x), dtype=np.int64)
         return zero, zero, np.zeros(len(x))

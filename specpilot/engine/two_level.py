@@ -169,8 +169,8 @@ class VerifyLengths:
             return True
         if not narrower:
             return False
-        cheapest = min(self.table.at(n, w, self._tree) for w in narrower)
-        return self.other_ms + self.table.at(n, k + 1, self._tree) > (1 + MIN_GAIN) * (self.other_ms + cheapest)
+        full, *narrow = self.table.along_tokens(n, np.array([k + 1, *narrower], dtype=np.float64), self._tree)
+        return self.other_ms + full > (1 + MIN_GAIN) * (self.other_ms + min(narrow))
 
     def _sit_out(self, n: int, k: int) -> None:
         """A step that verifies every draft without level 1: nothing goes to the host, nothing is learnt."""
@@ -288,8 +288,11 @@ class VerifyLengths:
         self._last = None
         n, k = bins.shape
         on_path = np.zeros((n, k + 1), dtype=bool)
-        for i, path in enumerate(paths):
-            on_path[i, path if columns is None else [0, *(columns[i, r - 1] + 1 for r in path[1:])]] = True
+        rows = np.repeat(np.arange(n), [len(p) for p in paths])
+        cols = np.fromiter((r for p in paths for r in p), dtype=np.int64, count=len(rows))
+        if columns is not None:  # a narrowed tree's verify row r > 0 holds node columns[i, r - 1]
+            cols = np.where(cols > 0, columns[rows, np.maximum(cols - 1, 0)] + 1, 0)
+        on_path[rows, cols] = True
         reached = np.take_along_axis(on_path, parents, 1) & verified
         self.tried *= DECAY
         self.accepted *= DECAY
@@ -313,11 +316,15 @@ class VerifyLengths:
 
 
 def _tree_survival(calibrated: np.ndarray, parents: np.ndarray) -> np.ndarray:
-    """[B, K] each node's chance to survive: its own calibrated confidence times its parent's survival (0: the root)."""
+    """[B, K] each node's chance to survive: its own calibrated confidence times its parent's survival (0: the root).
+    By pointer jumping: each round a node takes on the product up to the ancestor it points at and then points
+    twice as far, so a tree of depth d takes log2(d) rounds, not one per node."""
     survival = calibrated.copy()
-    n = survival.shape[0]
-    for j in range(survival.shape[1]):  # parents come first
-        parent = parents[:, j]
-        survival[:, j] *= np.where(parent > 0, survival[np.arange(n), np.maximum(parent - 1, 0)], 1.0)
+    up = np.asarray(parents, dtype=np.int64) - 1  # each node's parent column; -1: the root
+    while (up >= 0).any():
+        above = up >= 0
+        at = np.maximum(up, 0)
+        survival = np.where(above, survival * np.take_along_axis(survival, at, 1), survival)
+        up = np.where(above, np.take_along_axis(up, at, 1), -1)
     return survival
 
