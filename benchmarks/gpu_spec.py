@@ -127,6 +127,19 @@ def target_cost_table(ckpt: Checkpoint, config: EngineConfig, model: torch.nn.Mo
     ensure_cost_table(ar, batches, list(COST_ROWS), context)
 
 
+def step_graphs_ms(engine: Engine, b: int, verify_ms: float, spec_step_ms: float) -> dict[str, float | None]:
+    """The speculative step's other graphs at bucket b, each replayed alone (acceptance after a 16-token verify,
+    the drafter's body), and the step over the sum of its graphs: what the engine loop adds to them. Replays after
+    the timed runs, on slots whose requests are done."""
+    acceptance = engine.speculation.acceptance.get((16, b))
+    drafter = getattr(engine.drafter, "inner", engine.drafter)  # replayed acceptance wraps the real drafter
+    body = getattr(drafter, "graphs", {}).get(b)
+    out = {"graph_acceptance_ms": time_cuda(acceptance.graph.replay) if acceptance else None,
+           "graph_draft_ms": time_cuda(body.graph.replay) if body else None}
+    graphs = verify_ms + sum(v for v in out.values() if v is not None)
+    return out | {"spec_over_graphs": spec_step_ms / graphs}
+
+
 def allocator_retries(device: torch.device) -> int:
     return torch.cuda.memory_stats().get("num_alloc_retries", 0) if device.type == "cuda" else 0
 
@@ -244,6 +257,8 @@ def main() -> None:
             if device.type == "cuda" and not hybrid:
                 row[name]["graph_verify_ms"] = time_cuda(engine.runner.graph_for(16, b).graph.replay)
                 row[name]["graph_decode_ms"] = time_cuda(engine.runner.graph_for(1, b).graph.replay)
+                row[name].update(step_graphs_ms(engine, b, row[name]["graph_verify_ms"],
+                                                row[name]["spec_step_ms"]["median"]))
         if "stock" in engines:
             for name in engines:
                 row[name]["over_stock"] = row[name]["throughput_over_ar"] / row["stock"]["throughput_over_ar"]
@@ -272,6 +287,12 @@ def main() -> None:
                   f"{k['spec_step_ms']['median']:.3f} ms (draft {k['draft_ms']['median']:.3f}, verify "
                   f"{k['verify_ms']['median']:.3f}), tau {k['tau']['median']:.2f}, throughput "
                   f"{k['throughput_over_ar']:.2f}x AR" + (f", {k['over_stock']:.2f}x stock's" if "over_stock" in k else ""))
+        for name in engines:
+            if "spec_over_graphs" in r[name]:
+                k = r[name]
+                print(f"      {name}: graphs alone: verify {k['graph_verify_ms']:.3f}, acceptance "
+                      f"{k['graph_acceptance_ms'] or 0:.3f}, draft {k['graph_draft_ms'] or 0:.3f} ms; spec step / graphs "
+                      f"{k['spec_over_graphs']:.3f}; AR step / decode graph {k['ar_step_ms']['median'] / k['graph_decode_ms']:.3f}")
         if r["triton_compiles"]["count"]:
             print(f"      {r['triton_compiles']['count']} Triton compiles in the timed runs "
                   f"({r['triton_compiles']['seconds']:.1f} s): {r['triton_compiles']['kernels']}")
