@@ -147,6 +147,6 @@ def test_overlap_needs_graphs(tiny):  # noqa: F811
                                   mechanisms=frozenset({"overlap"})))
 
 
-def test_overlap_is_listed_off_by_default():
+def test_overlap_is_listed_on_by_default():
     entry = next(m for m in catalog("cuda", None)["mechanisms"] if m["name"] == "overlap")
-    assert entry["on_by_default"] is False and entry["stages"] == ["commit"]
+    assert entry["on_by_default"] is True and entry["stages"] == ["commit"]

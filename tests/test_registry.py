@@ -51,13 +51,14 @@ def test_needs_name_mechanisms_listed_before_them():
 
 def test_resolve_mechanisms_default_is_every_one_that_holds():
     assert resolve_mechanisms(None, Deployment("cuda", DFLASH_TREES, DFLASH_CAPS, graphs=True)) == ALL
-    assert resolve_mechanisms(None, Deployment("cpu", DFLASH_TREES, DFLASH_CAPS)) == ALL - {"layout-ahead"}
+    assert resolve_mechanisms(None, Deployment("cpu", DFLASH_TREES, DFLASH_CAPS)) == ALL - {"layout-ahead", "overlap"}
     chain = replace(DFLASH_TREES, speculative_eagle_topk=1)
     assert resolve_mechanisms(None, Deployment("cuda", chain, DFLASH_CAPS, graphs=True)) == ALL - {"device-lookup"}
     ngram = EngineConfig(speculative_algorithm="ngram")
     assert resolve_mechanisms(None, Deployment("cuda", ngram, Capabilities(), graphs=True)) == {
-        "device-acceptance", "layout-ahead"}
-    assert resolve_mechanisms(None, Deployment("cuda", EngineConfig(), None, graphs=True)) == frozenset()
+        "device-acceptance", "layout-ahead", "overlap"}
+    assert resolve_mechanisms(None, Deployment("cuda", EngineConfig(), None, graphs=True)) == {"overlap"}
+    assert resolve_mechanisms(None, Deployment("cuda", EngineConfig(), None)) == frozenset()  # no graphs
 
 
 def test_resolve_mechanisms_explicit_set_must_hold():

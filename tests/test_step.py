@@ -29,7 +29,7 @@ def test_every_mechanism_set_passes_forcing_on_the_graph_paths(tiny, replays, me
     if mechanisms is not None:
         assert cand.mechanisms == mechanisms
     else:
-        assert cand.mechanisms == {"device-acceptance", "early-launch", "layout-ahead", "device-lookup"}
+        assert cand.mechanisms == {"device-acceptance", "early-launch", "layout-ahead", "device-lookup", "overlap"}
     assert bool(cand.speculation.acceptance) == ("device-acceptance" in cand.mechanisms)
     prompts = mixed_prompts(ckpt.config.vocab_size, 6, seed=3)
     verdict = run_forcing(_engine(ckpt), cand, prompts, GREEDY, "dflash")

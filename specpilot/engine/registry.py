@@ -185,10 +185,11 @@ MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism("ragged", "a verify whose requests take different widths (two-level's chains) runs packed, without "
               "padding between requests, as the CUDA graph of its (batch, total rows) bucket rather than eagerly",
               ("plan", "verify"), _graphs, by_default=False),
-    # off unless asked for until the H200 measures what it saves (the optimizer picks it where it pays)
+    # on by default since the H100 measured it (docs/RESULTS.md, sessions 26-27): the AR step 2% shorter at 8B shapes
+    # and 6-7% on the embedded model, the same tokens, and a server's publishing runs beside the next pass
     Mechanism("overlap", "an AR decode step launches the next pass before the host reads its tokens (inputs advanced "
               "on the device from this pass's argmax), so the host's commit runs beside it; greedy batches without "
-              "grammars, banned ids, logprobs or forcing", ("commit",), _graphs, by_default=False),
+              "grammars, banned ids, logprobs or forcing", ("commit",), _graphs),
     # off unless asked for (or the checkpoint is B12): converting the weights takes time at load
     Mechanism("b12", "the target's matrices held as B12 (12 bits a weight) and multiplied by a kernel that decodes "
               "them in registers: bf16's bits, three quarters of its bytes", ("propose", "verify"), _bf16_weights,
