@@ -14,6 +14,10 @@
 #   benchmarks/gpu_drafter.sh repro RUN STEPS
 #       Reproducibility: the same command and seed again, from RUN's data, for STEPS steps in RUN.repro;
 #       prints the largest loss difference against RUN's first STEPS steps.
+#   benchmarks/gpu_drafter.sh ship RUN OUT      then, next session:   benchmarks/gpu_drafter.sh land PARTS DIR
+#       RUN's generated responses (data.pt, 16-bit tokens) split into parts of 15 MiB in OUT (with validation.pt),
+#       which a call brings back; carried to a later machine (e.g. .ferry/data), `land` joins them into DIR/data.pt,
+#       the DATA of `train` or `variants` there, so that session skips regenerating them.
 #   benchmarks/gpu_drafter.sh eval RUN OUT
 #       tau and speedup over AR (B=1, CUDA graphs, block 16) on the four datasets, alone and with
 #       --speculative-ngram-assist 2, token forcing against
@@ -112,11 +116,33 @@ eval_drafter() {
     wait "$server" || true
 }
 
+# A device machine keeps nothing between sessions: the generated responses travel back in parts a call can return
+# (at most 8 files of 16 MiB) and ride to the next machine in a run call's carry.
+ship() {
+    local run=$1 out=$2
+    mkdir -p "$out"
+    split -b 15m -d -a 1 "$run/data.pt" "$out/data.pt.part"
+    [[ -f $run/validation.pt ]] && cp "$run/validation.pt" "$out/"
+    ls -l "$out"
+}
+
+land() {
+    local parts=$1 dir=$2
+    mkdir -p "$dir"
+    cat "$parts"/data.pt.part* > "$dir/data.pt"
+    [[ -f $parts/validation.pt ]] && cp "$parts/validation.pt" "$dir/"
+    python3 -c "import sys, torch; d = torch.load(sys.argv[1], weights_only=True); print(sys.argv[1], d['meta'], d['stats'])" \
+        "$dir/data.pt"
+}
+
 case ${1:-} in
     train) train "$2" "$3" "${4:-}" ;;
     variants) variants "$2" "$3" "${4:-}" ;;
     repro) repro "$2" "$3" ;;
     eval) eval_drafter "$2" "$3" ;;
-    *) echo "usage: $0 train RUN DEADLINE_S [DATA] | variants DIR DEADLINE_S [DATA] | repro RUN STEPS | eval RUN OUT" >&2
+    ship) ship "$2" "$3" ;;
+    land) land "$2" "$3" ;;
+    *) echo "usage: $0 train RUN DEADLINE_S [DATA] | variants DIR DEADLINE_S [DATA] | repro RUN STEPS | eval RUN OUT" \
+            "| ship RUN OUT | land PARTS DIR" >&2
        exit 2 ;;
 esac

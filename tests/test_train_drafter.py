@@ -518,3 +518,19 @@ def test_more_responses_per_prompt_sample_past_the_greedy_one(target_dir, tmp_pa
     shutil.copy(tmp_path / "a" / "data.pt", tmp_path / "c" / "data.pt")
     with pytest.raises(ValueError, match="different settings"):
         train_drafter(tiny_config(tmp_path / "c", target_dir, epochs=1, validation_prompts=0), prompts)
+
+
+def test_cached_responses_are_stored_in_16_bits_and_older_int32_caches_still_load(target_dir, tmp_path):
+    """data.pt keeps token ids in 16 bits where the vocabulary fits (half the bytes: a cache small enough to carry
+    between device sessions); reading gives int32 either way, and a cache written in int32 is reused as it is."""
+    prompts = toy_corpus(3, seed=5)
+    config = tiny_config(tmp_path / "a", target_dir, epochs=1, validation_prompts=0)
+    first = train_drafter(config, prompts)
+    stored = torch.load(tmp_path / "a" / "data.pt", weights_only=True)
+    assert stored["tokens"].dtype == torch.uint16
+    legacy = stored | {"tokens": stored["tokens"].to(torch.int32)}
+    (tmp_path / "b").mkdir()
+    torch.save(legacy, tmp_path / "b" / "data.pt")
+    again = train_drafter(tiny_config(tmp_path / "b", target_dir, epochs=1, validation_prompts=0), prompts)
+    assert again["data"]["reused_cache"] and again["data"]["num_sequences"] == first["data"]["num_sequences"]
+    assert again["step_losses"] == first["step_losses"]  # the same sequences, read back as int32

@@ -108,6 +108,11 @@ def generate_responses(engine: Engine, prompts: list[list[int]], max_new_tokens:
     return samples, stats
 
 
+def _narrow(tokens: torch.Tensor) -> torch.Tensor:
+    """Token ids in 16 bits (unsigned) where every id fits, else as they are."""
+    return tokens.to(torch.uint16) if tokens.numel() and int(tokens.max()) < 1 << 16 else tokens
+
+
 def prompts_digest(prompts: list[list[int]]) -> str:
     return hashlib.blake2b(json.dumps(prompts).encode(), digest_size=16).hexdigest()
 
@@ -115,9 +120,10 @@ def prompts_digest(prompts: list[list[int]]) -> str:
 def load_or_generate(out: Path, meta: dict, engine: Engine, prompts: list[list[int]], max_new_tokens: int,
                      progress: Progress, name: str = DATA_FILE,
                      responses: Responses = Responses()) -> tuple[list[Sample], DataStats]:
-    """Generated sequences are cached in out/`name` (flat int32 tokens + lengths) with the settings that
-    made them (`meta`); a rerun with the same settings reuses them instead of regenerating, different
-    settings are refused."""
+    """Generated sequences are cached in out/`name` (flat tokens + lengths) with the settings that made them
+    (`meta`); a rerun with the same settings reuses them instead of regenerating, different settings are
+    refused. Tokens are stored in 16 bits where the vocabulary fits (the file is half as large: small enough
+    to bring back from a device and carry to the next one), and read back as int32."""
     path = out / name
     meta = meta | responses.meta()
     if path.is_file():
@@ -125,11 +131,11 @@ def load_or_generate(out: Path, meta: dict, engine: Engine, prompts: list[list[i
         if data["meta"] != meta:
             raise ValueError(f"{path} was generated with different settings ({data['meta']}, now {meta}); "
                              f"use a fresh --out directory")
-        seqs = data["tokens"].split(data["lengths"].tolist())
+        seqs = data["tokens"].to(torch.int32).split(data["lengths"].tolist())
         samples = [Sample(t, p) for t, p in zip(seqs, data["prompt_lens"].tolist())]
         return samples, DataStats(**{**data["stats"], "reused_cache": True})
     samples, stats = generate_responses(engine, prompts, max_new_tokens, progress, responses)
-    data = {"meta": meta, "stats": asdict(stats), "tokens": torch.cat([s.tokens for s in samples]),
+    data = {"meta": meta, "stats": asdict(stats), "tokens": _narrow(torch.cat([s.tokens for s in samples])),
             "lengths": torch.tensor([len(s.tokens) for s in samples]),
             "prompt_lens": torch.tensor([s.prompt_len for s in samples])}
     tmp = path.with_suffix(".tmp")
