@@ -26,15 +26,13 @@ from specpilot.bench.replay import AcceptTrace, RecordingDrafter  # noqa: E402
 from specpilot.config import SamplingParams  # noqa: E402
 from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
 from specpilot.engine.registry import parse_mechanisms  # noqa: E402
+from specpilot.engine.two_level import BINS  # noqa: E402
 from specpilot.progress import bar  # noqa: E402
-
-
-BINS = 10
 
 
 def calibration(passes: list[tuple[int, list[float]]]) -> list[dict]:
     """Per confidence decile, the drafts that were reached (every draft before them accepted) and the share of
-    them accepted: how far the drafter's confidence is from the chance that two-level's level 1 needs."""
+    them accepted (two-level's bins): how far the drafter's confidence is from the chance that level 1 needs."""
     reached, accepted, said = [0] * BINS, [0] * BINS, [0.0] * BINS
     for a, confidences in passes:
         for j, c in enumerate(confidences[: a + 1]):  # drafts 0..a were reached; 0..a-1 accepted

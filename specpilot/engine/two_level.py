@@ -146,14 +146,14 @@ class VerifyLengths:
         self._tree = False
         buckets = sorted(row_buckets)
         rows = n * (k + 1)
-        if not self._can_pay(n, [1], k):  # not even a row per request would
-            self._sit_out(n, k)
-            return torch.full((n,), k, dtype=torch.long, device=confidences.device), \
-                next((t for t in buckets if t >= rows), buckets[-1])
-        if self.other_ms is not None and self._ahead is not None and self._ahead.shape[1] == k:
+        takes_part = self._can_pay(n, [1], k)  # not where even a row per request would not pay
+        if takes_part and self.other_ms is not None and self._ahead is not None and self._ahead.shape[1] == k:
             like_last = np.resize(self._ahead, (n, k))  # the last step's requests, as many as this step's
             rows = n + sum(self._ragged(like_last, buckets))
         rows = next((t for t in buckets if t >= rows), buckets[-1])
+        if not takes_part:
+            self._sit_out(n, k)
+            return torch.full((n,), k, dtype=torch.long, device=confidences.device), rows
         lengths = self.select_chains(confidences, min(rows - n, n * k))
         copy = HostCopy.of(torch.cat([confidences.float().flatten(), lengths.float()]))
         self._pending = (copy, n, k, 0, False)
@@ -164,9 +164,9 @@ class VerifyLengths:
         per millisecond for n requests by MIN_GAIN: at best it keeps every token the whole block would, for a
         cheaper step. Where the pass costs about the same at every width (a small batch's, bound by latency) it
         cannot, and level 1's host work would only slow the step. Unknown before a step was measured: it can."""
-        narrower = [w for w in widths if 1 <= w <= k]
         if self.other_ms is None:
             return True
+        narrower = [w for w in widths if 1 <= w <= k]
         if not narrower:
             return False
         full, *narrow = self.table.along_tokens(n, np.array([k + 1, *narrower], dtype=np.float64), self._tree)
