@@ -128,7 +128,9 @@ class TritonCompiles:
 
     def __init__(self) -> None:
         self.kernels: Counter[str] = Counter()
-        self.specialisations: list[str] = []  # each compile's signature: which argument took a new value
+        # each compile's cache key (argument types and specialisations, constexprs, options): diffing two of a
+        # kernel shows which argument took a new value
+        self.specialisations: list[str] = []
         self.seconds = 0.0
         self._started: float | None = None
 
@@ -138,7 +140,7 @@ class TritonCompiles:
 
     def _after(self, *_, **kwargs) -> None:
         self.kernels[getattr(kwargs.get("fn"), "name", "?")] += 1
-        self.specialisations.append(str(kwargs.get("repr", "")))
+        self.specialisations.append(str(kwargs.get("key", kwargs.get("repr", ""))))
         if self._started is not None:
             self.seconds += time.perf_counter() - self._started
             self._started = None

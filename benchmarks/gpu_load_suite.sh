@@ -3,8 +3,9 @@
 # call each (under 10 minutes), every part's results packed into one file ($OUT/<part>.tgz: a call brings back at
 # most 8 files) beside its log ($OUT/<part>.log):
 #   offline  graphed against eager prefills, AR and speculation, B=32, 4 waves (benchmarks/prefill_graphs.py)
-#   offline-eos  `specpilot bench --batch-size 32`: 64 ShareGPT prompts x 256 tokens in waves of 32, requests
-#            stopping at EOS, AR and the defaults interleaved 3 times (the issue's own offline measurement)
+#   offline-eos  `specpilot bench --batch-size 32`: 512 ShareGPT prompts x 256 tokens, 32 running, requests stopping
+#            at EOS, AR and the defaults interleaved 3 times (the issue's own offline measurement), with continuous
+#            batching, then in waves of 32
 #   served   `specpilot bench --serving --sweep` at C = 1..64, ignore-EOS: AR, stock, the defaults, the defaults +
 #            budget, the defaults + two-level + budget (the cost table profiled first where none is cached), the
 #            defaults with coalesced admission
@@ -15,7 +16,7 @@
 #            or bench JSON), so two-level reads recorded confidences
 # Every part's archive also holds the cost tables the machine profiled (two-level's T(B, rows): what a CPU analysis
 # of its choices needs).
-#   bash benchmarks/gpu_load_suite.sh offline|offline-eos|served|served-eos|replay     [TOKENS=256] [PROMPTS=32] [REPEATS=2]
+#   bash benchmarks/gpu_load_suite.sh offline|offline-eos|served|served-eos|replay     [TOKENS=256] [PROMPTS=32 served, 512 offline-eos] [REPEATS=2]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:?usage: gpu_load_suite.sh offline|offline-eos|served|served-eos|replay}
@@ -32,8 +33,11 @@ offline)
         --repeats "${REPEATS:-2}" --out "$work/prefill_graphs" 2>&1 | quiet | tail -n 6
     ;;
 offline-eos)
-    timeout 400 python3 -m specpilot.cli bench --device cuda --dataset sharegpt --num-prompts 64 \
-        --max-new-tokens "$tokens" --batch-size 32 --repeats 3 --output-dir "$work/bench" 2>&1 | quiet | tail -n 14
+    for batching in continuous waves; do
+        timeout 250 python3 -m specpilot.cli bench --device cuda --dataset sharegpt --num-prompts "${PROMPTS:-512}" \
+            --speculative-algorithm dflash --max-new-tokens "$tokens" --batch-size 32 --batching $batching --repeats 3 \
+            --output-dir "$work/bench-$batching" 2>&1 | quiet | tail -n 14
+    done
     ;;
 served|served-eos)
     # two-level reads the cost table of this device and model: profiled once per machine

@@ -214,7 +214,8 @@ def main() -> None:
     configs = variants(args, config, hybrid)
     if any(c.asks_for("two-level") for c in configs.values()):
         target_cost_table(ckpt, next(iter(configs.values())), model, sorted(set(args.batch)), args.context)
-    engines = {k: Engine(ckpt, c, model=model, drafter_factory=factory) for k, c in configs.items()}
+    with TritonCompiles() as start_compiles:  # what the engines compile as they start (eager drafters warm theirs)
+        engines = {k: Engine(ckpt, c, model=model, drafter_factory=factory) for k, c in configs.items()}
     rng = random.Random(0)
     rows = []
     for b in args.batch:
@@ -272,7 +273,7 @@ def main() -> None:
               "acceptance": (f"{LABEL}: {trace.source} (tau {trace.tau:.2f})"
                              + ("; output head zeroed: every argmax is token 0" if hybrid else "")) if trace
               else "the drafter's own",
-              "repeats": args.repeats, "rows": rows}
+              "repeats": args.repeats, "start_compiles": start_compiles.report(), "rows": rows}
     if args.profile:
         for name, engine in engines.items():
             profile_steps(engine, prompts, rids[name], args.profile, f"{name}, B={args.batch[-1]}")

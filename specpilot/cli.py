@@ -190,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="speedup over AR, tau and acceptance per dataset (JSON + PNG)")
     _dataset_args(bench, default_prompts=20, default_tokens=256, many=True)
     bench.add_argument("--batch-size", type=_positive_int, default=1, help="requests run together (default 1)")
+    bench.add_argument("--batching", choices=("continuous", "waves"), default="continuous",
+                       help="continuous: every prompt queued at once, a finished request's slot refilled at once "
+                            "(default); waves: --batch-size prompts at a time, each wave waiting for its longest")
     bench.add_argument("--repeats", type=_positive_int, default=3, metavar="N",
                        help="runs of each mode per dataset, interleaved AR, speculative, AR, ...; the table shows "
                             "medians and ranges, the JSON every run (default 3)")
@@ -495,14 +498,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                             seed=args.sampling_seed)
     with Progress() as progress:
         results = [bench_dataset(engine, d, args.num_prompts, params, args.batch_size, args.repeats,
-                                 progress).as_dict() for d in args.dataset]
+                                 progress, args.batching).as_dict() for d in args.dataset]
     out = bench_output_dir(args.output_dir)
     name = f"bench_{config.speculative_algorithm or 'ar'}_{engine.device.type}"
     prov = provenance.collect(engine.device, str(engine.dtype))
     report = {"provenance": prov, "config": vars(engine.config),
               "speed": in_effect(engine.config, engine.mechanisms), "device": engine.device.type,
-              "dtype": str(engine.dtype), "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens,
-              "repeats": args.repeats, "results": results}
+              "dtype": str(engine.dtype), "batch_size": args.batch_size, "batching": args.batching,
+              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "results": results}
     # default: the config's mechanisms, a frozenset, as a sorted list
     (out / f"{name}.json").write_text(json.dumps(report, indent=2, default=sorted))
     title = f"specpilot bench ({config.speculative_algorithm or 'AR only'}, {engine.device.type})"

@@ -24,8 +24,8 @@ class RunResult:
     tokens_per_s: float
     completion_tokens: int
     wall_s: float
-    # the share of the run's request slots (batch size x wall) spent decoding (first token to last): prefills
-    # and the tail of a batch, whose finished requests wait for its longest, make the rest. Throughput
+    # the share of the run's request slots (batch size x wall) spent decoding (first token to last): prefills,
+    # and in waves the tail of a batch, whose finished requests wait for its longest, make the rest. Throughput
     # speedup = TPOT speedup x (spec occupancy / AR occupancy), about: where the two differ, this says why
     occupancy: float = 1.0
 
@@ -86,27 +86,38 @@ def tpot_ms(reqs: list[Request]) -> float:
     return 1e3 * statistics.mean(tpots) if tpots else float("nan")
 
 
-def _run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], batch_size: int,
-         progress: Progress, task: TaskID) -> tuple[RunResult, list[list[int]]]:
-    """Requests `batch_size` at a time (1: one request alone, the latency regime); also their token ids."""
+def _run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], batch_size: int, batching: str,
+         progress: Progress, task: TaskID) -> tuple[RunResult, list[Request]]:
+    """The prompts' requests run to completion, at most `batch_size` running (the engine's slots).
+    continuous: all queued at once, a finished request's slot refilled from the queue (an offline engine's
+    throughput regime); waves: `batch_size` at a time, each wave waiting for its longest request (static
+    batching). Batch size 1 is one request alone either way, the latency regime."""
+    wave = len(prompts) if batching == "continuous" else batch_size
     reqs: list[Request] = []
     start = time.perf_counter()
-    for i in range(0, len(prompts), batch_size):
-        reqs += engine.generate(prompts[i : i + batch_size], params[i : i + batch_size])
-        progress.advance(task, min(batch_size, len(prompts) - i))
+    for i in range(0, len(prompts), wave):
+        queued = [engine.add_request(p, sp) for p, sp in zip(prompts[i : i + wave], params[i : i + wave])]
+        reqs += queued
+        done = 0
+        while engine.has_work:
+            engine.step()
+            finished = len(queued) - len(engine.running) - len(engine.waiting)  # O(1): the bar costs no scan
+            if finished != done:
+                progress.advance(task, finished - done)
+                done = finished
     wall = time.perf_counter() - start
     tokens = sum(len(r.output_ids) for r in reqs)
     decoding = sum(r.finished_time - r.first_token_time for r in reqs)
     result = RunResult(tpot_ms(reqs), tokens / wall, tokens, wall, decoding / (min(batch_size, len(reqs)) * wall))
-    return result, [r.output_ids for r in reqs]
+    return result, reqs
 
 
-def _identical(outputs: list[list[int]], reference: list[list[int]]) -> int:
-    return sum(a == b for a, b in zip(outputs, reference))
+def _identical(reqs: list[Request], reference: list[list[int]]) -> int:
+    return sum(r.output_ids == ids for r, ids in zip(reqs, reference))
 
 
 def bench_dataset(engine: Engine, dataset: str, num_prompts: int, params: SamplingParams, batch_size: int,
-                  repeats: int, progress: Progress) -> DatasetResult:
+                  repeats: int, progress: Progress, batching: str = "continuous") -> DatasetResult:
     if engine.tokenizer is None:
         raise ValueError("bench needs a model with a tokenizer")
     prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts(dataset, num_prompts)]
@@ -125,16 +136,16 @@ def bench_dataset(engine: Engine, dataset: str, num_prompts: int, params: Sampli
         progress.add_task(f"{dataset} {engine.drafter.name}", total=repeats * len(prompts))
     for _ in range(repeats):
         with engine.autoregressive():
-            run, outputs = _run(engine, prompts, plist, batch_size, progress, ar_task)
+            run, reqs = _run(engine, prompts, plist, batch_size, batching, progress, ar_task)
         result.ar.append(run)
         if reference is None:
-            reference = outputs
+            reference = [r.output_ids for r in reqs]
         else:
-            result.ar_identical.append(_identical(outputs, reference))
+            result.ar_identical.append(_identical(reqs, reference))
         if spec_task is not None:
             engine.reset_spec_stats()
-            run, outputs = _run(engine, prompts, plist, batch_size, progress, spec_task)
+            run, reqs = _run(engine, prompts, plist, batch_size, batching, progress, spec_task)
             result.spec.append(run)
-            result.spec_identical.append(_identical(outputs, reference))
+            result.spec_identical.append(_identical(reqs, reference))
             result.spec_stats.append(engine.spec_stats.as_dict(wait=True))
     return result
