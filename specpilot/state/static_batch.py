@@ -16,9 +16,17 @@ from specpilot.state.batch import ForwardBatch
 from specpilot.state.tree import chain_layout
 
 
+def _even(n: int) -> int:
+    """A field width that starts the next int64 field on a 16-byte boundary: Triton specialises a kernel on its pointer
+    arguments' alignment, so a field after an odd width would compile another variant of every kernel reading it
+    (an eager pass's inputs are sized to its request count, and a batch's tail meets odd counts mid-run)."""
+    return n + n % 2
+
+
 class StaticBatch:
     def __init__(self, max_b: int, q: int, device: torch.device, scratch_slot: int, max_len: int,
                  causal: bool = True, tree: bool = False) -> None:
+        max_b = _even(max_b)  # the extra row, if any, is a padding row like those of a smaller batch
         self.max_b, self.q, self.scratch, self.max_len, self.causal = max_b, q, scratch_slot, max_len, causal
         n = self.n = max_b * q
         # ids, positions, cache rows (n each), then slots, q_lens, kv_lens (max_b each): one buffer, one copy
@@ -114,6 +122,7 @@ class RaggedStaticBatch:
     def __init__(self, max_b: int, max_t: int, q: int, device: torch.device, scratch_slot: int, max_len: int,
                  spare_len: int, verify: bool = True) -> None:
         """`spare_len`: the positions the unowned rows cycle through (within the rotary table's)."""
+        max_b, max_t = _even(max_b), _even(max_t)
         self.max_b, self.max_t, self.q, self.scratch, self.max_len = max_b, max_t, q, scratch_slot, max_len
         self.spare_len, self.verify = min(spare_len, max_len), verify
         # ids, positions, cache rows (max_t each), then slots, row starts, q_lens, kv_lens (max_b each)
