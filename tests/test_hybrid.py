@@ -332,9 +332,9 @@ def test_a_qwen3_5_vision_language_checkpoint_loads_its_language_model(tmp_path)
         assert req.output_ids == expected[0, len(prompt):].tolist()
 
 
-def test_the_drafter_compiles_each_key_split_choice_before_serving(pair, tmp_path, monkeypatch):
-    """Without graphs (a hybrid target), the drafter's eager passes choose attention's key splits by their request
-    count, each a Triton kernel of its own: `warm` runs one pass per choice, the smallest batch making it."""
+def _eager_dflash_engine(pair, tmp_path, monkeypatch):
+    """A hybrid target (no graphs) with a random DFlash drafter whose key splits follow the request count as on a
+    GPU: 4, 2, 1, 1, 1, 1 for 1..6 requests."""
     from spec_fixtures import write_random_dflash
 
     from specpilot.drafters import dflash
@@ -346,9 +346,70 @@ def test_the_drafter_compiles_each_key_split_choice_before_serving(pair, tmp_pat
     engine = Engine.from_config(EngineConfig(model_path=str(tmp_path / "target"), device="cpu", max_running_requests=6,
                                              context_length=160, speculative_algorithm="dflash",
                                              speculative_draft_model_path=str(path)))
-    monkeypatch.setattr(dflash, "kv_splits", lambda device, b, heads: max(1, 4 // b))  # 4, 2, 1, 1, 1, 1
+    monkeypatch.setattr(dflash, "kv_splits", lambda device, b, heads: max(1, 4 // b))
+    return engine
+
+
+def test_the_drafter_compiles_each_key_split_choice_before_serving(pair, tmp_path, monkeypatch):
+    """Without graphs (a hybrid target), the drafter's eager passes choose attention's key splits by their request
+    count, each a Triton kernel of its own: `warm` runs one pass per choice, the smallest batch making it."""
+    engine = _eager_dflash_engine(pair, tmp_path, monkeypatch)
     passes = []
     body = engine.drafter._body_pass
     monkeypatch.setattr(engine.drafter, "_body_pass", lambda inputs, b: passes.append(b) or body(inputs, b))
     engine.drafter.warm(6)
     assert passes == [1, 2, 3]
+
+
+def _specialisation(args: tuple, kwargs: dict) -> tuple:
+    """What Triton keys a compiled variant on, besides the source: tensors' dtype and 16-byte alignment, integers'
+    being 1 or a multiple of 16, and the constexprs."""
+    def of(a):
+        if isinstance(a, torch.Tensor):
+            return str(a.dtype), a.data_ptr() % 16 == 0
+        if isinstance(a, int) and not isinstance(a, bool):
+            return a == 1, a % 16 == 0
+        return type(a).__name__
+    return tuple(map(of, args)), tuple(sorted((k, str(v)) for k, v in kwargs.items()))
+
+
+def test_warm_leaves_no_attention_variant_for_a_batch_tail_to_compile(pair, tmp_path, monkeypatch):
+    """Each Triton launch of the drafter's attention (its non-causal block, and the split merge) is recorded with
+    its specialisation, the reference computing the result: requests finishing one by one (odd counts among them)
+    meet no variant that warm did not."""
+    from specpilot.config import SamplingParams
+    from specpilot.kernels import slot_attention as sa
+
+    engine = _eager_dflash_engine(pair, tmp_path, monkeypatch)
+    seen: dict[tuple, str] = {}
+    phase = ["warm"]
+
+    class Recorder:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                if self.name == "combine" or kwargs["CAUSAL"] is False and kwargs["TREE"] is False:
+                    seen.setdefault((self.name, _specialisation(args, kwargs)), phase[0])
+            return launch
+
+    triton_attention = sa.slot_attention_triton
+
+    def record_then_reference(q, k, v, slots, starts, q_lens, kv_lens, scale, causal=True, max_q_len=None,
+                              num_kv_splits=1, tree_mask=None, page_table=None):
+        triton_attention(q, k, v, slots, starts, q_lens, kv_lens, scale, causal, max_q_len, num_kv_splits,
+                         tree_mask=tree_mask, page_table=page_table)
+        return sa.slot_attention_reference(q, k, v, slots, starts, q_lens, kv_lens, scale, causal,
+                                           tree_mask=tree_mask, page_table=page_table)
+
+    monkeypatch.setattr(sa, "_slot_attn_fwd_kernel", Recorder("fwd"))
+    monkeypatch.setattr(sa, "_slot_attn_combine_kernel", Recorder("combine"))
+    monkeypatch.setattr(sa, "slot_attention_triton", record_then_reference)
+    monkeypatch.setattr(sa, "pick_backend", lambda backend, q: "triton")
+    engine.drafter.warm(6)
+    phase[0] = "run"
+    engine.generate([[7 + i, 40 + i, 90 + i] for i in range(5)],
+                    [SamplingParams(max_new_tokens=2 + 3 * i, ignore_eos=True) for i in range(5)])
+    assert sum(p == "warm" for p in seen.values()) >= 4  # the block at 1, 2 and 4 splits, and merges
+    assert [k for k, p in seen.items() if p == "run"] == []
