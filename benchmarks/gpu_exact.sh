@@ -12,9 +12,10 @@ cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 # The mechanisms' own tests first: a run cut short by TESTS_S has covered the paths most often changed
 SPECPILOT_TEST_DEVICE=cuda SPECPILOT_TEST_DTYPE=bfloat16 timeout "${TESTS_S:-360}" python3 -m pytest -q -p no:cacheprovider \
-    tests/test_two_level.py tests/test_overlap.py tests/test_budget.py tests/test_forcing_exact.py \
-    tests/test_redteam.py tests/test_speculative.py tests/test_batch_invariance.py tests/test_keyed_sampling.py \
-    tests/test_stops.py tests/test_graph_paths.py tests/test_structured_output.py tests/test_b12_gemm.py \
+    tests/test_two_level.py tests/test_overlap.py tests/test_budget.py tests/test_gemm_variants.py \
+    tests/test_forcing_exact.py tests/test_redteam.py tests/test_speculative.py tests/test_batch_invariance.py \
+    tests/test_keyed_sampling.py tests/test_stops.py tests/test_graph_paths.py tests/test_structured_output.py \
+    tests/test_b12_gemm.py \
     --deselect tests/test_b12_gemm.py::test_triton_equals_the_bf16_kernel_on_the_decoded_weights \
     --deselect tests/test_batch_invariance.py::test_invariant_kernels_under_the_interpreter \
     --deselect 'tests/test_batch_invariance.py::test_gemm_tiles_do_not_change_a_row[float32]' > "$out/exact-tests.log" 2>&1

@@ -361,38 +361,18 @@ def test_the_drafter_compiles_each_key_split_choice_before_serving(pair, tmp_pat
     assert passes == [1, 2, 3]
 
 
-def _specialisation(args: tuple, kwargs: dict) -> tuple:
-    """What Triton keys a compiled variant on, besides the source: tensors' dtype and 16-byte alignment, integers'
-    being 1 or a multiple of 16, and the constexprs."""
-    def of(a):
-        if isinstance(a, torch.Tensor):
-            return str(a.dtype), a.data_ptr() % 16 == 0
-        if isinstance(a, int) and not isinstance(a, bool):
-            return a == 1, a % 16 == 0
-        return type(a).__name__
-    return tuple(map(of, args)), tuple(sorted((k, str(v)) for k, v in kwargs.items()))
-
-
 def test_warm_leaves_no_attention_variant_for_a_batch_tail_to_compile(pair, tmp_path, monkeypatch):
     """Each Triton launch of the drafter's attention (its non-causal block, and the split merge) is recorded with
     its specialisation, the reference computing the result: requests finishing one by one (odd counts among them)
     meet no variant that warm did not."""
+    from triton_launches import LaunchRecorder
+
     from specpilot.config import SamplingParams
     from specpilot.kernels import slot_attention as sa
 
     engine = _eager_dflash_engine(pair, tmp_path, monkeypatch)
     seen: dict[tuple, str] = {}
     phase = ["warm"]
-
-    class Recorder:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                if self.name == "combine" or kwargs["CAUSAL"] is False and kwargs["TREE"] is False:
-                    seen.setdefault((self.name, _specialisation(args, kwargs)), phase[0])
-            return launch
 
     triton_attention = sa.slot_attention_triton
 
@@ -403,8 +383,11 @@ def test_warm_leaves_no_attention_variant_for_a_batch_tail_to_compile(pair, tmp_
         return sa.slot_attention_reference(q, k, v, slots, starts, q_lens, kv_lens, scale, causal,
                                            tree_mask=tree_mask, page_table=page_table)
 
-    monkeypatch.setattr(sa, "_slot_attn_fwd_kernel", Recorder("fwd"))
-    monkeypatch.setattr(sa, "_slot_attn_combine_kernel", Recorder("combine"))
+    def block_only(kwargs: dict) -> bool:
+        return kwargs["CAUSAL"] is False and kwargs["TREE"] is False
+
+    monkeypatch.setattr(sa, "_slot_attn_fwd_kernel", LaunchRecorder(seen, phase, "fwd", block_only))
+    monkeypatch.setattr(sa, "_slot_attn_combine_kernel", LaunchRecorder(seen, phase, "combine"))
     monkeypatch.setattr(sa, "slot_attention_triton", record_then_reference)
     monkeypatch.setattr(sa, "pick_backend", lambda backend, q: "triton")
     engine.drafter.warm(6)

@@ -23,7 +23,7 @@ from specpilot.drafters.draft_tree import TreeBuilder, node_confidences
 from specpilot.kernels.slot_attention import kv_splits
 from specpilot.kernels.softmax_topk import softmax_topk
 from specpilot.kernels.step_layout import lay_out_draft
-from specpilot.models.linear import Linear, use_cpu_layout
+from specpilot.models.linear import Linear, use_cpu_layout, warm_linears
 from specpilot.models.rope import RotaryTable
 from specpilot.state.batch import ForwardBatch
 from specpilot.state.cache import KVCache
@@ -294,8 +294,10 @@ class DFlashDrafter(Drafter):
     @torch.inference_mode()
     def warm(self, max_batch: int) -> None:
         """An eager pass chooses attention's key splits by its request count, and each choice is a kernel of its
-        own (Triton compiles one per split count, ~1 s each): one pass per choice, on the scratch slot."""
+        own (Triton compiles one per split count, ~1 s each): one pass per choice, on the scratch slot; and the
+        drafter's GEMMs at every row count its passes take."""
         max_b = min(max_batch, self.cache.num_slots)
+        warm_linears([self.model], max_b * self.block_size)
         inputs, compiled = DraftInputs(self, max_b), set()
         for b in range(1, max_b + 1):
             splits = inputs.batch(b).num_kv_splits

@@ -37,7 +37,7 @@ from specpilot.kernels.softmax_topk import row_argmax
 from specpilot.kernels.triton_support import HAS_TRITON
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import Checkpoint, load_checkpoint
-from specpilot.models.linear import iter_linears, to_b12, weight_bytes
+from specpilot.models.linear import iter_linears, to_b12, warm_linears, weight_bytes
 from specpilot.models.runner import PREFILL_GRAPH_BATCH_SIZES, ModelRunner, RunOutput
 from specpilot.models.transformer import Transformer
 from specpilot.progress import phase
@@ -161,9 +161,12 @@ class Engine:
         if graphs:
             with phase("capturing CUDA graphs"):
                 self._capture_graphs()
-        elif self._drafter is not None and self.device.type == "cuda":  # Triton compiles on first launch
-            with phase("compiling the drafter's kernels"):
-                self._drafter.warm(config.max_running_requests)
+        elif self.device.type == "cuda":  # without graphs Triton compiles each kernel variant at its first launch
+            with phase("compiling the eager passes' kernels"):
+                block = self._drafter.block_size if self._drafter is not None else 1
+                warm_linears([self.model], max(config.max_prefill_tokens, config.max_running_requests * block))
+                if self._drafter is not None:
+                    self._drafter.warm(config.max_running_requests)
 
     @property
     def drafter(self) -> Drafter | None:

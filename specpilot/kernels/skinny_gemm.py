@@ -43,6 +43,7 @@ __all__ = [
     "skinny_gemm",
     "skinny_gemm_reference",
     "tune",
+    "variant_rows",
 ]
 
 MAX_M = 64  # the tuned (cuBLAS-or-Triton) decode path's limit; invariant_gemm takes any M
@@ -267,6 +268,21 @@ def invariant_config(m: int, n: int, k: int) -> tuple[SkinnyConfig, int | None]:
         if m <= rows:
             return tiles[width]
     return _PREFILL_TILES
+
+
+def variant_rows(n: int, k: int, max_m: int, invariant: bool) -> list[int]:
+    """The fewest row counts that launch every variant of this module's kernel that x @ w.T (w: [n, k]) meets
+    at 1..max_m rows — invariant_gemm's, or skinny_gemm's: one per tiling, and per M being 1 or a multiple of 16
+    (Triton compiles a kernel per integer specialisation on its first launch). An engine without CUDA graphs
+    runs them at start, so that no pass compiles mid-step."""
+    rows, seen = [], set()
+    for m in range(1, max_m + 1):
+        config, block_m = invariant_config(m, n, k) if invariant else (default_config(m, n, k), None)
+        variant = (config, block_m or block_m_for(m), m == 1, m % 16 == 0)
+        if variant not in seen:
+            seen.add(variant)
+            rows.append(m)
+    return rows
 
 
 def invariant_gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,

@@ -6,7 +6,7 @@ different weight format (B12) changes this module, not model code.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +14,7 @@ from torch import nn
 
 from specpilot.formats.b12 import B12Tensor, TooManyEscapes, decode, encode
 from specpilot.kernels.b12_gemm import b12_gemm
-from specpilot.kernels.skinny_gemm import HAS_TRITON, invariant_gemm, skinny_gemm
+from specpilot.kernels.skinny_gemm import HAS_TRITON, invariant_gemm, skinny_gemm, variant_rows
 
 # Up to this many rows (decode, small verify) a Triton GEMM that streams W at near copy bandwidth
 # beats cuBLAS on the H200 (docs/RESULTS.md); above it the pass is compute-bound and cuBLAS wins.
@@ -143,3 +143,26 @@ def iter_linears(module: nn.Module) -> Iterator[tuple[str, Linear]]:
     for name, child in module.named_modules():
         if isinstance(child, Linear):
             yield name, child
+
+
+@torch.inference_mode()
+def warm_linears(modules: Iterable[nn.Module], max_rows: int) -> int:
+    """Launch, once per weight shape, every Triton GEMM variant that products of 1..max_rows rows would (CUDA; B12
+    matrices and cuBLAS's sizes aside): without CUDA graphs each is otherwise compiled by the first pass that
+    meets it, inside a step. Returns the launches made."""
+    done, launches = set(), 0
+    for module in modules:
+        for _, linear in iter_linears(module):
+            w = linear.weight
+            if linear.b12 is not None or not (w.is_cuda and HAS_TRITON) or \
+                    (not linear.batch_invariant and w.dtype == torch.float32):
+                continue
+            shape = (*w.shape, w.dtype, linear.bias is None, linear.batch_invariant)
+            if shape in done:
+                continue
+            done.add(shape)
+            limit = max_rows if linear.batch_invariant else min(max_rows, SKINNY_MAX_M)
+            for m in variant_rows(w.shape[0], w.shape[1], limit, linear.batch_invariant):
+                linear(w.new_zeros(m, w.shape[1]))
+                launches += 1
+    return launches
