@@ -55,3 +55,30 @@ def test_gpu_page_size_smoke(tmp_path):
     capacity = result["capacity"]["rows"]  # no rounding, then page sizes upwards: fewer requests fit
     assert [c["page_size"] for c in capacity] == [1, 16, 32, 64, 128] and capacity[0]["waste_share"] == 0
     assert [c["requests"] for c in capacity] == sorted((c["requests"] for c in capacity), reverse=True)
+
+
+def test_verify_bound_prices_every_policy_and_the_oracle_beats_them(tmp_path):
+    """benchmarks/verify_bound.py on a synthetic table and trace: tokens per pass follow the trace (the whole block
+    commits its tau), and no uniform width beats verifying exactly what is accepted."""
+    table = {"key": "synthetic", "batch_sizes": [4, 8], "tokens": [1, 2, 4, 8, 16], "context": 64, "graphs": True,
+             "ms": [[5.0, 5.1, 5.3, 6.0, 8.0], [5.5, 5.7, 6.2, 7.5, 11.0]]}
+    run = {"rows": [{"batch": b, "default": {"graph_draft_ms": 1.0, "graph_acceptance_ms": 0.1,
+                                             "ar_step_ms": {"median": 5.0}}} for b in (4, 8)]}
+    (tmp_path / "table.json").write_text(json.dumps(table))
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"results": [{"dataset": "humaneval", "accept_histogram":
+                                              [0, 45, 52, 34, 14, 6, 3, 3, 2, 2, 2, 1, 1, 1, 0, 0, 0]}]}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "verify_bound.py"), "--run",
+                           str(tmp_path / "run.json"), "--cost-table", str(tmp_path / "table.json"), "--trace",
+                           str(trace), "--tau", "4", "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "verify_bound.json").read_text())
+    assert result["tau"] == pytest.approx(4.0, abs=1e-3)
+    for row in result["rows"]:
+        policies = row["policies"]
+        assert policies["whole block"]["tokens"] == pytest.approx(4.0, abs=1e-3)
+        assert set(policies) == {"whole block", "width 2", "width 4", "width 8", "oracle"}
+        assert all(p["over_ar"] < policies["oracle"]["over_ar"] for name, p in policies.items() if name != "oracle")
