@@ -10,10 +10,9 @@
 #            budget, the defaults + two-level + budget (the cost table profiled first where none is cached), the
 #            defaults with coalesced admission
 #   served-eos  the same with requests stopping at EOS
-#   replay   Llama-3.1-8B shapes, acceptance replayed at tau 6.5, B = 16 and 32: stock, the defaults, + two-level,
-#            + two-level + ragged
-#            (benchmarks/gpu_spec.py --mechanisms), from the embedded pair's confidence trace (REPLAY=: another trace
-#            or bench JSON), so two-level reads recorded confidences
+#   replay   Llama-3.1-8B shapes, acceptance replayed at tau 6.5, 192 tokens (REPLAY_TOKENS), B = 16 and 32: stock,
+#            the defaults, + two-level, + two-level + ragged (benchmarks/gpu_spec.py --mechanisms), from the embedded
+#            pair's confidence trace (REPLAY=: another trace or bench JSON), so two-level reads recorded confidences
 # Every part's archive also holds the cost tables the machine profiled (two-level's T(B, rows): what a CPU analysis
 # of its choices needs).
 #   bash benchmarks/gpu_load_suite.sh offline|offline-eos|served|served-eos|replay     [TOKENS=256] [PROMPTS=32 served, 512 offline-eos] [REPEATS=2]
@@ -51,7 +50,9 @@ served|served-eos)
         2>&1 | quiet | tail -n 24
     ;;
 replay)
-    timeout 560 python3 benchmarks/gpu_spec.py --batch 16 32 --repeats "${REPEATS:-2}" --new-tokens 64 \
+    # 192 tokens: ~30 steps a request, so the last steps' shorter verifies weigh little on tau (64 cost ~8%)
+    timeout 560 python3 benchmarks/gpu_spec.py --batch 16 32 --repeats "${REPEATS:-2}" \
+        --new-tokens "${REPLAY_TOKENS:-192}" \
         --replay "${REPLAY:-docs/results/2026-12-06_cpu_s31/confidence_trace_humaneval.json}" --replay-tau 6.5 \
         --mechanisms stock default +two-level +two-level,+ragged --out "$work/replay" 2>&1 | quiet | tail -n 16
     ;;

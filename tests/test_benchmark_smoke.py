@@ -57,9 +57,11 @@ def test_gpu_page_size_smoke(tmp_path):
     assert [c["requests"] for c in capacity] == sorted((c["requests"] for c in capacity), reverse=True)
 
 
-def test_verify_bound_prices_every_policy_and_the_oracle_beats_them(tmp_path):
+@pytest.mark.parametrize("trace_kind", ["histogram", "passes"])
+def test_verify_bound_prices_every_policy_and_the_oracle_beats_them(tmp_path, trace_kind):
     """benchmarks/verify_bound.py on a synthetic table and trace: tokens per pass follow the trace (the whole block
-    commits its tau), and no uniform width beats verifying exactly what is accepted."""
+    commits its tau), level 1 runs where the trace recorded confidences, and no policy beats verifying exactly what
+    is accepted."""
     table = {"key": "synthetic", "batch_sizes": [4, 8], "tokens": [1, 2, 4, 8, 16], "context": 64, "graphs": True,
              "ms": [[5.0, 5.1, 5.3, 6.0, 8.0], [5.5, 5.7, 6.2, 7.5, 11.0]]}
     run = {"rows": [{"batch": b, "default": {"graph_draft_ms": 1.0, "graph_acceptance_ms": 0.1,
@@ -67,18 +69,23 @@ def test_verify_bound_prices_every_policy_and_the_oracle_beats_them(tmp_path):
     (tmp_path / "table.json").write_text(json.dumps(table))
     (tmp_path / "run.json").write_text(json.dumps(run))
     trace = tmp_path / "trace.json"
-    trace.write_text(json.dumps({"results": [{"dataset": "humaneval", "accept_histogram":
-                                              [0, 45, 52, 34, 14, 6, 3, 3, 2, 2, 2, 1, 1, 1, 0, 0, 0]}]}))
+    if trace_kind == "histogram":
+        trace.write_text(json.dumps({"results": [{"dataset": "humaneval", "accept_histogram":
+                                                  [0, 45, 52, 34, 14, 6, 3, 3, 2, 2, 2, 1, 1, 1, 0, 0, 0]}]}))
+    else:
+        passes = [(a, [0.95] * a + [0.2] * (15 - a)) for a in (0, 1, 2, 2, 3, 3, 4, 5, 6, 8, 11, 15)]
+        trace.write_text(json.dumps({"dataset": "humaneval", "passes": passes}))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "verify_bound.py"), "--run",
                            str(tmp_path / "run.json"), "--cost-table", str(tmp_path / "table.json"), "--trace",
-                           str(trace), "--tau", "4", "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=120, env=env)
+                           str(trace), "--tau", "4", "--steps", "60", "--out", str(tmp_path)], capture_output=True,
+                          text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "verify_bound.json").read_text())
     assert result["tau"] == pytest.approx(4.0, abs=1e-3)
+    level_one = {"level 1, best", "level 1, ragged graphs"} if trace_kind == "passes" else set()
     for row in result["rows"]:
         policies = row["policies"]
         assert policies["whole block"]["tokens"] == pytest.approx(4.0, abs=1e-3)
-        assert set(policies) == {"whole block", "width 2", "width 4", "width 8", "oracle"}
+        assert set(policies) == {"whole block", "width 2", "width 4", "width 8", "oracle"} | level_one
         assert all(p["over_ar"] < policies["oracle"]["over_ar"] for name, p in policies.items() if name != "oracle")
