@@ -96,15 +96,14 @@ def _run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams],
     reqs: list[Request] = []
     start = time.perf_counter()
     for i in range(0, len(prompts), wave):
-        queued = [engine.add_request(p, sp) for p, sp in zip(prompts[i : i + wave], params[i : i + wave])]
-        reqs += queued
-        done = 0
-        while engine.has_work:
-            engine.step()
-            finished = len(queued) - len(engine.running) - len(engine.waiting)  # O(1): the bar costs no scan
-            if finished != done:
-                progress.advance(task, finished - done)
-                done = finished
+        chunk, done = prompts[i : i + wave], [0]
+
+        def advance() -> None:
+            finished = len(chunk) - len(engine.running) - len(engine.waiting)  # O(1): the bar costs no scan
+            progress.advance(task, finished - done[0])
+            done[0] = finished
+
+        reqs += engine.generate(chunk, params[i : i + wave], on_step=advance)
     wall = time.perf_counter() - start
     tokens = sum(len(r.output_ids) for r in reqs)
     decoding = sum(r.finished_time - r.first_token_time for r in reqs)

@@ -490,12 +490,15 @@ class Engine:
             self._drafter = drafter
 
     # ---- convenience ------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]) -> list[Request]:
-        """Run prompts to completion (continuous batching when they exceed the slots)."""
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
+                 on_step: Callable[[], None] | None = None) -> list[Request]:
+        """Run prompts to completion (continuous batching when they exceed the slots); `on_step` after each step."""
         plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         reqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
         while self.has_work:
             self.step()
+            if on_step is not None:
+                on_step()
         return reqs
 
     def warm_up(self) -> None:
