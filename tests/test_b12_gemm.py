@@ -1,7 +1,6 @@
 """The B12 GEMM (kernels/b12_gemm.py): its reference is the bf16 GEMM of the decoded matrix, and under the
-Triton interpreter the kernel gives bitwise invariant_gemm's output on the decoded weights with the same tiles
-(K across a short last block, bias or none, M = 1, 4, 16, K tiles of 128 and 64, K slices run apart or in
-turn) whatever the escapes:
+Triton interpreter the kernel gives bitwise skinny_gemm's output on the decoded weights with the same tiles
+(K across a short last block, bias or none, M = 1, 4, 16, K tiles of 128 and 64) whatever the escapes:
 none at all, a few (the patch unrolled), or dense ones (many in one tile and in the short last block, a
 whole row of them, inf and NaN: the patch loop), two escape groups of rows; on CUDA it gives invariant_gemm's
 bits at every M, and its packed PTX decode the plain one's."""
@@ -21,8 +20,6 @@ from specpilot.kernels.skinny_gemm import SkinnyConfig, skinny_gemm_reference
 # M, N, K, bias, escapes
 CASES = [(1, 40, 600, False, "few"), (4, 40, 600, True, "dense"), (16, 70, 512, False, "few"),
          (3, 17, 130, True, "dense"), (2, 33, 256, False, "none"), (1, 300, 512, False, "few")]  # 2 row groups
-# K slices (skinny_gemm.invariant_slices): 4 of a 1024-wide weight, run apart (M <= 64) or in turn (M > 64)
-SLICED = [(3, 40, 1024, True, "few"), (70, 40, 1024, False, "none")]
 CONFIG = SkinnyConfig(block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=2)
 CONFIG_K64 = SkinnyConfig(block_n=16, block_k=64, split_k=1, num_warps=4, num_stages=2)  # the prefill tiles' K
 
@@ -73,15 +70,15 @@ def test_reference_is_the_bf16_gemm_of_the_decoded_matrix():
 
 def _triton_results() -> dict[str, bool]:
     from specpilot.kernels.b12_gemm import b12_gemm
-    from specpilot.kernels.skinny_gemm import invariant_gemm
+    from specpilot.kernels.skinny_gemm import skinny_gemm
 
     patch_dot()
     out = {}
-    for case in CASES + SLICED:
+    for case in CASES:
         x, p, b = make_case(*case)
         for label, config in (("", CONFIG), (" k64", CONFIG_K64)):
             got = b12_gemm(x, p, b, config=config)
-            expected = invariant_gemm(x, decode(p), b, config=config)
+            expected = skinny_gemm(x, decode(p), b, config=config)
             out[f"{case}{label}"] = torch.equal(got.view(torch.int16), expected.view(torch.int16))
     return out
 
@@ -89,7 +86,7 @@ def _triton_results() -> dict[str, bool]:
 triton_results = interpreter_fixture(__file__)
 
 
-@pytest.mark.parametrize("case", [f"{c}{label}" for c in CASES + SLICED for label in ("", " k64")])
+@pytest.mark.parametrize("case", [str(c) for c in CASES] + [f"{c} k64" for c in CASES])
 def test_triton_equals_the_bf16_kernel_on_the_decoded_weights(triton_results: dict[str, bool], case: str) -> None:
     assert triton_results[case]
 

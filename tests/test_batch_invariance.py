@@ -43,8 +43,6 @@ def _reports(device: str) -> dict:
         dt = getattr(torch, dtype)
         out[f"attention {dtype}"] = attention_report(device, dt)
         out[f"gemm {dtype}"] = gemm_report(device, dt, pinned=device != "cuda")
-        # 4 K slices (invariant_slices): run apart up to 64 rows, one after another in a program past them
-        out[f"gemm sliced {dtype}"] = gemm_report(device, dt, n=40, k=1024, m=100, pinned=device != "cuda")
     return out
 
 

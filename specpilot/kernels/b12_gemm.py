@@ -1,11 +1,10 @@
 """``y = x @ w.T (+ bias)`` with ``w`` stored as B12 planes (specpilot/formats/b12.py has the format), decoded
 in registers tile by tile.
 
-The kernel is invariant_gemm's (one program per ``BLOCK_N`` rows of ``w``, ``BLOCK_M`` rows of ``x`` and, at
-decode sizes, K slice; each slice walked in ``BLOCK_K`` tiles in order into one fp32 accumulator fed by ``tl.dot``,
-the slices' partials added left to right; its tiles by M and N, with two warpgroups for tiles of 128 rows or
-more, each the same 64-row wgmma) with the weight tile's load replaced by its decode. A narrow weight's slices
-(skinny_gemm.invariant_slices) are what give its decode grid enough programs to hide the decode's latency. A loop iteration takes one 256-column block, i.e. 256 / BLOCK_K tiles: the block's code bytes,
+The kernel is invariant_gemm's (one program per ``BLOCK_N`` rows of ``w`` and ``BLOCK_M`` rows of ``x``, K walked
+in ``BLOCK_K`` tiles in order, one fp32 accumulator fed by ``tl.dot``, no split-K; its tiles by M and N, with two
+warpgroups for tiles of 128 rows or more, each the same 64-row wgmma) with the weight tile's load replaced by
+its decode. A loop iteration takes one 256-column block, i.e. 256 / BLOCK_K tiles: the block's code bytes,
 loaded once, give its first half's codes (low nibbles) and its second half's (high), so every plane byte is
 read once, in 16-byte runs pipelined through shared memory (where K is a multiple of 16, which the JIT specializes
 on; other K load byte by byte — benchmarks/b12_codegen.py shows the code either way). The decode takes four
@@ -37,13 +36,10 @@ import torch
 
 from specpilot.kernels.skinny_gemm import (
     _SMEM_BUDGET,
-    MAX_M,
     SkinnyConfig,
     block_m_for,
     invariant_config,
-    invariant_slices,
     skinny_gemm_reference,
-    sum_slices,
 )
 from specpilot.kernels.triton_support import HAS_TRITON, require_triton, tl, triton
 
@@ -223,35 +219,14 @@ if HAS_TRITON:
         return tl.dot(w, x_tile, acc)
 
     @triton.jit
-    def _blocks(x_ptr, sm_ptr, code_ptr, alt_ptr, exc_ptr, rows, offs_m, m_ok, base, N, K, stride_xm, stride_code,
-                lo, hi, num_blocks, tail_half, flagged, blocks, lo_v, hi_v, first_v, row0,
-                BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PATCHES: tl.constexpr,
-                PACKED: tl.constexpr):
-        """One fp32 accumulator fed the full 256-blocks lo..hi of the rows' weights, decoded, with x."""
-        alt_next = tl.load(alt_ptr + lo * N + rows).to(tl.int32)  # a block's alts load an iteration ahead
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        for block in range(lo, hi):
-            alt = alt_next
-            alt_next = tl.load(alt_ptr + tl.minimum(block + 1, num_blocks - 1) * N + rows).to(tl.int32)
-            patch = ((flagged >> tl.minimum(block, 63).to(tl.int64)) & 1) != 0
-            codes = tl.load(code_ptr + rows[:, None] * stride_code + block * 128 + tl.arange(0, 128)[None, :])
-            for j in tl.static_range(256 // BLOCK_K):
-                acc = _tile(acc, x_ptr, sm_ptr, code_ptr, exc_ptr, rows, offs_m, m_ok, base, alt, K, stride_xm,
-                            stride_code, block, codes, tail_half, patch, blocks, lo_v, hi_v, first_v, row0,
-                            j, BLOCK_N, BLOCK_K, False, PATCHES, PACKED)
-        return acc
-
-    @triton.jit
     def _b12_gemm_kernel(
         x_ptr, sm_ptr, code_ptr, base_ptr, alt_ptr, exc_off_ptr, exc_ptr, bias_ptr, out_ptr,
-        M, N, K, stride_xm, stride_code, stride_om, stride_os, num_blocks, slice_blocks, tail_half,
+        M, N, K, stride_xm, stride_code, stride_om, num_blocks, tail_half,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCKS_P2: tl.constexpr,
-        SLICES: tl.constexpr, PARTIAL: tl.constexpr, TAIL: tl.constexpr, PATCHES: tl.constexpr,
-        PACKED: tl.constexpr, HAS_BIAS: tl.constexpr,
+        TAIL: tl.constexpr, PATCHES: tl.constexpr, PACKED: tl.constexpr, HAS_BIAS: tl.constexpr,
     ):
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
-        pid_k = tl.program_id(2)  # this program's K slice when the slices run apart (PARTIAL)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rows = tl.minimum(offs_n, N - 1).to(tl.int64)  # rows past N re-read row N - 1; their stores drop
@@ -271,18 +246,18 @@ if HAS_TRITON:
             first_v = tl.load(exc_ptr + lo_v, mask=hi_v > lo_v, other=0)
             bit = tl.full([BLOCKS_P2], 1, tl.int64) << tl.minimum(blocks, 63).to(tl.int64)  # 63: the rest
             flagged = tl.reduce(tl.where(hi_v > lo_v, bit, 0), 0, _or)
-        # The K slices this program sums (invariant_gemm's order: each slice from zero, partials left to right)
-        first = pid_k * SLICES * slice_blocks
-        acc = _blocks(x_ptr, sm_ptr, code_ptr, alt_ptr, exc_ptr, rows, offs_m, m_ok, base, N, K, stride_xm,
-                      stride_code, first, first + slice_blocks - TAIL, num_blocks, tail_half, flagged, blocks, lo_v,
-                      hi_v, first_v, row0, BLOCK_N, BLOCK_M, BLOCK_K, PATCHES, PACKED)
-        for s in tl.static_range(1, SLICES):
-            acc += _blocks(x_ptr, sm_ptr, code_ptr, alt_ptr, exc_ptr, rows, offs_m, m_ok, base, N, K, stride_xm,
-                           stride_code, first + s * slice_blocks, first + (s + 1) * slice_blocks, num_blocks,
-                           tail_half, flagged, blocks, lo_v, hi_v, first_v, row0, BLOCK_N, BLOCK_M, BLOCK_K, PATCHES,
-                           PACKED)
-        if TAIL:  # only without slices: K is then not whole 256-blocks
-            alt_next = tl.load(alt_ptr + (num_blocks - 1) * N + rows).to(tl.int32)
+        alt_next = tl.load(alt_ptr + rows).to(tl.int32)  # a block's alts load an iteration ahead
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        for block in range(0, num_blocks - TAIL):
+            alt = alt_next
+            alt_next = tl.load(alt_ptr + tl.minimum(block + 1, num_blocks - 1) * N + rows).to(tl.int32)
+            patch = ((flagged >> tl.minimum(block, 63).to(tl.int64)) & 1) != 0
+            codes = tl.load(code_ptr + rows[:, None] * stride_code + block * 128 + tl.arange(0, 128)[None, :])
+            for j in tl.static_range(256 // BLOCK_K):
+                acc = _tile(acc, x_ptr, sm_ptr, code_ptr, exc_ptr, rows, offs_m, m_ok, base, alt, K, stride_xm,
+                            stride_code, block, codes, tail_half, patch, blocks, lo_v, hi_v, first_v, row0,
+                            j, BLOCK_N, BLOCK_K, False, PATCHES, PACKED)
+        if TAIL:
             block = num_blocks - 1
             patch = ((flagged >> tl.minimum(block, 63).to(tl.int64)) & 1) != 0
             for j in tl.static_range(256 // BLOCK_K):
@@ -292,13 +267,10 @@ if HAS_TRITON:
                                 j, BLOCK_N, BLOCK_K, True, PATCHES, PACKED)
 
         n_ok = offs_n < N
-        out_ptrs = out_ptr + pid_k * stride_os + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
-        if PARTIAL:  # fp32, summed with the other slices' by skinny_gemm.sum_slices
-            tl.store(out_ptrs, acc, mask=n_ok[:, None] & m_ok[None, :])
-        else:
-            if HAS_BIAS:
-                acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        out_ptrs = out_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
 
 def _patches(most: int) -> int:
@@ -322,12 +294,11 @@ def b12_warps(config: SkinnyConfig) -> int:
 
 def b12_gemm(x: torch.Tensor, w: B12Tensor, bias: torch.Tensor | None = None, *, config: SkinnyConfig | None = None,
              block_m: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-             packed: bool | None = None, slices: int | None = None) -> torch.Tensor:
-    """Triton ``x @ decode(w).T + bias`` for bf16 ``x`` of any number of rows, on invariant_gemm's tiles and K
-    slices for this shape, so its rows are bitwise invariant_gemm's on the decoded matrix. ``config``,
-    ``block_m`` and ``slices`` pin other tiles and K order (as invariant_gemm's), ``num_warps`` and
-    ``num_stages`` (blocks in flight) the launch, ``packed`` the decode (default: the PTX one on CUDA, the plain
-    one under the interpreter)."""
+             packed: bool | None = None) -> torch.Tensor:
+    """Triton ``x @ decode(w).T + bias`` for bf16 ``x`` of any number of rows, on invariant_gemm's tiles for
+    this shape, so its rows are bitwise invariant_gemm's on the decoded matrix. ``config`` and ``block_m`` pin
+    other tiles, ``num_warps`` and ``num_stages`` (blocks in flight) the launch, ``packed`` the decode
+    (default: the PTX one on CUDA, the plain one under the interpreter)."""
     require_triton("b12_gemm")
     (m, k), (n, wk) = x.shape, w.shape
     if x.dtype != torch.bfloat16 or x.stride(1) != 1:
@@ -343,25 +314,19 @@ def b12_gemm(x: torch.Tensor, w: B12Tensor, bias: torch.Tensor | None = None, *,
         config, chosen = invariant_config(m, n, k)
         block_m = block_m or chosen
     if config.split_k != 1:
-        raise ValueError("b12_gemm's K order is invariant_slices', not a config's split_k; pass split_k=1")
+        raise ValueError("b12_gemm takes split_k=1 (one K order, as invariant_gemm)")
     if (BLOCK // 2) % config.block_k or GROUP % config.block_n or config.block_n % SEGMENT_ROWS:
         raise ValueError(f"b12_gemm's tiles must divide a half block and an escape group into segments, got {config}")
-    slices = slices or invariant_slices(n, k)
-    if slices > 1 and k % (BLOCK * slices):
-        raise ValueError(f"{slices} K slices need K a multiple of {BLOCK * slices}, got K={k}")
     block_m = block_m or block_m_for(m)
     full, half = halves(k)
     blocks = full + (half > 0)
-    apart = slices if m <= MAX_M else 1  # as invariant_gemm: slices in programs of their own at decode sizes
-    dest = torch.empty((apart, m, n), dtype=torch.float32, device=x.device) if apart > 1 else out
-    grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, block_m), apart)
+    grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, block_m))
     _b12_gemm_kernel[grid](
         x, w.sm, w.code, w.base, w.alt, w.exc_off, w.exc if w.exc.numel() else w.exc_off,
-        bias if bias is not None else x, dest, m, n, k, x.stride(0), w.code.stride(0), dest.stride(-2),
-        dest.stride(0) if apart > 1 else 0, blocks, blocks // slices, half,
+        bias if bias is not None else x, out, m, n, k, x.stride(0), w.code.stride(0), out.stride(0), blocks, half,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCKS_P2=triton.next_power_of_2(blocks),
-        SLICES=slices // apart, PARTIAL=apart > 1, TAIL=half > 0, PATCHES=_patches(w.max_block_escapes),
-        PACKED=x.is_cuda if packed is None else packed, HAS_BIAS=bias is not None,
-        num_warps=num_warps or b12_warps(config), num_stages=num_stages or b12_stages(config, block_m),
+        TAIL=half > 0, PATCHES=_patches(w.max_block_escapes), PACKED=x.is_cuda if packed is None else packed,
+        HAS_BIAS=bias is not None, num_warps=num_warps or b12_warps(config),
+        num_stages=num_stages or b12_stages(config, block_m),
     )
-    return sum_slices(dest, bias, out) if apart > 1 else out
+    return out

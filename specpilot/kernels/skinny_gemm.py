@@ -14,13 +14,12 @@ groups of ``GROUP_N`` column blocks so programs running together share weight an
 M is large (prefill). With ``SPLIT_K > 1`` the slices write fp32 partials to a workspace and a second small
 kernel sums them in a fixed order (deterministic, no zero-init, no atomics), adds the bias and casts.
 
-Batch invariance: an fp32 accumulator fed the same MMA k-steps in K order gives bitwise the same sum whatever
-the tile: on the H200, every tile shape tried (BLOCK_N 64-256, BLOCK_K 64/128, BLOCK_M 16-256, 4 or 8 warps)
-gives the same rows (docs/RESULTS.md, benchmarks/gpu_gemm_configs.py). :func:`invariant_gemm` fixes the K
-order per weight shape (:func:`invariant_slices`: one accumulator per K slice, the slices' partials added left
-to right) and may then pick its tiles, and whether the slices run in programs of their own or one after
-another, by M for speed, while a row never depends on how many rows share the call (docs/ARCHITECTURE.md,
-"Batch invariance"). Nothing syncs with the host and the grid depends only on shapes, so calls are CUDA-graph
+Batch invariance: with ``split_k == 1`` each output element is one fp32 accumulator fed the same MMA k-steps in
+K order, whatever the tile: on the H200, every tile shape tried (BLOCK_N 64-256, BLOCK_K 64/128, BLOCK_M
+16-256, 4 or 8 warps) gives bitwise the same rows (docs/RESULTS.md, benchmarks/gpu_gemm_configs.py), so
+:func:`invariant_gemm` may pick its tiles by M and N for speed - decode tiles up to 64 rows, compute-sized ones
+beyond - while a row never depends on how many rows share the call (docs/ARCHITECTURE.md, "Batch
+invariance"). Nothing syncs with the host and the grid depends only on shapes, so calls are CUDA-graph
 capturable.
 """
 
@@ -41,17 +40,14 @@ __all__ = [
     "SkinnyConfig",
     "default_config",
     "invariant_gemm",
-    "invariant_slices",
     "skinny_gemm",
     "skinny_gemm_reference",
-    "sum_slices",
     "tune",
     "variant_rows",
 ]
 
 MAX_M = 64  # the tuned (cuBLAS-or-Triton) decode path's limit; invariant_gemm takes any M
 MAX_BLOCK_M = 256  # x rows per program: larger M runs more programs along M
-SLICE_QUANTUM = 256  # invariant K slices are whole multiples: of every BLOCK_K here, and of B12's code blocks
 GROUP_N = 8  # column blocks per tile group (L2 reuse at large M)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Shared memory the pipelined tiles may take (Hopper allows 227 KiB per block; the rest is epilogue scratch).
@@ -109,27 +105,6 @@ def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor |
 if HAS_TRITON:
 
     @triton.jit
-    def _sum_k(w_rows, x_cols, offs_k, m_ok, k_lo, k_hi, K, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
-        """One fp32 accumulator fed w[rows, k_lo:k_hi] @ x[:, k_lo:k_hi].T tile by tile in K order."""
-        w_ptrs = w_rows + (k_lo + offs_k)[None, :]
-        # x is read as its transpose [BLOCK_K, BLOCK_M]; rows past M load as zeros.
-        x_ptrs = x_cols + (k_lo + offs_k)[:, None]
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        for k in range(k_lo, k_hi, BLOCK_K):
-            if EVEN_K:
-                w_tile = tl.load(w_ptrs)
-                x_tile = tl.load(x_ptrs, mask=m_ok[None, :], other=0.0)
-            else:
-                k_ok = k + offs_k < K
-                w_tile = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-                x_tile = tl.load(x_ptrs, mask=k_ok[:, None] & m_ok[None, :], other=0.0)
-            acc = tl.dot(w_tile, x_tile, acc, input_precision=DOT_PRECISION)
-            w_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K
-        return acc
-
-    @triton.jit
     def _skinny_gemm_kernel(
         x_ptr,
         w_ptr,
@@ -138,7 +113,7 @@ if HAS_TRITON:
         M,
         N,
         K,
-        k_span,  # K elements per split (or serial slice), a multiple of BLOCK_K
+        k_span,  # K elements per split, a multiple of BLOCK_K
         stride_xm,
         stride_wn,
         stride_om,
@@ -148,7 +123,6 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         SPLIT_K: tl.constexpr,
-        SERIAL: tl.constexpr,  # K slices this program sums one after another (invariant_gemm past the decode sizes)
         EVEN_K: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
@@ -171,17 +145,21 @@ if HAS_TRITON:
         k_lo = pid_k * k_span
         k_hi = tl.minimum(k_lo + k_span, K)
 
-        w_rows = w_ptr + rows[:, None] * stride_wn
-        x_cols = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm
-        if SERIAL == 1:
-            acc = _sum_k(w_rows, x_cols, offs_k, m_ok, k_lo, k_hi, K, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K,
-                         DOT_PRECISION)
-        else:  # the K slices one after another, their partials summed left to right as the reduce kernel does
-            acc = _sum_k(w_rows, x_cols, offs_k, m_ok, 0, k_span, K, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K,
-                         DOT_PRECISION)
-            for s in tl.static_range(1, SERIAL):
-                acc += _sum_k(w_rows, x_cols, offs_k, m_ok, s * k_span, (s + 1) * k_span, K, BLOCK_N, BLOCK_M,
-                              BLOCK_K, EVEN_K, DOT_PRECISION)
+        w_ptrs = w_ptr + rows[:, None] * stride_wn + (k_lo + offs_k)[None, :]
+        # x is read as its transpose [BLOCK_K, BLOCK_M]; rows past M load as zeros.
+        x_ptrs = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + (k_lo + offs_k)[:, None]
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        for k in range(k_lo, k_hi, BLOCK_K):
+            if EVEN_K:
+                w_tile = tl.load(w_ptrs)
+                x_tile = tl.load(x_ptrs, mask=m_ok[None, :], other=0.0)
+            else:
+                k_ok = k + offs_k < K
+                w_tile = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+                x_tile = tl.load(x_ptrs, mask=k_ok[:, None] & m_ok[None, :], other=0.0)
+            acc = tl.dot(w_tile, x_tile, acc, input_precision=DOT_PRECISION)
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
 
         n_ok = offs_n < N
         out_ptrs = out_ptr + pid_k * stride_os + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
@@ -282,7 +260,7 @@ _PREFILL_TILES = (SkinnyConfig(block_n=128, block_k=64, split_k=1, num_warps=8, 
 
 def invariant_config(m: int, n: int, k: int) -> tuple[SkinnyConfig, int | None]:
     """(tiles, x rows per program) of invariant_gemm by M and N: the decode tiles up to 64 rows, then the
-    table above, then prefill's (the tiles never change a row's bits; invariant_slices fixes the K order)."""
+    table above, then prefill's; no split-K anywhere (the tiles never change a row's bits)."""
     if m <= MAX_M:
         return default_config(m, n, k), None
     width = "narrow" if n <= 4096 else "mid" if n <= 8192 else "wide"
@@ -292,33 +270,15 @@ def invariant_config(m: int, n: int, k: int) -> tuple[SkinnyConfig, int | None]:
     return _PREFILL_TILES
 
 
-def invariant_slices(n: int, k: int) -> int:
-    """K slices of invariant_gemm's sum for a weight [n, k]: each slice summed in K order, the partials then
-    added left to right. Fixed by the shape, so every M sums a row the same way. A weight too narrow to give
-    its decode grid 256 programs (e.g. Llama-8B's qkv, o and down: 96 or 64 column blocks against 132 SMs)
-    is cut into up to 4 slices, each a whole number of SLICE_QUANTUM columns, so that at decode sizes each slice
-    runs as its own program: more programs to hide the weight stream's latency and B12's decode."""
-    block_n = default_config(1, n, k).block_n
-    programs = -(-n // block_n)
-    slices = 1
-    while slices < 4 and programs * slices < 256 and k % (SLICE_QUANTUM * slices * 2) == 0:
-        slices *= 2
-    return slices
-
-
 def variant_rows(n: int, k: int, max_m: int, invariant: bool) -> list[int]:
     """The fewest row counts that launch every variant of this module's kernel that x @ w.T (w: [n, k]) meets
     at 1..max_m rows — invariant_gemm's, or skinny_gemm's: one per tiling, and per M being 1 or a multiple of 16
-    (Triton compiles a kernel per integer specialisation on its first launch), and for sliced sums the adding
-    kernel's variants too. An engine without CUDA graphs
+    (Triton compiles a kernel per integer specialisation on its first launch). An engine without CUDA graphs
     runs them at start, so that no pass compiles mid-step."""
     rows, seen = [], set()
-    apart = invariant and invariant_slices(n, k) > 1  # then a second kernel adds the slices up to MAX_M rows
     for m in range(1, max_m + 1):
         config, block_m = invariant_config(m, n, k) if invariant else (default_config(m, n, k), None)
         variant = (config, block_m or block_m_for(m), m == 1, m % 16 == 0)
-        if apart and m <= MAX_M:
-            variant += (m * n == 1, m * n % 16 == 0)  # the sum kernel's own integer specialisation
         if variant not in seen:
             seen.add(variant)
             rows.append(m)
@@ -326,51 +286,23 @@ def variant_rows(n: int, k: int, max_m: int, invariant: bool) -> list[int]:
 
 
 def invariant_gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
-                   block_m: int | None = None, config: SkinnyConfig | None = None,
-                   slices: int | None = None) -> torch.Tensor:
+                   block_m: int | None = None, config: SkinnyConfig | None = None) -> torch.Tensor:
     """Batch-invariant ``x @ w.T + bias`` for any number of rows: every row of the result is bitwise the same
-    whatever the other rows are and however many there are (one K order per weight shape: invariant_slices).
-    Up to MAX_M rows the slices run as programs of their own and a second kernel adds their partials; beyond,
-    one program sums them in turn (no workspace at prefill sizes), in the same order. ``block_m``, ``config``
-    and ``slices`` pin the tiles and the K order (tests and sweeps; by default the tiles are default_config's
-    and the rows per program grow with M)."""
+    whatever the other rows are and however many there are (one config per weight shape, no split-K).
+    ``block_m`` and ``config`` pin the tiles (tests and sweeps of the invariance; by default the tiles are
+    default_config's and the rows per program grow with M)."""
     require_triton("invariant_gemm")
     _check_inputs(x, w, bias, None)
-    (m, k), n = x.shape, w.shape[0]
     if config is None:
-        config, chosen = invariant_config(m, n, k)
+        config, chosen = invariant_config(x.shape[0], w.shape[0], w.shape[1])
         block_m = block_m or chosen
     if config.split_k != 1:
-        raise ValueError("invariant_gemm's K order is invariant_slices', not a config's split_k; pass split_k=1")
-    slices = slices or invariant_slices(n, k)
-    if slices > 1 and k % (SLICE_QUANTUM * slices):
-        raise ValueError(f"{slices} K slices need K a multiple of {SLICE_QUANTUM * slices}, got K={k}")
-    return _launch(x, w, bias, config, block_m, slices=slices, serial=m > MAX_M)
-
-
-def sum_slices(partials: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
-    """out = cast(partials[0] + partials[1] + ... (left to right) + bias): the K slices' fp32 partials
-    [slices, M, N] of one product, in a fixed order (bitwise reproducible, no atomics)."""
-    m, n = out.shape
-    block = 1024
-    _split_k_reduce_kernel[(triton.cdiv(m * n, block),)](
-        partials,
-        bias if bias is not None else out,  # never read without HAS_BIAS
-        out,
-        m * n,
-        n,
-        SPLIT_K=partials.shape[0],
-        HAS_BIAS=bias is not None,
-        BLOCK=block,
-        num_warps=4,
-    )
-    return out
+        raise ValueError("split-K changes a row's summation order with the split; invariant_gemm takes split_k=1")
+    return _launch(x, w, bias, config, block_m)
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, config: SkinnyConfig | None,
-            block_m: int | None, *, slices: int = 1, serial: bool = False) -> torch.Tensor:
-    """The kernel on config's tiles; ``slices`` > 1 (invariant_gemm) cuts K into that many equal slices, run as
-    programs of their own or, with ``serial``, one after another in one program."""
+            block_m: int | None) -> torch.Tensor:
     (m, k), n = x.shape, w.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
@@ -381,14 +313,10 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, config:
         config = default_config(m, n, k)
 
     block_m = block_m or block_m_for(m)
-    if slices > 1:
-        k_span = k // slices
-        split = 1 if serial else slices
-    else:
-        k_tiles = triton.cdiv(k, config.block_k)
-        split = min(config.split_k, k_tiles)  # more splits than tiles would only add empty programs
-        k_span = triton.cdiv(k_tiles, split) * config.block_k
-        split = triton.cdiv(k, k_span)  # e.g. 5 tiles over 4 splits -> spans of 2 tiles -> 3 splits
+    k_tiles = triton.cdiv(k, config.block_k)
+    split = min(config.split_k, k_tiles)  # more splits than tiles would only add empty programs
+    k_span = triton.cdiv(k_tiles, split) * config.block_k
+    split = triton.cdiv(k, k_span)  # e.g. 5 tiles over 4 splits -> spans of 2 tiles -> 3 splits
     if split > 1:
         dest = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     else:
@@ -412,7 +340,6 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, config:
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         SPLIT_K=split,
-        SERIAL=slices if serial else 1,
         EVEN_K=k % config.block_k == 0,
         HAS_BIAS=bias is not None,
         # fp32 operands would otherwise run the dot in tf32
@@ -420,7 +347,20 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, config:
         num_warps=config.num_warps,
         num_stages=fit_stages(config, block_m, x.element_size()),
     )
-    return sum_slices(dest, bias, out) if split > 1 else out
+    if split > 1:
+        block = 1024
+        _split_k_reduce_kernel[(triton.cdiv(m * n, block),)](
+            dest,
+            bias if bias is not None else x,
+            out,
+            m * n,
+            n,
+            SPLIT_K=split,
+            HAS_BIAS=bias is not None,
+            BLOCK=block,
+            num_warps=4,
+        )
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------------------
