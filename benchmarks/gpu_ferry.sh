@@ -12,20 +12,22 @@
 #   bash benchmarks/gpu_ferry.sh run 'python3 benchmarks/gpu_attention_backends.py'
 # To compare with an older commit (benchmarks/gpu_compare.sh): bash benchmarks/gpu_ferry.sh old COMMIT
 #   (its code, without the shipped drafter's weights, rides with part 1 and lands in /tmp/ferry/old)
-# On the device, in back-to-back calls (the machine is given back ~30 s after a call returns):
-#   call 1 (carry .ferry/part1):          bash benchmarks/gpu_ferry.sh stage 1
+# On the device, in back-to-back calls (the machine is given back ~30 s after a call returns; a call carries the
+# tracked tree, ~27 MB, beside what it names, within 64 MiB: hence four parts of the model and the wheels staged early):
+#   call 1 (carry .ferry/part1 .ferry/whl .ferry/extra): bash benchmarks/gpu_ferry.sh stage 1
 #   call 2 (carry .ferry/part2):          bash benchmarks/gpu_ferry.sh stage 2
-#   call 3 (carry .ferry/part3 .ferry/whl): bash benchmarks/gpu_ferry.sh run 'CMD'   (CMD sees $OUT)
+#   call 3 (carry .ferry/part3):          bash benchmarks/gpu_ferry.sh stage 3
+#   call 4 (carry .ferry/part4):          bash benchmarks/gpu_ferry.sh run 'CMD'   (CMD sees $OUT)
 # Here, for ShareGPT: bash benchmarks/gpu_ferry.sh extra   (.ferry/extra: the opening turns, 1.2 MiB; .ferry/turns:
 #   the drafter's multi-turn training export, sharegpt_train_turns.json.gz, 9 MiB, SPECPILOT_SHAREGPT for
 #   `train-drafter --datasets ... sharegpt-turns`, carried by the run call that trains: no part rides with it)
-# A stage call that also carries .ferry/extra (too much beside part 3 and the wheels) leaves it in /tmp/ferry/extra
+# A stage call that also carries .ferry/extra (too much beside the last part) leaves it in /tmp/ferry/extra
 # for every later run. Later runs on the same warm machine find the
 # packages installed and need carry nothing but what they read.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FERRY=.ferry
-PARTS=3
+PARTS=4
 # The versions of constraints.txt, as wheels for the device's Python 3.12
 WHEELS=(gguf==0.19.0 fastapi==0.165.0 uvicorn==0.54.0 pydantic==2.14.4 pydantic-core==2.50.5 starlette==1.10.0
         typing-inspection==0.4.5 annotated-types==0.8.0 annotated-doc==0.0.7 opentelemetry-api==1.45.2
@@ -91,6 +93,7 @@ stage)
         rm -rf /tmp/ferry/old && mkdir -p /tmp/ferry/old && tar -xf "$FERRY/part$2/old.tar" -C /tmp/ferry/old
     fi
     if [ -d "$FERRY/extra" ]; then rm -rf /tmp/ferry/extra && cp -r "$FERRY/extra" /tmp/ferry/extra; fi
+    if [ -d "$FERRY/whl" ]; then rm -rf /tmp/ferry/whl && cp -r "$FERRY/whl" /tmp/ferry/whl; fi
     ls -la /tmp/ferry
     ;;
 run)
@@ -101,7 +104,7 @@ run)
         name=$(basename "$FERRY/part$PARTS"/*.part .part)
         cat $(for i in $(seq 1 $PARTS); do echo "/tmp/ferry/part$i"; done) > "/tmp/ferry/$name"
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-            "$FERRY"/whl/*.whl "/tmp/ferry/$name"
+            /tmp/ferry/whl/*.whl "/tmp/ferry/$name"
         touch /tmp/site/.ferried
     fi
     if [ -d "$FERRY/flashinfer" ] && [ ! -f /tmp/site/.flashinfer ]; then
