@@ -2,14 +2,17 @@
 
 For each shape and M: cuBLAS (``F.linear``), our batch-invariant bf16 kernel (``invariant_gemm``, the decode
 path's) and ``b12_gemm`` on the B12 planes of the same weights in a few launch variants (the default; eight
-warps; the plain-integer decode the interpreter tests, instead of the packed PTX one), each timed by CUDA-graph
+warps; the plain-integer decode the interpreter tests, instead of the packed PTX one; with ``--tiles``, both
+kernels on other decode tiles, e.g. ``32x4``: 32-row tiles of 4 warps), each timed by CUDA-graph
 replay over rotated weight copies (more than twice the L2, so no call finds its weight cached), in
 interleaved rounds; median and spread per cell, the share of the read bandwidth (kernels/stream_read.py's
-probe) each reaches, and whether each B12 variant's output is bitwise the bf16 kernel's. A variant that fails
+probe) each reaches, and whether each variant's output is bitwise the bf16 kernel's (its default tiles: what
+the engine runs). A variant that fails
 to compile or launch is reported and left out. Weights: Gaussian rows of varied scale (the real checkpoints'
 shape of distribution; benchmarks/b12_stats.py has their escape rates).
 
-    python benchmarks/gpu_b12_gemm.py [--m 1 16 64] [--shapes qkv o gate_up down lm_head] [--rounds 3] [--out DIR]
+    python benchmarks/gpu_b12_gemm.py [--m 1 16 64] [--shapes qkv o gate_up down lm_head] [--rounds 3]
+        [--tiles 32x4 16x2] [--out DIR]
 """
 
 from __future__ import annotations
@@ -27,16 +30,16 @@ from triton.testing import do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import out_dir, read_bandwidth, write_json  # noqa: E402
+from specpilot.bench.provenance import collect  # noqa: E402
 from specpilot.formats.b12 import encode  # noqa: E402
 from specpilot.kernels.b12_gemm import b12_gemm  # noqa: E402
-from specpilot.kernels.skinny_gemm import invariant_gemm  # noqa: E402
+from specpilot.kernels.skinny_gemm import SkinnyConfig, invariant_gemm  # noqa: E402
 from specpilot.progress import bar  # noqa: E402
 
 SHAPES: dict[str, tuple[int, int]] = {  # name -> (N, K) of w
     "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336), "lm_head": (128256, 4096),
 }
 B12_VARIANTS: dict[str, dict] = {"b12": {}, "b12_w8": {"num_warps": 8}, "b12_plain": {"packed": False}}
-KERNELS = ("cublas", "bf16", *B12_VARIANTS)
 
 
 def weights(n: int, k: int, seed: int) -> torch.Tensor:
@@ -51,16 +54,33 @@ def time_us(fn, operands: list, x: torch.Tensor) -> float:
     return do_bench_cudagraph(lambda: fn(x, next(cycle)), rep=20, return_mode="median") * 1e3
 
 
-def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: float) -> list[dict]:
+def tile_variants(tiles: list[str]) -> tuple[dict[str, dict], dict[str, dict]]:
+    """(bf16, B12) variants on the decode tiles named "ROWSxWARPS" (the default tiles' K and pipeline depth)."""
+    bf16, b12 = {}, {}
+    for spec in tiles:
+        rows, warps = map(int, spec.split("x"))
+        config = SkinnyConfig(block_n=rows, block_k=128, split_k=1, num_warps=warps, num_stages=8)
+        bf16[f"bf16_{spec}"] = {"config": config}
+        b12[f"b12_{spec}"] = {"config": config}
+    return bf16, b12
+
+
+def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: float, tiles: list[str]) -> list[dict]:
     w = weights(n, k, seed=n + k)
     planes = encode(w, name)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     copies = max(1, math.ceil(2 * l2 / (n * k * 2)))
     dense = [w] + [w.clone() for _ in range(copies - 1)]
     packed = [planes] + [planes.map(torch.clone) for _ in range(copies - 1)]
+    bf16_tiles, b12_tiles = tile_variants(tiles)
     fns = {"cublas": (lambda x, w_: F.linear(x, w_), dense), "bf16": (lambda x, w_: invariant_gemm(x, w_), dense)}
-    for variant, kwargs in B12_VARIANTS.items():
+    checked = {}  # variant -> (its function on one operand, the operand), each checked against the bf16 kernel
+    for variant, kwargs in bf16_tiles.items():
+        fns[variant] = (lambda x, w_, kw=kwargs: invariant_gemm(x, w_, **kw), dense)
+        checked[variant] = (fns[variant][0], w)
+    for variant, kwargs in {**B12_VARIANTS, **b12_tiles}.items():
         fns[variant] = (lambda x, p, kw=kwargs: b12_gemm(x, p, **kw), packed)
+        checked[variant] = (fns[variant][0], planes)
     stats = planes.stats()
     rows = []
     for m in ms:
@@ -70,9 +90,9 @@ def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: f
                "bits_per_weight": stats["bits_per_weight"], "escape_rate": stats["escape_rate"],
                "max_block_escapes": planes.max_block_escapes}
         kernels = ["cublas", "bf16"]
-        for variant, kwargs in B12_VARIANTS.items():
+        for variant, (fn, operand) in checked.items():
             try:
-                row[f"{variant}_bitwise_equal"] = torch.equal(b12_gemm(x, planes, **kwargs).view(torch.int16), expected)
+                row[f"{variant}_bitwise_equal"] = torch.equal(fn(x, operand).view(torch.int16), expected)
                 kernels.append(variant)
             except Exception as exc:  # noqa: BLE001 - a variant that cannot compile or launch is reported, not fatal
                 row[variant] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
@@ -86,7 +106,7 @@ def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: f
             nbytes = planes.stored_bytes if kern.startswith("b12") else n * k * 2
             row[kern] = {"us": med, "min_us": min(times[kern]), "max_us": max(times[kern]),
                          "read_share": nbytes / (med * 1e-6) / read_bps}
-        for variant in B12_VARIANTS:
+        for variant in checked:
             if "us" in row[variant]:
                 row[f"{variant}_over_bf16"] = row[variant]["us"] / row["bf16"]["us"]
         rows.append(row)
@@ -106,28 +126,35 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tiles", nargs="*", default=[], metavar="ROWSxWARPS",
+                    help="other decode tiles to time both kernels on, e.g. 32x4 16x2")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     read_bps = read_bandwidth(torch.device("cuda"), gib=4.0)
     print(f"read bandwidth {read_bps / 1e12:.2f} TB/s ({torch.cuda.get_device_name()})")
     rows: list[dict] = []
     for name in bar(args.shapes, "shapes"):
-        rows += run_shape(name, *SHAPES[name], args.m, args.rounds, read_bps)
+        rows += run_shape(name, *SHAPES[name], args.m, args.rounds, read_bps, args.tiles)
         torch.cuda.empty_cache()
+    bf16_tiles, b12_tiles = tile_variants(args.tiles)
+    variants = [*B12_VARIANTS, *b12_tiles, *bf16_tiles]
     for r in rows:
-        for variant in B12_VARIANTS:
+        for variant in variants:
             if "error" in r[variant]:
                 print(f"{r['shape']} M={r['m']} {variant}: {r[variant]['error']}")
-    print("µs, median of rounds; '=' B12 output bitwise the bf16 kernel's, '!' not; best: the fastest bitwise variant")
-    print(f"{'shape':>8} {'M':>3} {'cuBLAS':>7} {'bf16':>7} " + " ".join(f"{v:>10}" for v in B12_VARIANTS)
+    print("µs, median of rounds; '=' output bitwise the bf16 kernel's (default tiles), '!' not; best: the fastest "
+          "bitwise B12 variant")
+    print(f"{'shape':>8} {'M':>3} {'cuBLAS':>7} {'bf16':>7} " + " ".join(f"{v:>10}" for v in variants)
           + f" {'bf16 read':>9} {'b12 read':>8} {'best/bf16':>9} bits/w")
     for r in rows:
-        best = min((r[v]["us"] for v in B12_VARIANTS if "us" in r[v] and r[f"{v}_bitwise_equal"]), default=math.nan)
+        best = min((r[v]["us"] for v in (*B12_VARIANTS, *b12_tiles) if "us" in r[v] and r[f"{v}_bitwise_equal"]),
+                   default=math.nan)
         print(f"{r['shape']:>8} {r['m']:>3} {cell(r, 'cublas'):>7} {cell(r, 'bf16'):>7} "
-              + " ".join(f"{cell(r, v):>10}" for v in B12_VARIANTS)
+              + " ".join(f"{cell(r, v):>10}" for v in variants)
               + f" {r['bf16']['read_share']:>9.1%} {r['b12'].get('read_share', math.nan):>8.1%}"
               f" {best / r['bf16']['us']:>9.3f} {r['bits_per_weight']:.3f}")
-    write_json(out_dir(args.out) / "b12_gemm.json", {"read_bandwidth_bps": read_bps,
+    write_json(out_dir(args.out) / "b12_gemm.json", {"provenance": collect(torch.device("cuda"), "bfloat16"),
+                                                     "read_bandwidth_bps": read_bps, "tiles": args.tiles,
                                                      "device": torch.cuda.get_device_name(), "rows": rows})
 
 
