@@ -6,13 +6,18 @@
 # of every drafter in bf16 (gpu_force_all.sh) within FORCE_S seconds: clean candidates must pass exact forcing,
 # every planted one must fail it. The verdicts are packed even where the forcing runs out of time, with the
 # invariant attention's tile-height probe (benchmarks/tile_heights.py: 16- against 32-row tiles per head size).
-#   [TESTS_S=360] [FORCE_S=420] bash benchmarks/gpu_exact.sh [PROMPTS] [TOKENS]   -> $OUT/exact-tests.log, $OUT/force-bfloat16.tgz
+#   [TUNE=1] [TESTS_S=360] [FORCE_S=420] bash benchmarks/gpu_exact.sh [PROMPTS] [TOKENS]   -> $OUT/exact-tests.log, $OUT/force-bfloat16.tgz
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}; mkdir -p "$out"
+# TUNE=1: tune this device's GEMM tiles for the embedded pair first, so that the tests and forcing run on them
+if [ -n "${TUNE:-}" ]; then
+    timeout 300 python3 -m specpilot.cli bench --tune-gemm-tiles --device cuda --output-dir "$out/tiles" 2>&1 \
+        | grep -v -E "it/s\]|s/it\]" | tail -n 40
+fi
 # The mechanisms' own tests first: a run cut short by TESTS_S has covered the paths most often changed
 SPECPILOT_TEST_DEVICE=cuda SPECPILOT_TEST_DTYPE=bfloat16 timeout "${TESTS_S:-360}" python3 -m pytest -q -p no:cacheprovider \
-    tests/test_two_level.py tests/test_overlap.py tests/test_budget.py tests/test_gemm_variants.py \
+    tests/test_two_level.py tests/test_overlap.py tests/test_budget.py tests/test_gemm_variants.py tests/test_gemm_tiles.py \
     tests/test_forcing_exact.py tests/test_redteam.py tests/test_speculative.py tests/test_batch_invariance.py \
     tests/test_keyed_sampling.py tests/test_stops.py tests/test_graph_paths.py tests/test_structured_output.py \
     tests/test_b12_gemm.py \

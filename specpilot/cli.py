@@ -62,6 +62,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                         f"passes under load, TTFT a pass or so later; default {EngineConfig.admission})")
     g.add_argument("--disable-cuda-graph", dest="cuda_graphs", action="store_false", default=None,
                    help="run decode eagerly on CUDA")
+    g.add_argument("--disable-tuned-tiles", dest="tuned_tiles", action="store_false", default=True,
+                   help="launch the GEMMs on their untuned tiles even where `bench --tune-gemm-tiles` cached this "
+                        "device's (the same tokens either way)")
     g.add_argument("--cuda-graph-bs", dest="cuda_graph_batch_sizes", type=_positive_int, nargs="+", default=None,
                    metavar="BS", help="batch sizes captured as CUDA graphs (default: "
                                       f"{' '.join(map(str, EngineConfig.cuda_graph_batch_sizes))})")
@@ -212,6 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rows per request (a verify pass's block or tree)")
     c.add_argument("--cost-context", type=_positive_int, default=512,
                    help="positions already in each request's cache (default 512)")
+    t = bench.add_argument_group("GEMM tiles (--tune-gemm-tiles: the decode tiles of the target's weight shapes on this "
+                                 "CUDA device, kept on disk and taken by every later engine here; never a token "
+                                 "changed)")
+    t.add_argument("--tune-gemm-tiles", action="store_true", help="tune the tiles instead of a benchmark")
+    t.add_argument("--tile-kernels", nargs="+", choices=("bf16", "b12"), default=["bf16", "b12"],
+                   help="the kernels to tune: bf16 weights, B12 weights (default both)")
     bench.set_defaults(func=_cmd_bench)
 
     serve = sub.add_parser("serve", help="HTTP server: SGLang /generate and OpenAI-compatible /v1 APIs",
@@ -470,6 +479,8 @@ def _cmd_force(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.profile_cost_table:
         return _profile_cost_table(args)
+    if args.tune_gemm_tiles:
+        return _tune_gemm_tiles(args)
     if args.sweep and not args.serving:
         raise ValueError("--sweep loads servers: pass it with --serving")
     if args.sweep:
@@ -585,6 +596,45 @@ def _profile_cost_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune_gemm_tiles(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from specpilot.bench import provenance
+    from specpilot.bench.output import bench_output_dir
+    from specpilot.engine.engine import Engine
+    from specpilot.engine.gemm_tiles import load_tile_table, save_tile_table, tune
+    from specpilot.models.linear import iter_linears
+    from specpilot.progress import bar
+
+    import torch
+
+    config = replace(engine_config_from_args(args), tuned_tiles=False)
+    if config.device == "cpu" or not torch.cuda.is_available():
+        raise ValueError("--tune-gemm-tiles times the kernels on a CUDA device: pass --device cuda on a machine with one")
+    engine = Engine.from_config(config)
+    shapes = sorted({(linear.out_features, linear.in_features) for _, linear in iter_linears(engine.model)})
+    table = tune(shapes, args.tile_kernels, progress=lambda items: bar(items, "weight shapes"))
+    cached = save_tile_table(table, load_tile_table(engine.device)[0])
+    out = bench_output_dir(args.output_dir)
+    prov = provenance.collect(engine.device, str(engine.dtype))
+    (out / "gemm_tiles.json").write_text(json.dumps({"provenance": prov, "shapes": shapes,
+                                                    "table": json.loads(table.to_json())}, indent=2))
+    view = Table(title=f"tuned decode tiles: {table.device} ({len(shapes)} weight shapes; where none is listed the "
+                       "untuned tiles were fastest)")
+    for column in ("kernel", "N x K", "rows", "tiles (rows x warps)", "µs", "untuned µs"):
+        view.add_column(column, justify="right")
+    for (kernel, n, k, m), tiles in sorted(table.entries.items()):
+        times = table.timings[(kernel, n, k, m)]
+        view.add_row(kernel, f"{n} x {k}", f"<= {m}", f"{tiles.block_n} x {tiles.num_warps}", f"{times['us']:.1f}",
+                     f"{times['untuned_us']:.1f}")
+    Console().print(view)
+    print(f"cached in {cached}; results in {out}/gemm_tiles.json")
+    return 0
+
+
 def engine_config_from_args(args: argparse.Namespace, max_running_requests: int | None = None,
                             speculate: bool = False, shipped: bool = True) -> EngineConfig:
     """`max_running_requests`: the command's own default, where --max-running-requests is not given. The
@@ -615,7 +665,7 @@ def engine_config_from_args(args: argparse.Namespace, max_running_requests: int 
                           page_size=args.page_size, mem_fraction_static=args.mem_fraction_static,
                           max_running_requests=max_running_requests, speculative_algorithm=algorithm,
                           speculative_draft_model_path=args.speculative_draft_model_path,
-                          batch_invariant=args.batch_invariant,
+                          batch_invariant=args.batch_invariant, tuned_tiles=args.tuned_tiles,
                           **open_defaults(device, algorithm))
     if profile is not None:
         config = Profile.load(profile).apply(config)

@@ -50,6 +50,8 @@ class EngineConfig:
     # CUDA: the target runs the batch-invariant kernels, so a request's logits are bitwise the same whatever
     # the pass and its batch companions (speculation identical to AR); False: the fastest kernel per pass
     batch_invariant: bool = True
+    # CUDA, batch-invariant: launch the GEMMs on this device's tuned tiles where `bench --tune-gemm-tiles` cached them
+    tuned_tiles: bool = True
     # the speed mechanisms in effect (engine/registry.py): None = every one whose precondition holds,
     # an empty set = stock
     mechanisms: frozenset[str] | None = None

@@ -23,6 +23,7 @@ from specpilot.engine.ahead import AheadDecode
 from specpilot.engine.memory import KVPlan, kv_bytes_per_token, plan_kv, return_freed_memory
 from specpilot.engine.budget import SpeculationBudget
 from specpilot.engine.cost_table import CostTable, cache_path, key_for, load_cost_table
+from specpilot.engine.gemm_tiles import load_tile_table
 from specpilot.engine.registry import Deployment, check_tunables, resolve_mechanisms
 from specpilot.engine.sampling import choose_tokens, suppress
 from specpilot.engine.spec_stats import SpecStats
@@ -37,7 +38,7 @@ from specpilot.kernels.softmax_topk import row_argmax
 from specpilot.kernels.triton_support import HAS_TRITON
 from specpilot.models.build import build_model
 from specpilot.models.checkpoint import Checkpoint, load_checkpoint
-from specpilot.models.linear import iter_linears, to_b12, warm_linears, weight_bytes
+from specpilot.models.linear import iter_linears, set_tile_table, to_b12, warm_linears, weight_bytes
 from specpilot.models.runner import PREFILL_GRAPH_BATCH_SIZES, ModelRunner, RunOutput
 from specpilot.models.transformer import Transformer
 from specpilot.progress import phase
@@ -118,6 +119,10 @@ class Engine:
         # then requires identity, tie band 0).
         self.exact = config.batch_invariant and self.device.type == "cuda" and HAS_TRITON and not self.hybrid
         self.model.set_batch_invariant(self.exact)
+        # this device's tuned decode tiles, where `specpilot bench --tune-gemm-tiles` made them: the same bits, sooner
+        self.gemm_tiles, self.gemm_tiles_path = load_tile_table(self.device) if self.exact and config.tuned_tiles \
+            else (None, None)
+        set_tile_table(self.model, self.gemm_tiles)
         check_tunables(Deployment(self.device.type, config))
         self._drafter: Drafter | None = None
         if drafter_factory is None and config.speculative_algorithm:
@@ -213,13 +218,15 @@ class Engine:
             self.speculation.capture()
 
     def weights_info(self) -> dict[str, int | str]:
-        """The target's weight format ("b12" once any matrix is held so) and bytes, beside what they take dense."""
+        """The target's weight format ("b12" once any matrix is held so) and bytes, beside what they take dense, and
+        the tuned GEMM tiles' file its products launch on ("untuned": none)."""
         held = weight_bytes(self.model)
         planes = [linear for _, linear in iter_linears(self.model) if linear.b12 is not None]
         dense = held + sum((lin.in_features * lin.out_features * 2 if lin.weight is None else 0) - lin.b12.stored_bytes
                            for lin in planes)
         return {"format": "b12" if planes else str(self.dtype).removeprefix("torch."), "bytes": held,
-                "dense_bytes": dense, "saved_bytes": dense - held}
+                "dense_bytes": dense, "saved_bytes": dense - held,
+                "gemm_tiles": str(self.gemm_tiles_path) if self.gemm_tiles_path else "untuned"}
 
     def twin(self, **changes: object) -> Engine:
         """An engine of this one's config with `changes` (e.g. no drafter) over the same weights and KV
@@ -293,6 +300,10 @@ class Engine:
         decode step for every running request. Returns the requests that finished."""
         if self.model.batch_invariant != self.exact:  # a twin with the other kernels ran last
             self.model.set_batch_invariant(self.exact)
+        # this device's tuned decode tiles, where `specpilot bench --tune-gemm-tiles` made them: the same bits, sooner
+        self.gemm_tiles, self.gemm_tiles_path = load_tile_table(self.device) if self.exact and config.tuned_tiles \
+            else (None, None)
+        set_tile_table(self.model, self.gemm_tiles)
         admitted = self._admit()
         if admitted:
             self.last_step = "prefill"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -40,6 +41,7 @@ __all__ = [
     "SkinnyConfig",
     "default_config",
     "invariant_gemm",
+    "replay_us",
     "skinny_gemm",
     "skinny_gemm_reference",
     "tune",
@@ -270,14 +272,18 @@ def invariant_config(m: int, n: int, k: int) -> tuple[SkinnyConfig, int | None]:
     return _PREFILL_TILES
 
 
-def variant_rows(n: int, k: int, max_m: int, invariant: bool) -> list[int]:
+def variant_rows(n: int, k: int, max_m: int, invariant: bool,
+                 choose: Callable[[int], tuple[SkinnyConfig, int | None]] | None = None) -> list[int]:
     """The fewest row counts that launch every variant of this module's kernel that x @ w.T (w: [n, k]) meets
-    at 1..max_m rows — invariant_gemm's, or skinny_gemm's: one per tiling, and per M being 1 or a multiple of 16
-    (Triton compiles a kernel per integer specialisation on its first launch). An engine without CUDA graphs
-    runs them at start, so that no pass compiles mid-step."""
+    at 1..max_m rows — invariant_gemm's (on the tiles `choose(m)` gives, invariant_config's by default), or
+    skinny_gemm's: one per tiling, and per M being 1 or a multiple of 16 (Triton compiles a kernel per integer
+    specialisation on its first launch). An engine without CUDA graphs runs them at start, so that no pass
+    compiles mid-step."""
+    if choose is None:
+        choose = (lambda m: invariant_config(m, n, k)) if invariant else (lambda m: (default_config(m, n, k), None))
     rows, seen = [], set()
     for m in range(1, max_m + 1):
-        config, block_m = invariant_config(m, n, k) if invariant else (default_config(m, n, k), None)
+        config, block_m = choose(m)
         variant = (config, block_m or block_m_for(m), m == 1, m % 16 == 0)
         if variant not in seen:
             seen.add(variant)
@@ -374,7 +380,7 @@ def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / max(ref.double().norm().item(), 1e-30) if math.isfinite(diff) else math.inf
 
 
-def _time_us(fn, copies: list[torch.Tensor], x: torch.Tensor) -> float:
+def replay_us(fn, copies: list[torch.Tensor], x: torch.Tensor) -> float:
     """Median µs per call of ``fn(x, w)`` replayed from a CUDA graph of back-to-back calls, as decode runs it.
 
     Successive calls read successive copies of w, so none finds w in L2. (``do_bench`` flushes L2 by zeroing a
@@ -416,7 +422,7 @@ def tune(
     def row(us: float, err: float) -> dict:
         return {"us": us, "tbps": w_bytes / us / 1e6, "rel_err": err}
 
-    cublas = row(_time_us(torch.nn.functional.linear, copies, x), _rel_err(torch.nn.functional.linear(x, w), ref))
+    cublas = row(replay_us(torch.nn.functional.linear, copies, x), _rel_err(torch.nn.functional.linear(x, w), ref))
     table: dict = {
         "m": x_shape_m, "n": n, "k": k, "dtype": str(w.dtype).removeprefix("torch."), "w_bytes": w_bytes,
         "rotate": rotate, "device": props.name, "cublas": cublas, "configs": [],
@@ -428,7 +434,7 @@ def tune(
         table["configs"].append(entry)
         try:
             err = _rel_err(skinny_gemm(x, w, config=cfg), ref)
-            entry.update(row(_time_us(lambda a, b: skinny_gemm(a, b, config=cfg), copies, x), err))
+            entry.update(row(replay_us(lambda a, b: skinny_gemm(a, b, config=cfg), copies, x), err))
         except Exception as exc:  # compile/launch failures (e.g. out of shared memory) only drop the config
             entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
             continue

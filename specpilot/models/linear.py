@@ -14,7 +14,8 @@ from torch import nn
 
 from specpilot.formats.b12 import B12Tensor, TooManyEscapes, decode, encode
 from specpilot.kernels.b12_gemm import b12_gemm
-from specpilot.kernels.skinny_gemm import HAS_TRITON, invariant_gemm, skinny_gemm, variant_rows
+from specpilot.kernels.gemm_tiles import TileTable
+from specpilot.kernels.skinny_gemm import HAS_TRITON, SkinnyConfig, invariant_gemm, skinny_gemm, variant_rows
 
 # Up to this many rows (decode, small verify) a Triton GEMM that streams W at near copy bandwidth
 # beats cuBLAS on the H200 (docs/RESULTS.md); above it the pass is compute-bound and cuBLAS wins.
@@ -28,7 +29,10 @@ class Linear(nn.Module):
     never depends on the rows beside it (set_batch_invariant); otherwise the fastest kernel per M.
 
     `to_b12` swaps the weight for its B12 planes (kernels/b12_gemm.py reads them on CUDA; elsewhere they are
-    decoded for each product): the same bits, so the same outputs as the bf16 weight on the invariant path."""
+    decoded for each product): the same bits, so the same outputs as the bf16 weight on the invariant path.
+
+    `tiles`: this device's tuned decode tiles (kernels/gemm_tiles.py) for both invariant kernels; a tile never
+    changes a row's bits, only the time."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
@@ -38,13 +42,18 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.b12: B12Tensor | None = None
+        self.tiles: TileTable | None = None
+
+    def tuned(self, kernel: str, m: int) -> SkinnyConfig | None:
+        """The tiles `tiles` gives a product of m rows on `kernel` ("bf16" or "b12"); None: the untuned ones."""
+        return None if self.tiles is None else self.tiles.pick(kernel, self.out_features, self.in_features, m)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.b12 is not None:
             return self._b12_forward(x)
         if x.is_cuda and x.dim() == 2 and HAS_TRITON:
             if self.batch_invariant:
-                return invariant_gemm(x, self.weight, self.bias)
+                return invariant_gemm(x, self.weight, self.bias, config=self.tuned("bf16", x.shape[0]))
             if x.shape[0] <= SKINNY_MAX_M and x.dtype != torch.float32:
                 return skinny_gemm(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
@@ -54,7 +63,7 @@ class Linear(nn.Module):
         if x.is_cuda and HAS_TRITON and x.dtype == torch.bfloat16:
             # invariant_gemm's tiles at every M: bitwise the bf16 weight's invariant path
             flat = x.reshape(-1, x.shape[-1]).contiguous()
-            y = b12_gemm(flat, p, self.bias)
+            y = b12_gemm(flat, p, self.bias, config=self.tuned("b12", flat.shape[0]))
             return y.reshape(*x.shape[:-1], self.out_features)
         w = self.dense_weight()
         if w.device.type == "cpu":
@@ -133,6 +142,12 @@ def weight_bytes(module: nn.Module) -> int:
     return sum(seen.values())
 
 
+def set_tile_table(module: nn.Module, table: TileTable | None) -> None:
+    """Every Linear of `module` launches the invariant kernels on `table`'s tuned tiles (None: the untuned ones)."""
+    for _, linear in iter_linears(module):
+        linear.tiles = table
+
+
 def set_batch_invariant(module: nn.Module, on: bool) -> None:
     """Route every Linear of `module` through the batch-invariant GEMM (on) or the fastest kernel per M."""
     for _, linear in iter_linears(module):
@@ -157,12 +172,13 @@ def warm_linears(modules: Iterable[nn.Module], max_rows: int) -> int:
             if linear.b12 is not None or not (w.is_cuda and HAS_TRITON) or \
                     (not linear.batch_invariant and w.dtype == torch.float32):
                 continue
-            shape = (*w.shape, w.dtype, linear.bias is None, linear.batch_invariant)
+            shape = (*w.shape, w.dtype, linear.bias is None, linear.batch_invariant, id(linear.tiles))
             if shape in done:
                 continue
             done.add(shape)
             limit = max_rows if linear.batch_invariant else min(max_rows, SKINNY_MAX_M)
-            for m in variant_rows(w.shape[0], w.shape[1], limit, linear.batch_invariant):
+            tuned = linear.tiles.chooser("bf16", *w.shape) if linear.tiles and linear.batch_invariant else None
+            for m in variant_rows(w.shape[0], w.shape[1], limit, linear.batch_invariant, choose=tuned):
                 linear(w.new_zeros(m, w.shape[1]))
                 launches += 1
     return launches
