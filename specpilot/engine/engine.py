@@ -300,10 +300,7 @@ class Engine:
         decode step for every running request. Returns the requests that finished."""
         if self.model.batch_invariant != self.exact:  # a twin with the other kernels ran last
             self.model.set_batch_invariant(self.exact)
-        # this device's tuned decode tiles, where `specpilot bench --tune-gemm-tiles` made them: the same bits, sooner
-        self.gemm_tiles, self.gemm_tiles_path = load_tile_table(self.device) if self.exact and config.tuned_tiles \
-            else (None, None)
-        set_tile_table(self.model, self.gemm_tiles)
+            set_tile_table(self.model, self.gemm_tiles)
         admitted = self._admit()
         if admitted:
             self.last_step = "prefill"
