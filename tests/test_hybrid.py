@@ -232,6 +232,36 @@ def test_dflash_chains_and_trees_on_a_hybrid_target_pass_token_forcing(pair, tmp
         assert cand.spec_stats.tau > 1.0
 
 
+@pytest.mark.parametrize("assist", [0, 2])
+def test_pard_on_a_hybrid_target_passes_token_forcing(pair, tmp_path, assist):
+    """A PARD drafter (a dense model of the target's vocabulary drafting a block in one pass) over the hybrid
+    target, alone and with prompt lookup's assist, batched, greedy and seeded T > 0."""
+    from spec_fixtures import write_random_pard
+
+    from specpilot.config import SamplingParams
+    from specpilot.engine.engine import Engine, EngineConfig
+    from specpilot.forcing import run_forcing
+
+    hf, _ = pair
+    hf.save_pretrained(tmp_path / "target")
+    drafter = write_random_pard(tmp_path / "pard", pard_token=319, vocab_size=320)
+
+    def engine(**kw) -> Engine:
+        return Engine.from_config(EngineConfig(model_path=str(tmp_path / "target"), device="cpu",
+                                               max_running_requests=4, context_length=160, **kw))
+
+    stock = engine()
+    cand = engine(speculative_algorithm="pard", speculative_draft_model_path=str(drafter),
+                  speculative_num_draft_tokens=5, speculative_ngram_assist=assist)
+    batch = [p * 3 for p in prompts(4, seed=13)]
+    for params in (SamplingParams(max_new_tokens=24, ignore_eos=True),
+                   SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=0.8, top_p=0.95, seed=7)):
+        verdict = run_forcing(stock, cand, batch, params, "pard")
+        assert verdict.passed and verdict.non_tie_mismatches == 0 and verdict.positions_checked == 4 * 24
+    if assist:  # prompt lookup's drafts got accepted: states were committed past the first row
+        assert cand.spec_stats.tau > 1.0
+
+
 def test_a_planted_wrong_state_commit_fails_forcing(pair, tmp_path, monkeypatch):
     """The recurrent state committed after the newest token only, not the accepted drafts: forcing must see it."""
     from specpilot.config import SamplingParams
