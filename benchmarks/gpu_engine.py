@@ -5,12 +5,17 @@ Today's fastest kernels per pass, the batch-invariant ones and the invariant pat
 (the b12 mechanism: a second copy of the model, whose logits must be bitwise the invariant ones) are timed in one
 run, interleaved.
 
-    python benchmarks/gpu_engine.py [--out DIR] [--context 512] [--repeats 3]
+With --tuned-tiles the GEMMs' decode tiles are first tuned on this device for the model's weight shapes
+(engine/gemm_tiles.py, both kernels), and the invariant and B12 sets also run on them ("invariant_tuned",
+"b12_tuned"), their logits checked bitwise against the untuned invariant ones.
+
+    python benchmarks/gpu_engine.py [--out DIR] [--context 512] [--repeats 3] [--tuned-tiles]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 from pathlib import Path
@@ -29,7 +34,8 @@ from common import (  # noqa: E402
     write_json,
 )
 
-from specpilot.models.linear import to_b12, weight_bytes  # noqa: E402
+from specpilot.engine.gemm_tiles import tune  # noqa: E402
+from specpilot.models.linear import iter_linears, set_tile_table, to_b12, weight_bytes  # noqa: E402
 from specpilot.kernels.slot_attention import (  # noqa: E402
     slot_attention_reference,
     slot_attention_triton,
@@ -104,6 +110,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--context", type=int, default=512, help="prompt tokens already in each request's cache")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved timings of each kernel set")
+    ap.add_argument("--tuned-tiles", action="store_true", help="also time the invariant sets on tuned GEMM tiles")
     args = ap.parse_args()
     device = torch.device("cuda")
     out = out_dir(args.out)
@@ -124,16 +131,27 @@ def main() -> None:
     b12_report = to_b12(b12_model)
     torch.cuda.empty_cache()
     models = {"fastest": model, "invariant": model, "b12": b12_model}
-    runners = {k: ModelRunner(models[k], cache, device) for k in KERNELS}
+    tiles = dict.fromkeys(models)
+    if args.tuned_tiles:
+        table = tune({(lin.out_features, lin.in_features) for _, lin in iter_linears(model)})
+        models |= {"invariant_tuned": model, "b12_tuned": b12_model}
+        tiles |= {"invariant_tuned": table, "b12_tuned": table}
+    kernel_sets = tuple(models)
+
+    def use(kernels: str) -> None:  # the kernels in effect for a set: captured with its graphs, set for eager runs
+        models[kernels].set_batch_invariant(kernels != "fastest")
+        set_tile_table(models[kernels], tiles[kernels])
+
+    runners = {k: ModelRunner(models[k], cache, device) for k in kernel_sets}
 
     rng = random.Random(0)
     slots = [cache.allocate() for _ in range(max(BATCHES))]
     prompts = {s: [rng.randrange(cfg.vocab_size) for _ in range(args.context)] for s in slots}
     b12_model.set_batch_invariant(True)
     for kernels, runner in runners.items():  # graphs keep the kernels in effect when captured
-        models[kernels].set_batch_invariant(kernels != "fastest")
+        use(kernels)
         runner.capture(q_lens=(1, VERIFY_Q), batch_sizes=BATCHES)
-    model.set_batch_invariant(True)
+    use("invariant")
     for s in slots:  # prefill every slot with a random prompt (eager, ragged path)
         runners["invariant"].forward([s], [0], [prompts[s]], last_only=True)
 
@@ -144,6 +162,7 @@ def main() -> None:
             starts = [args.context] * b
             logits = {}
             for kernels, runner in runners.items():
+                use(kernels)
                 logits[kernels] = runner.forward(slots[:b], starts, toks).logits.clone()
             times = time_interleaved({k: r.graphs[(q, b)].graph.replay for k, r in runners.items()}, args.repeats)
             agree = float((logits["fastest"].argmax(-1) == logits["invariant"].argmax(-1)).float().mean())
@@ -154,20 +173,25 @@ def main() -> None:
                          "b12_over_invariant": times["b12"]["median"] / times["invariant"]["median"],
                          "b12_logits_bitwise_invariant": torch.equal(logits["b12"].view(torch.int16),
                                                                      logits["invariant"].view(torch.int16)),
-                         "argmax_agree_fastest_vs_invariant": agree})
+                         "argmax_agree_fastest_vs_invariant": agree,
+                         **{f"{k}_over_invariant": times[k]["median"] / times["invariant"]["median"]
+                            for k in kernel_sets if k.endswith("_tuned")},
+                         **{f"{k}_logits_bitwise_invariant": torch.equal(logits[k].view(torch.int16),
+                                                                         logits["invariant"].view(torch.int16))
+                            for k in kernel_sets if k.endswith("_tuned")}})
 
     n, length = PREFILL
     prefill = ForwardBatch.build(slots[:n], [0] * n, [prompts[s][:1] * length for s in slots[:n]], max_len, device)
 
     def prefill_with(kernels: str):
         def run() -> None:
-            models[kernels].set_batch_invariant(kernels != "fastest")
+            use(kernels)
             with torch.inference_mode():
                 runners[kernels].run(prefill)
         return run
 
     prefill_times = time_interleaved({k: prefill_with(k) for k in KERNELS}, args.repeats, iters=5, warmup=1)
-    model.set_batch_invariant(True)
+    use("invariant")
     result = {
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "context": args.context,
         "copy_bandwidth_TBps": bw / 1e12, "read_bandwidth_TBps": read_bw / 1e12,
@@ -175,6 +199,7 @@ def main() -> None:
         "read_floor_ms": read_floor_ms,
         "b12": {**b12_report, "weight_bytes": weight_bytes(b12_model)},
         "attention_rel_err_triton_vs_torch": attn_err, "fused_rel_err_triton_vs_torch": fused_errs, "rows": rows,
+        "tuned_tiles": json.loads(tiles["invariant_tuned"].to_json()) if args.tuned_tiles else None,
         "prefill": {"prompts": n, "tokens": length, **{f"{k}_ms": t for k, t in prefill_times.items()},
                     "invariant_over_fastest": (prefill_times["invariant"]["median"]
                                                / prefill_times["fastest"]["median"])},
@@ -190,7 +215,9 @@ def main() -> None:
         print(f"{r['batch']:>3} {r['q']:>3} {r['fastest_graph_ms']['median']:>10.3f} "
               f"{r['invariant_graph_ms']['median']:>12.3f} {r['invariant_over_fastest']:>6.3f} "
               f"{r['invariant_vs_read_floor']:>12.2f} {r['argmax_agree_fastest_vs_invariant']:>6.3f} "
-              f"{r['b12_graph_ms']['median']:>7.3f} {r['b12_over_invariant']:>7.3f} {r['b12_logits_bitwise_invariant']}")
+              f"{r['b12_graph_ms']['median']:>7.3f} {r['b12_over_invariant']:>7.3f} {r['b12_logits_bitwise_invariant']}"
+              + "".join(f"  {k} {r[f'{k}_over_invariant']:.3f}x inv, bitwise {r[f'{k}_logits_bitwise_invariant']}"
+                        for k in kernel_sets if k.endswith("_tuned")))
     p = result["prefill"]
     print(f"prefill {n} x {length}: fastest {p['fastest_ms']['median']:.2f} ms, invariant "
           f"{p['invariant_ms']['median']:.2f} ms => {p['invariant_over_fastest']:.3f} (goal <= 1.25)")
