@@ -599,6 +599,7 @@ def _profile_cost_table(args: argparse.Namespace) -> int:
 def _tune_gemm_tiles(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    import torch
     from rich.console import Console
     from rich.table import Table
 
@@ -608,8 +609,6 @@ def _tune_gemm_tiles(args: argparse.Namespace) -> int:
     from specpilot.engine.gemm_tiles import load_tile_table, save_tile_table, tune
     from specpilot.models.linear import iter_linears
     from specpilot.progress import bar
-
-    import torch
 
     config = replace(engine_config_from_args(args), tuned_tiles=False)
     if config.device == "cpu" or not torch.cuda.is_available():
