@@ -202,32 +202,40 @@ def test_speculation_on_a_hybrid_target_passes_token_forcing(pair, tmp_path):
     assert cand.spec_stats.tau > 1.0  # drafts were accepted, so states were committed past the first row
 
 
-@pytest.mark.parametrize("topk,block,assist", [(1, None, 0), (4, 6, 1), (3, 16, 0)])
-def test_dflash_chains_and_trees_on_a_hybrid_target_pass_token_forcing(pair, tmp_path, topk, block, assist):
-    """A random DFlash drafter reading the hybrid target's layers: chains, and trees whose nodes the DeltaNet
-    layers verify in one pass and commit along the accepted path, batched, greedy and seeded T > 0."""
-    from spec_fixtures import write_random_dflash
-
+def _forced_with_a_drafter(pair, tmp_path, algorithm: str, drafter, prompt_seed: int, sampling_seed: int, **kw):
+    """Token forcing of `algorithm` with the drafter at `drafter` over the hybrid target against stock AR, 4 requests
+    batched, 24 tokens, greedy and seeded T > 0: each must pass with 0 mismatches. Returns the candidate engine."""
     from specpilot.config import SamplingParams
     from specpilot.engine.engine import Engine, EngineConfig
     from specpilot.forcing import run_forcing
 
     hf, _ = pair
     hf.save_pretrained(tmp_path / "target")
-    drafter = write_random_dflash(tmp_path / "dflash", hidden=64, num_target_layers=4, mask_token_id=319)
 
-    def engine(**kw) -> Engine:
+    def engine(**config) -> Engine:
         return Engine.from_config(EngineConfig(model_path=str(tmp_path / "target"), device="cpu",
-                                               max_running_requests=4, context_length=160, **kw))
+                                               max_running_requests=4, context_length=160, **config))
 
     stock = engine()
-    cand = engine(speculative_algorithm="dflash", speculative_draft_model_path=str(drafter),
-                  speculative_num_draft_tokens=block, speculative_eagle_topk=topk, speculative_ngram_assist=assist)
-    batch = [p * 3 for p in prompts(4, seed=11)]
+    cand = engine(speculative_algorithm=algorithm, speculative_draft_model_path=str(drafter), **kw)
+    batch = [p * 3 for p in prompts(4, seed=prompt_seed)]
     for params in (SamplingParams(max_new_tokens=24, ignore_eos=True),
-                   SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=0.8, top_p=0.95, seed=5)):
-        verdict = run_forcing(stock, cand, batch, params, "dflash")
+                   SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=0.8, top_p=0.95,
+                                  seed=sampling_seed)):
+        verdict = run_forcing(stock, cand, batch, params, algorithm)
         assert verdict.passed and verdict.non_tie_mismatches == 0 and verdict.positions_checked == 4 * 24
+    return cand
+
+
+@pytest.mark.parametrize("topk,block,assist", [(1, None, 0), (4, 6, 1), (3, 16, 0)])
+def test_dflash_chains_and_trees_on_a_hybrid_target_pass_token_forcing(pair, tmp_path, topk, block, assist):
+    """A random DFlash drafter reading the hybrid target's layers: chains, and trees whose nodes the DeltaNet
+    layers verify in one pass and commit along the accepted path, batched, greedy and seeded T > 0."""
+    from spec_fixtures import write_random_dflash
+
+    drafter = write_random_dflash(tmp_path / "dflash", hidden=64, num_target_layers=4, mask_token_id=319)
+    cand = _forced_with_a_drafter(pair, tmp_path, "dflash", drafter, 11, 5, speculative_num_draft_tokens=block,
+                                  speculative_eagle_topk=topk, speculative_ngram_assist=assist)
     if assist:  # prompt lookup's drafts got accepted: tree paths past their root were committed
         assert cand.spec_stats.tau > 1.0
 
@@ -238,26 +246,9 @@ def test_pard_on_a_hybrid_target_passes_token_forcing(pair, tmp_path, assist):
     target, alone and with prompt lookup's assist, batched, greedy and seeded T > 0."""
     from spec_fixtures import write_random_pard
 
-    from specpilot.config import SamplingParams
-    from specpilot.engine.engine import Engine, EngineConfig
-    from specpilot.forcing import run_forcing
-
-    hf, _ = pair
-    hf.save_pretrained(tmp_path / "target")
     drafter = write_random_pard(tmp_path / "pard", pard_token=319, vocab_size=320)
-
-    def engine(**kw) -> Engine:
-        return Engine.from_config(EngineConfig(model_path=str(tmp_path / "target"), device="cpu",
-                                               max_running_requests=4, context_length=160, **kw))
-
-    stock = engine()
-    cand = engine(speculative_algorithm="pard", speculative_draft_model_path=str(drafter),
-                  speculative_num_draft_tokens=5, speculative_ngram_assist=assist)
-    batch = [p * 3 for p in prompts(4, seed=13)]
-    for params in (SamplingParams(max_new_tokens=24, ignore_eos=True),
-                   SamplingParams(max_new_tokens=24, ignore_eos=True, temperature=0.8, top_p=0.95, seed=7)):
-        verdict = run_forcing(stock, cand, batch, params, "pard")
-        assert verdict.passed and verdict.non_tie_mismatches == 0 and verdict.positions_checked == 4 * 24
+    cand = _forced_with_a_drafter(pair, tmp_path, "pard", drafter, 13, 7, speculative_num_draft_tokens=5,
+                                  speculative_ngram_assist=assist)
     if assist:  # prompt lookup's drafts got accepted: states were committed past the first row
         assert cand.spec_stats.tau > 1.0
 
