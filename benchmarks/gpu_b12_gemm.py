@@ -33,7 +33,7 @@ from common import out_dir, read_bandwidth, write_json  # noqa: E402
 from specpilot.bench.provenance import collect  # noqa: E402
 from specpilot.formats.b12 import encode  # noqa: E402
 from specpilot.kernels.b12_gemm import b12_gemm  # noqa: E402
-from specpilot.kernels.skinny_gemm import SkinnyConfig, invariant_gemm  # noqa: E402
+from specpilot.kernels.skinny_gemm import SkinnyConfig, invariant_gemm, rotated_copies  # noqa: E402
 from specpilot.progress import bar  # noqa: E402
 
 SHAPES: dict[str, tuple[int, int]] = {  # name -> (N, K) of w
@@ -68,9 +68,8 @@ def tile_variants(tiles: list[str]) -> tuple[dict[str, dict], dict[str, dict]]:
 def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: float, tiles: list[str]) -> list[dict]:
     w = weights(n, k, seed=n + k)
     planes = encode(w, name)
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    copies = max(1, math.ceil(2 * l2 / (n * k * 2)))
-    dense = [w] + [w.clone() for _ in range(copies - 1)]
+    dense = rotated_copies(w)
+    copies = len(dense)
     packed = [planes] + [planes.map(torch.clone) for _ in range(copies - 1)]
     bf16_tiles, b12_tiles = tile_variants(tiles)
     fns = {"cublas": (lambda x, w_: F.linear(x, w_), dense), "bf16": (lambda x, w_: invariant_gemm(x, w_), dense)}

@@ -4,7 +4,6 @@ bit), and where the machine keeps the table: one per device."""
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -15,7 +14,7 @@ from specpilot.config import cache_root
 from specpilot.formats.b12 import encode
 from specpilot.kernels.b12_gemm import b12_gemm
 from specpilot.kernels.gemm_tiles import BUCKETS, CANDIDATES, KERNELS, TileTable, pick_fastest
-from specpilot.kernels.skinny_gemm import SkinnyConfig, invariant_config, invariant_gemm, replay_us
+from specpilot.kernels.skinny_gemm import SkinnyConfig, invariant_config, invariant_gemm, replay_us, rotated_copies
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +56,10 @@ def tune(shapes: Iterable[tuple[int, int]], kernels: Iterable[str] = KERNELS, bu
         raise RuntimeError("tuning GEMM tiles needs a CUDA device")
     candidates, kernels = list(candidates), list(kernels)
     table = TileTable(torch.cuda.get_device_name())
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
     gen = torch.Generator(device="cuda").manual_seed(0)
     for n, k in progress(sorted(set(shapes))):
         w = (torch.randn(n, k, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
-        copies = [w] + [w.clone() for _ in range(max(1, math.ceil(2 * l2 / w.nbytes)) - 1)]
+        copies = rotated_copies(w)
         operands = {"bf16": copies}
         if "b12" in kernels:
             planes = encode(w)

@@ -42,6 +42,7 @@ __all__ = [
     "default_config",
     "invariant_gemm",
     "replay_us",
+    "rotated_copies",
     "skinny_gemm",
     "skinny_gemm_reference",
     "tune",
@@ -380,6 +381,15 @@ def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / max(ref.double().norm().item(), 1e-30) if math.isfinite(diff) else math.inf
 
 
+def rotated_copies(w: torch.Tensor, count: int | None = None) -> list[torch.Tensor]:
+    """``w`` and clones of it, ``count`` in all (default: enough that cycling through them passes twice the L2),
+    for timings in which no call finds its weight cached."""
+    if count is None:
+        l2 = torch.cuda.get_device_properties(w.device).L2_cache_size
+        count = max(1, math.ceil(2 * l2 / (w.numel() * w.element_size())))
+    return [w] + [w.clone() for _ in range(count - 1)]
+
+
 def replay_us(fn, copies: list[torch.Tensor], x: torch.Tensor) -> float:
     """Median µs per call of ``fn(x, w)`` replayed from a CUDA graph of back-to-back calls, as decode runs it.
 
@@ -411,9 +421,8 @@ def tune(
     n, k = w.shape
     w_bytes = w.numel() * w.element_size()
     props = torch.cuda.get_device_properties(w.device)
-    if rotate is None:
-        rotate = max(1, math.ceil(2 * props.L2_cache_size / w_bytes))
-    copies = [w] + [w.clone() for _ in range(rotate - 1)]
+    copies = rotated_copies(w, rotate)
+    rotate = len(copies)
     gen = torch.Generator(device=w.device).manual_seed(0)
     x = torch.randn(x_shape_m, k, device=w.device, dtype=w.dtype, generator=gen)
     ref = skinny_gemm_reference(x, w).float()
