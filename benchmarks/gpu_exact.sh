@@ -10,10 +10,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}; mkdir -p "$out"
-# TUNE=1: tune this device's GEMM tiles for the embedded pair first, so that the tests and forcing run on them
+# TUNE=1: tune this device's GEMM tiles for the embedded target first (bf16: decode and verify rows; B12: decode
+# rows), so that the tests and forcing run on them
 if [ -n "${TUNE:-}" ]; then
-    timeout 300 python3 -m specpilot.cli bench --tune-gemm-tiles --device cuda --output-dir "$out/tiles" 2>&1 \
-        | grep -v -E "it/s\]|s/it\]" | tail -n 40
+    for tuning in "bf16 decode verify" "b12 decode"; do
+        read -r kernel rows <<< "$tuning"
+        # shellcheck disable=SC2086 # rows: one or two words
+        timeout "${TUNE_S:-150}" python3 -m specpilot.cli bench --tune-gemm-tiles --device cuda --tile-kernels "$kernel" \
+            --tile-rows $rows --output-dir "$out/tiles-$kernel" 2>&1 | grep -v -E "it/s\]|s/it\]" | tail -n 40
+    done
 fi
 # The mechanisms' own tests first: a run cut short by TESTS_S has covered the paths most often changed
 SPECPILOT_TEST_DEVICE=cuda SPECPILOT_TEST_DTYPE=bfloat16 timeout "${TESTS_S:-360}" python3 -m pytest -q -p no:cacheprovider \

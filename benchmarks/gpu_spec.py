@@ -9,6 +9,7 @@ for the defaults; two-level reads the synthetic target's cost table, profiled fi
 
     python benchmarks/gpu_spec.py [--out DIR] [--batch 1 8 32] [--repeats 3] [--smoke]   (--smoke: tiny, CPU)
         [--replay TRACE_OR_BENCH_JSON[:DATASET] [--replay-tau 6.5]] [--mechanisms stock default +two-level,+budget]
+        [--tuned-tiles]
 
 --replay: replayed acceptance (specpilot/bench/replay.py): the drafter's passes run as they are, but each verify
 pass accepts a count drawn from a recorded run's acceptance (scaled to --replay-tau if given) of the target's own
@@ -19,6 +20,7 @@ confidences of a recorded pass that accepted as many (what two-level reads); fro
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 from contextlib import nullcontext
@@ -50,10 +52,12 @@ from specpilot.drafters.base import DrafterContext  # noqa: E402
 from specpilot.drafters.dflash import DFlashDrafter  # noqa: E402
 from specpilot.drafters.dflash_model import DFlashConfig, DFlashModel  # noqa: E402
 from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
+from specpilot.engine.gemm_tiles import load_tile_table, save_tile_table, tune  # noqa: E402
 from specpilot.engine.registry import parse_mechanisms  # noqa: E402
 from specpilot.engine.spec_stats import SpecStats  # noqa: E402
 from specpilot.models.checkpoint import Checkpoint  # noqa: E402
 from specpilot.models.config import ModelConfig  # noqa: E402
+from specpilot.models.linear import iter_linears  # noqa: E402
 from specpilot.state.request import Request  # noqa: E402
 
 TINY = ModelConfig(architecture="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=8,
@@ -180,6 +184,9 @@ def main() -> None:
     ap.add_argument("--mechanisms", nargs="+", default=None, metavar="SET",
                     help="compare these mechanism sets (each a --mechanisms value; default: the defaults) instead of "
                          "the kernel sets")
+    ap.add_argument("--tuned-tiles", action="store_true",
+                    help="tune the target's GEMM tiles (decode and verify rows) on this device first; every set then "
+                         "runs on the untuned tiles and, as 'NAME tuned', on the tuned ones")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after timing, print the N operators of most device time in 8 AR and 8 speculative steps "
                          "at the largest batch (torch.profiler)")
@@ -212,6 +219,12 @@ def main() -> None:
         def factory(config: EngineConfig, ctx: DrafterContext) -> ReplayDrafter:
             return ReplayDrafter(dflash(config, ctx), reference, trace, target_cfg.vocab_size)
     configs = variants(args, config, hybrid)
+    tiles = None
+    if args.tuned_tiles:
+        tiles = tune({(lin.out_features, lin.in_features) for _, lin in iter_linears(model)}, kernels=["bf16"])
+        save_tile_table(tiles, load_tile_table(device)[0])  # where the tuned engines load it from
+        configs = {**{k: replace(c, tuned_tiles=False) for k, c in configs.items()},
+                   **{f"{k} tuned": replace(c, tuned_tiles=True) for k, c in configs.items()}}
     if any(c.asks_for("two-level") for c in configs.values()):
         target_cost_table(ckpt, next(iter(configs.values())), model, sorted(set(args.batch)), args.context)
     with TritonCompiles() as start_compiles:  # what the engines compile as they start (eager drafters warm theirs)
@@ -273,7 +286,8 @@ def main() -> None:
               "acceptance": (f"{LABEL}: {trace.source} (tau {trace.tau:.2f})"
                              + ("; output head zeroed: every argmax is token 0" if hybrid else "")) if trace
               else "the drafter's own",
-              "repeats": args.repeats, "start_compiles": start_compiles.report(), "rows": rows}
+              "repeats": args.repeats, "start_compiles": start_compiles.report(), "rows": rows,
+              "tuned_tiles": json.loads(tiles.to_json()) if tiles else None}
     if args.profile:
         for name, engine in engines.items():
             profile_steps(engine, prompts, rids[name], args.profile, f"{name}, B={args.batch[-1]}")

@@ -215,12 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rows per request (a verify pass's block or tree)")
     c.add_argument("--cost-context", type=_positive_int, default=512,
                    help="positions already in each request's cache (default 512)")
-    t = bench.add_argument_group("GEMM tiles (--tune-gemm-tiles: the decode tiles of the target's weight shapes on this "
-                                 "CUDA device, kept on disk and taken by every later engine here; never a token "
-                                 "changed)")
+    t = bench.add_argument_group("GEMM tiles (--tune-gemm-tiles: the decode and verify tiles of the target's weight "
+                                 "shapes on this CUDA device, kept on disk and taken by every later engine here; "
+                                 "never a token changed)")
     t.add_argument("--tune-gemm-tiles", action="store_true", help="tune the tiles instead of a benchmark")
     t.add_argument("--tile-kernels", nargs="+", choices=("bf16", "b12"), default=["bf16", "b12"],
                    help="the kernels to tune: bf16 weights, B12 weights (default both)")
+    t.add_argument("--tile-rows", nargs="+", choices=("decode", "verify"), default=["decode", "verify"],
+                   help="the products to tune: decode (1-64 rows), verify passes (65-512 rows) (default both)")
     bench.set_defaults(func=_cmd_bench)
 
     serve = sub.add_parser("serve", help="HTTP server: SGLang /generate and OpenAI-compatible /v1 APIs",
@@ -607,6 +609,7 @@ def _tune_gemm_tiles(args: argparse.Namespace) -> int:
     from specpilot.bench.output import bench_output_dir
     from specpilot.engine.engine import Engine
     from specpilot.engine.gemm_tiles import load_tile_table, save_tile_table, tune
+    from specpilot.kernels.gemm_tiles import DECODE_BUCKETS, VERIFY_BUCKETS
     from specpilot.models.linear import iter_linears
     from specpilot.progress import bar
 
@@ -615,20 +618,23 @@ def _tune_gemm_tiles(args: argparse.Namespace) -> int:
         raise ValueError("--tune-gemm-tiles times the kernels on a CUDA device: pass --device cuda on a machine with one")
     engine = Engine.from_config(config)
     shapes = sorted({(linear.out_features, linear.in_features) for _, linear in iter_linears(engine.model)})
-    table = tune(shapes, args.tile_kernels, progress=lambda items: bar(items, "weight shapes"))
+    buckets = {"decode": DECODE_BUCKETS, "verify": VERIFY_BUCKETS}
+    table = tune(shapes, args.tile_kernels, [m for rows in args.tile_rows for m in buckets[rows]],
+                 progress=lambda items: bar(items, "weight shapes"))
     cached = save_tile_table(table, load_tile_table(engine.device)[0])
     out = bench_output_dir(args.output_dir)
     prov = provenance.collect(engine.device, str(engine.dtype))
     (out / "gemm_tiles.json").write_text(json.dumps({"provenance": prov, "shapes": shapes,
                                                     "table": json.loads(table.to_json())}, indent=2))
-    view = Table(title=f"tuned decode tiles: {table.device} ({len(shapes)} weight shapes; where none is listed the "
+    view = Table(title=f"tuned GEMM tiles: {table.device} ({len(shapes)} weight shapes; where none is listed the "
                        "untuned tiles were fastest)")
-    for column in ("kernel", "N x K", "rows", "tiles (rows x warps)", "µs", "untuned µs"):
+    for column in ("kernel", "N x K", "rows", "w tile (rows x K, warps, stages)", "x rows", "µs", "untuned µs"):
         view.add_column(column, justify="right")
-    for (kernel, n, k, m), tiles in sorted(table.entries.items()):
+    for (kernel, n, k, m), (tiles, block_m) in sorted(table.entries.items()):
         times = table.timings[(kernel, n, k, m)]
-        view.add_row(kernel, f"{n} x {k}", f"<= {m}", f"{tiles.block_n} x {tiles.num_warps}", f"{times['us']:.1f}",
-                     f"{times['untuned_us']:.1f}")
+        view.add_row(kernel, f"{n} x {k}", f"<= {m}",
+                     f"{tiles.block_n} x {tiles.block_k}, {tiles.num_warps}, {tiles.num_stages}",
+                     str(block_m or "by M"), f"{times['us']:.1f}", f"{times['untuned_us']:.1f}")
     Console().print(view)
     print(f"cached in {cached}; results in {out}/gemm_tiles.json")
     return 0

@@ -14,12 +14,23 @@ from triton_launches import LaunchRecorder
 from specpilot.cli import build_parser, engine_config_from_args, main
 from specpilot.engine.gemm_tiles import load_tile_table, save_tile_table, tile_table_path
 from specpilot.kernels import skinny_gemm as sg
-from specpilot.kernels.gemm_tiles import BUCKETS, CANDIDATES, MIN_GAIN, TileTable, bucket, pick_fastest
+from specpilot.kernels.gemm_tiles import (
+    BUCKETS,
+    CANDIDATES,
+    MIN_GAIN,
+    VERIFY_BUCKETS,
+    VERIFY_CANDIDATES,
+    TileTable,
+    bucket,
+    candidates_for,
+    pick_fastest,
+)
 from specpilot.kernels.skinny_gemm import SkinnyConfig, invariant_config
 from specpilot.models.linear import Linear, set_tile_table
 
-SMALL = SkinnyConfig(block_n=16, block_k=128, split_k=1, num_warps=2, num_stages=8)
-NARROW = SkinnyConfig(block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=8)
+SMALL = (SkinnyConfig(block_n=16, block_k=128, split_k=1, num_warps=2, num_stages=8), None)
+NARROW = (SkinnyConfig(block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=8), None)
+WIDE = (SkinnyConfig(block_n=64, block_k=128, split_k=1, num_warps=4, num_stages=4), 64)  # a verify pass's
 
 
 def table() -> TileTable:
@@ -27,13 +38,19 @@ def table() -> TileTable:
     t.entries[("b12", 4096, 4096, 1)] = SMALL
     t.entries[("b12", 4096, 4096, 16)] = NARROW
     t.entries[("bf16", 96, 1024, 64)] = SMALL
+    t.entries[("bf16", 96, 1024, 256)] = WIDE
     t.timings[("b12", 4096, 4096, 1)] = {"us": 19.2, "untuned_us": 26.0}
     return t
 
 
 def test_rows_take_the_smallest_bucket_that_holds_them():
-    assert [bucket(m) for m in (1, 2, 4, 5, 16, 17, 64, 65, 300)] == [1, 4, 4, 16, 16, 64, 64, None, None]
-    assert BUCKETS[-1] == sg.MAX_M
+    assert [bucket(m) for m in (1, 2, 4, 5, 16, 17, 64, 65, 300, 512, 513)] == \
+        [1, 4, 4, 16, 16, 64, 64, 128, 384, 512, None]
+    assert sg.MAX_M in BUCKETS and BUCKETS[-1] == VERIFY_BUCKETS[-1]
+    assert candidates_for(64) == CANDIDATES and candidates_for(65) == VERIFY_CANDIDATES
+    assert all(block_m is None for _, block_m in CANDIDATES) and all(block_m for _, block_m in VERIFY_CANDIDATES)
+    # every verify bucket's untuned tiles are among its candidates: the tuner weighs its neighbours against them
+    assert all(sg.invariant_config(m, n, 4096) in VERIFY_CANDIDATES for m in VERIFY_BUCKETS for n in (4096, 6144, 28672))
 
 
 def test_a_table_picks_per_kernel_shape_and_bucket_and_leaves_the_rest_untuned():
@@ -42,16 +59,17 @@ def test_a_table_picks_per_kernel_shape_and_bucket_and_leaves_the_rest_untuned()
     assert t.pick("b12", 4096, 4096, 3) is None  # bucket 4: not tuned
     assert t.pick("b12", 4096, 4096, 9) == NARROW
     assert t.pick("bf16", 4096, 4096, 1) is None  # another kernel
-    assert t.pick("b12", 4096, 4096, 65) is None  # past the decode sizes
+    assert t.pick("b12", 4096, 4096, 65) is None  # bucket 128: not tuned
     choose = t.chooser("bf16", 96, 1024)
-    assert choose(40) == (SMALL, None)
+    assert choose(40) == SMALL and choose(200) == WIDE
     assert choose(8) == invariant_config(8, 96, 1024) and choose(300) == invariant_config(300, 96, 1024)
+    assert choose(600) == invariant_config(600, 96, 1024)  # past the verify sizes
 
 
 def test_the_table_round_trips_through_its_file(tmp_path):
     t = table()
     back = TileTable.load(t.save(tmp_path / "t.json"))
-    assert back.device == t.device and back.entries == t.entries
+    assert back.device == t.device and back.entries == t.entries and back.pick("bf16", 96, 1024, 256) == WIDE
     assert back.timings[("b12", 4096, 4096, 1)] == {"us": 19.2, "untuned_us": 26.0}
     raw = json.loads(t.to_json())
     raw["entries"][0]["m"] = 3
@@ -69,7 +87,7 @@ def test_saving_merges_into_the_devices_table(tmp_path, monkeypatch):
 
 
 def test_the_tuner_keeps_only_faster_tiles_with_the_same_bits():
-    untuned, fast_wrong, fast_right, close = CANDIDATES[4], CANDIDATES[0], CANDIDATES[1], CANDIDATES[2]
+    untuned, fast_wrong, fast_right, close = CANDIDATES[4], CANDIDATES[0], CANDIDATES[1], VERIFY_CANDIDATES[2]
     times = {untuned: 10.0, fast_wrong: 5.0, fast_right: 8.0, close: 10.0 * (1 - MIN_GAIN / 2)}
     best, t = pick_fastest(untuned, times, times.__getitem__, lambda c: c != fast_wrong)
     assert best == fast_right and t == {"us": 8.0, "untuned_us": 10.0}
@@ -85,9 +103,9 @@ def test_the_tuner_keeps_only_faster_tiles_with_the_same_bits():
 
 def test_linears_take_the_table_for_their_own_shape():
     linear = Linear(4096, 4096)
-    assert linear.tuned("b12", 1) is None
+    assert linear.tuned("b12", 1) == (None, None)
     set_tile_table(torch.nn.Sequential(linear), table())
-    assert linear.tuned("b12", 1) == SMALL and linear.tuned("bf16", 1) is None
+    assert linear.tuned("b12", 1) == SMALL and linear.tuned("bf16", 1) == (None, None)
 
 
 def test_warm_rows_cover_the_tuned_tiles_variants(monkeypatch):
@@ -100,7 +118,8 @@ def test_warm_rows_cover_the_tuned_tiles_variants(monkeypatch):
     w = torch.zeros(n, k, dtype=torch.bfloat16)
 
     def product(m: int) -> None:
-        sg.invariant_gemm(torch.zeros(m, k, dtype=torch.bfloat16), w, config=t.pick("bf16", n, k, m))
+        config, block_m = t.pick("bf16", n, k, m) or (None, None)
+        sg.invariant_gemm(torch.zeros(m, k, dtype=torch.bfloat16), w, config=config, block_m=block_m)
     for m in sg.variant_rows(n, k, 300, True, choose=t.chooser("bf16", n, k)):
         product(m)
     phase[0] = "run"
@@ -108,6 +127,7 @@ def test_warm_rows_cover_the_tuned_tiles_variants(monkeypatch):
         product(m)
     assert [key for key, p in seen.items() if p == "run"] == []
     assert any(("BLOCK_N", "16") in key[1][1] for key in seen)  # the tuned 16-row tile was among them
+    assert any(("BLOCK_N", "64") in key[1][1] and ("BLOCK_M", "64") in key[1][1] for key in seen)  # and the verify one
 
 
 def test_an_engine_off_cuda_keeps_the_untuned_tiles(tiny_dir, tmp_path, monkeypatch):
@@ -137,10 +157,11 @@ def test_tuned_tables_products_are_bitwise_the_untuned_ones_on_cuda(tmp_path, mo
 
     monkeypatch.setenv("SPECPILOT_CACHE_DIR", str(tmp_path))
     shapes = [(1024, 4096), (4096, 1024)]
-    tuned = tune(shapes, buckets=(1, 16), candidates=CANDIDATES[:4])
+    tuned = tune(shapes, buckets=(1, 16, 256), candidates=lambda m: candidates_for(m)[:4])
     assert tuned.device == torch.cuda.get_device_name()
     tuned.entries[("bf16", 1024, 4096, 1)] = SMALL  # one entry whatever the timings said, so one always runs
     tuned.entries[("b12", 1024, 4096, 16)] = SMALL
+    tuned.entries[("bf16", 4096, 1024, 256)] = WIDE
     g = torch.Generator(device="cuda").manual_seed(3)
     for n, k in shapes:
         for b12 in (False, True):
@@ -149,7 +170,7 @@ def test_tuned_tables_products_are_bitwise_the_untuned_ones_on_cuda(tmp_path, mo
             linear.batch_invariant = True
             if b12:
                 assert linear.to_b12()
-            for m in (1, 3, 16):
+            for m in (1, 3, 16, 200):
                 x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
                 linear.tiles = None
                 untuned = linear(x)

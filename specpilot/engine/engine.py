@@ -119,7 +119,7 @@ class Engine:
         # then requires identity, tie band 0).
         self.exact = config.batch_invariant and self.device.type == "cuda" and HAS_TRITON and not self.hybrid
         self.model.set_batch_invariant(self.exact)
-        # this device's tuned decode tiles, where `specpilot bench --tune-gemm-tiles` made them: the same bits, sooner
+        # this device's tuned GEMM tiles, where `specpilot bench --tune-gemm-tiles` made them: the same bits, sooner
         self.gemm_tiles, self.gemm_tiles_path = load_tile_table(self.device) if self.exact and config.tuned_tiles \
             else (None, None)
         set_tile_table(self.model, self.gemm_tiles)
@@ -298,8 +298,8 @@ class Engine:
     def step(self) -> list[Request]:
         """One forward pass: a prefill of newly admitted requests if any can be admitted, else one
         decode step for every running request. Returns the requests that finished."""
-        if self.model.batch_invariant != self.exact:  # a twin with the other kernels ran last
-            self.model.set_batch_invariant(self.exact)
+        if self.model.batch_invariant != self.exact or self.model.tile_table is not self.gemm_tiles:
+            self.model.set_batch_invariant(self.exact)  # a twin with other kernels or tiles ran last
             set_tile_table(self.model, self.gemm_tiles)
         admitted = self._admit()
         if admitted:

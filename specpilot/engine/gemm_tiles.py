@@ -13,8 +13,8 @@ import torch
 from specpilot.config import cache_root
 from specpilot.formats.b12 import encode
 from specpilot.kernels.b12_gemm import b12_gemm
-from specpilot.kernels.gemm_tiles import BUCKETS, CANDIDATES, KERNELS, TileTable, pick_fastest
-from specpilot.kernels.skinny_gemm import SkinnyConfig, invariant_config, invariant_gemm, replay_us, rotated_copies
+from specpilot.kernels.gemm_tiles import BUCKETS, KERNELS, TileTable, Tiles, candidates_for, pick_fastest
+from specpilot.kernels.skinny_gemm import invariant_config, invariant_gemm, replay_us, rotated_copies
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +48,14 @@ def save_tile_table(table: TileTable, into: TileTable | None = None) -> Path:
 
 
 def tune(shapes: Iterable[tuple[int, int]], kernels: Iterable[str] = KERNELS, buckets: Iterable[int] = BUCKETS,
-         candidates: Iterable[SkinnyConfig] = CANDIDATES, progress: Callable[[Iterable], Iterable] = iter) -> TileTable:
-    """Time every candidate tile against the untuned ones for each weight shape [N, K], kernel and row bucket on
-    this CUDA device (CUDA-graph replay over weight copies past twice the L2, Gaussian bf16 weights), keeping
-    the faster ones whose output is bitwise the untuned tiles'."""
+         candidates: Callable[[int], Iterable[Tiles]] = candidates_for,
+         progress: Callable[[Iterable], Iterable] = iter) -> TileTable:
+    """Time every candidate tile (`candidates(bucket)`) against the untuned ones for each weight shape [N, K],
+    kernel and row bucket on this CUDA device (CUDA-graph replay over weight copies past twice the L2, Gaussian
+    bf16 weights), keeping the faster ones whose output is bitwise the untuned tiles'."""
     if not torch.cuda.is_available():
         raise RuntimeError("tuning GEMM tiles needs a CUDA device")
-    candidates, kernels = list(candidates), list(kernels)
+    kernels = list(kernels)
     table = TileTable(torch.cuda.get_device_name())
     gen = torch.Generator(device="cuda").manual_seed(0)
     for n, k in progress(sorted(set(shapes))):
@@ -68,19 +69,19 @@ def tune(shapes: Iterable[tuple[int, int]], kernels: Iterable[str] = KERNELS, bu
             gemm = invariant_gemm if kernel == "bf16" else b12_gemm
             for m in buckets:
                 x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-                untuned = invariant_config(m, n, k)[0]
                 expected = invariant_gemm(x, w).view(torch.int16)
 
-                def time_us(config: SkinnyConfig) -> float:
-                    return replay_us(lambda a, b: gemm(a, b, config=config), operands[kernel], x)
+                def time_us(tiles: Tiles) -> float:
+                    return replay_us(lambda a, b: gemm(a, b, config=tiles[0], block_m=tiles[1]), operands[kernel], x)
 
-                def same_bits(config: SkinnyConfig) -> bool:
+                def same_bits(tiles: Tiles) -> bool:
                     try:
-                        return torch.equal(gemm(x, operands[kernel][0], config=config).view(torch.int16), expected)
+                        out = gemm(x, operands[kernel][0], config=tiles[0], block_m=tiles[1])
+                        return torch.equal(out.view(torch.int16), expected)
                     except Exception:  # noqa: BLE001 - e.g. a tile B12 cannot take, or out of shared memory
                         return False
 
-                best, times = pick_fastest(untuned, candidates, time_us, same_bits)
+                best, times = pick_fastest(invariant_config(m, n, k), candidates(m), time_us, same_bits)
                 if best is not None:
                     table.entries[(kernel, n, k, m)] = best
                     table.timings[(kernel, n, k, m)] = times

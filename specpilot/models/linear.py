@@ -14,8 +14,8 @@ from torch import nn
 
 from specpilot.formats.b12 import B12Tensor, TooManyEscapes, decode, encode
 from specpilot.kernels.b12_gemm import b12_gemm
-from specpilot.kernels.gemm_tiles import TileTable
-from specpilot.kernels.skinny_gemm import HAS_TRITON, SkinnyConfig, invariant_gemm, skinny_gemm, variant_rows
+from specpilot.kernels.gemm_tiles import TileTable, Tiles
+from specpilot.kernels.skinny_gemm import HAS_TRITON, invariant_gemm, skinny_gemm, variant_rows
 
 # Up to this many rows (decode, small verify) a Triton GEMM that streams W at near copy bandwidth
 # beats cuBLAS on the H200 (docs/RESULTS.md); above it the pass is compute-bound and cuBLAS wins.
@@ -31,8 +31,8 @@ class Linear(nn.Module):
     `to_b12` swaps the weight for its B12 planes (kernels/b12_gemm.py reads them on CUDA; elsewhere they are
     decoded for each product): the same bits, so the same outputs as the bf16 weight on the invariant path.
 
-    `tiles`: this device's tuned decode tiles (kernels/gemm_tiles.py) for both invariant kernels; a tile never
-    changes a row's bits, only the time."""
+    `tiles`: this device's tuned tiles (kernels/gemm_tiles.py) for both invariant kernels; a tile never changes
+    a row's bits, only the time."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
@@ -44,16 +44,19 @@ class Linear(nn.Module):
         self.b12: B12Tensor | None = None
         self.tiles: TileTable | None = None
 
-    def tuned(self, kernel: str, m: int) -> SkinnyConfig | None:
-        """The tiles `tiles` gives a product of m rows on `kernel` ("bf16" or "b12"); None: the untuned ones."""
-        return None if self.tiles is None else self.tiles.pick(kernel, self.out_features, self.in_features, m)
+    def tuned(self, kernel: str, m: int) -> Tiles | tuple[None, None]:
+        """The tiles `tiles` gives a product of m rows on `kernel` ("bf16" or "b12"); (None, None): the untuned
+        ones."""
+        picked = None if self.tiles is None else self.tiles.pick(kernel, self.out_features, self.in_features, m)
+        return picked or (None, None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.b12 is not None:
             return self._b12_forward(x)
         if x.is_cuda and x.dim() == 2 and HAS_TRITON:
             if self.batch_invariant:
-                return invariant_gemm(x, self.weight, self.bias, config=self.tuned("bf16", x.shape[0]))
+                config, block_m = self.tuned("bf16", x.shape[0])
+                return invariant_gemm(x, self.weight, self.bias, config=config, block_m=block_m)
             if x.shape[0] <= SKINNY_MAX_M and x.dtype != torch.float32:
                 return skinny_gemm(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
@@ -63,7 +66,8 @@ class Linear(nn.Module):
         if x.is_cuda and HAS_TRITON and x.dtype == torch.bfloat16:
             # invariant_gemm's tiles at every M: bitwise the bf16 weight's invariant path
             flat = x.reshape(-1, x.shape[-1]).contiguous()
-            y = b12_gemm(flat, p, self.bias, config=self.tuned("b12", flat.shape[0]))
+            config, block_m = self.tuned("b12", flat.shape[0])
+            y = b12_gemm(flat, p, self.bias, config=config, block_m=block_m)
             return y.reshape(*x.shape[:-1], self.out_features)
         w = self.dense_weight()
         if w.device.type == "cpu":
@@ -143,9 +147,11 @@ def weight_bytes(module: nn.Module) -> int:
 
 
 def set_tile_table(module: nn.Module, table: TileTable | None) -> None:
-    """Every Linear of `module` launches the invariant kernels on `table`'s tuned tiles (None: the untuned ones)."""
+    """Every Linear of `module` launches the invariant kernels on `table`'s tuned tiles (None: the untuned ones);
+    `module.tile_table` says which (engines sharing one model compare it)."""
     for _, linear in iter_linears(module):
         linear.tiles = table
+    module.tile_table = table
 
 
 def set_batch_invariant(module: nn.Module, on: bool) -> None:
