@@ -39,6 +39,16 @@ def test_gpu_spec_smoke_with_replayed_acceptance(tmp_path, target, trace):
     assert ("invariant" in result["rows"][0]) == (target == "llama")
 
 
+def test_step_host_ops_smoke(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPILOT_CACHE_DIR", str(tmp_path / "cache"))  # two-level's cost table, profiled here
+    run_script("step_host_ops.py", "--out", str(tmp_path))
+    rows = {r["set"]: r for r in json.loads((tmp_path / "step_host_ops.json").read_text())["rows"]}
+    default, ragged = rows["default"], rows["+two-level,+ragged"]
+    assert "early-launch" in default["mechanisms"]  # the replayed drafter launches early, as a real one does
+    assert {"ragged", "two-level"} <= set(ragged["mechanisms"])
+    assert ragged["ops_per_step"]["plan"] > default["ops_per_step"]["plan"] >= 1  # ragged lays its pass out eagerly
+
+
 def test_ar_overlap_smoke(tmp_path):
     run_script("ar_overlap.py", "--batch", "1", "3", "--repeats", "1", "--new-tokens", "10", "--context", "12",
                "--out", str(tmp_path))

@@ -61,6 +61,56 @@ def test_replayed_passes_accept_the_drawn_counts_and_keep_ar_output(tiny):  # no
     assert hist[3] >= sum(hist) - len(prompts) and not any(hist[4:])
 
 
+def test_replay_keeps_its_drafters_early_launch_and_never_reads_a_draft_on_the_host(tiny, monkeypatch):  # noqa: F811
+    """Over a drafter that launches early (dflash), the replay launches through it too, and its proposals are made
+    on the device from what the host knows (no read of the draft, which would make the host wait for it); the
+    passes still accept the drawn counts and the output stays AR's."""
+    ckpt, paths = tiny
+    prompts = mixed_prompts(ckpt.config.vocab_size, 3)
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    ar = engine_for(ckpt)
+    reference = {f"p{i}": ar.add_request(p, params, rid=f"p{i}") for i, p in enumerate(prompts)}
+    while ar.has_work:
+        ar.step()
+    spec = engine_for(ckpt, "dflash", paths["dflash"], 6)
+    assert "early-launch" in spec.mechanisms
+    inner, launches = spec.drafter, []
+    launch_next = inner.launch_next
+    monkeypatch.setattr(inner, "launch_next", lambda *args: launches.append(1) or launch_next(*args))
+    one = AcceptTrace((0.0, 1.0, 0.0, 0.0, 0.0, 0.0), "always one")
+    replay = ReplayDrafter(inner, {rid: r.output_ids for rid, r in reference.items()}, one, ckpt.config.vocab_size)
+    assert replay.capabilities.early_launch
+    spec.drafter = replay
+    proposing, reads, tolist, item = [False], [], torch.Tensor.tolist, torch.Tensor.item
+
+    def read(method):
+        def counted(self):
+            if proposing[0]:
+                reads.append(method.__name__)
+            return method(self)
+        return counted
+    monkeypatch.setattr(torch.Tensor, "tolist", read(tolist))
+    monkeypatch.setattr(torch.Tensor, "item", read(item))
+
+    def watched(propose, on: bool):  # the replay's own work is watched, not its inner drafter's (CPU attention reads)
+        def run(reqs):
+            proposing[0] = on
+            try:
+                return propose(reqs)
+            finally:
+                proposing[0] = not on
+        return run
+    monkeypatch.setattr(inner, "propose", watched(inner.propose, False))
+    monkeypatch.setattr(replay, "propose", watched(replay.propose, True))
+    reqs = [spec.add_request(p, params, rid=f"p{i}") for i, p in enumerate(prompts)]
+    while spec.has_work:
+        spec.step()
+    assert [r.output_ids for r in reqs] == [reference[f"p{i}"].output_ids for i in range(3)]
+    assert launches and not reads
+    hist = spec.spec_stats.histogram
+    assert hist[2] >= sum(hist) - len(prompts) and not any(hist[3:])
+
+
 def test_replayed_confidences_are_the_traces_conditional_odds(tiny):  # noqa: F811
     trace = AcceptTrace((0.5, 0.25, 0.25), "t")  # P(accepted >= 1) = 0.5, >= 2: 0.25
     assert trace.conditional() == [0.5, 0.5]

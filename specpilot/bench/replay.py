@@ -21,8 +21,10 @@ from pathlib import Path
 import torch
 
 from specpilot.drafters.base import Drafter, VerifySource
-from specpilot.state.draft import Draft
+from specpilot.state.batch import ForwardBatch
+from specpilot.state.draft import Accepted, Draft
 from specpilot.state.request import Request
+from specpilot.state.transfer import to_device
 
 LABEL = "replayed acceptance"
 
@@ -125,17 +127,18 @@ class AcceptTrace:
         return by
 
 
-class HostDrafter(Drafter):
-    """A drafter around `inner` whose proposals or commits pass through the host: `inner` drafts, keeps its state
-    and compiles or captures what it runs; no early launch or device lookup (their drafts never reach the host)."""
+class WrappedDrafter(Drafter):
+    """A drafter around `inner`, which drafts, keeps its state and compiles or captures what it runs; a chain
+    drafter's (trees are refused). Early launches go to `inner` where the wrapper keeps that capability."""
 
-    def __init__(self, inner: Drafter) -> None:
+    def __init__(self, inner: Drafter, early_launch: bool) -> None:
         super().__init__(inner.block_size)
         if inner.capabilities.trees:
             raise ValueError(f"{self.name} takes a chain drafter (tree-topk 1)")
         self.inner = inner
         self.tap_layers, self.source = inner.tap_layers, inner.source
-        self.capabilities = replace(inner.capabilities, early_launch=False, device_lookup=False)
+        self.capabilities = replace(inner.capabilities, early_launch=early_launch and inner.capabilities.early_launch,
+                                    device_lookup=False)
 
     def start(self, reqs: list[Request], prompt_taps: list[torch.Tensor | None]) -> None:
         self.inner.start(reqs, prompt_taps)
@@ -146,6 +149,13 @@ class HostDrafter(Drafter):
     def release(self, req: Request) -> None:
         self.inner.release(req)
 
+    def launch_next(self, reqs: list[Request], verify: ForwardBatch, accepted: Accepted,
+                    verify_taps: torch.Tensor | None) -> None:
+        self.inner.launch_next(reqs, verify, accepted, verify_taps)
+
+    def cancel_launch(self) -> None:
+        self.inner.cancel_launch()
+
     def warm(self, max_batch: int) -> None:
         self.inner.warm(max_batch)
 
@@ -153,22 +163,23 @@ class HostDrafter(Drafter):
         self.inner.capture(batch_sizes, sources)
 
     def static_draft(self, bucket: int) -> Draft | None:
-        return None  # proposals pass through the host, not the inner drafter's graph outputs
+        return None  # proposals are the wrapper's, not the inner drafter's graph outputs
 
 
-class ReplayDrafter(HostDrafter):
-    """`inner` drafts (its passes and their cost are real); each request's row is then the reference
-    continuation (`reference[rid]`: the target's own output, from an AR run) for a count drawn from `trace`,
-    then a token that differs from the reference, then whatever `inner` drafted; its confidences are those of a
-    recorded pass that accepted as many (a confidence trace's), or else the trace's `conditional` odds, the same
-    for every pass. Chains only; each proposal is replaced on the host, and placed in the verify pass eagerly,
-    not by a graph."""
+class ReplayDrafter(WrappedDrafter):
+    """`inner` drafts (its passes and their cost are real, early launches included); each request's row is then the
+    reference continuation (`reference[rid]`: the target's own output, from an AR run) for a count drawn from
+    `trace`, then a token that differs from the reference, then whatever `inner` drafted; its confidences are those
+    of a recorded pass that accepted as many (a confidence trace's), or else the trace's `conditional` odds, the
+    same for every pass. Chains only. The rows are replaced on the device from what the host knows without
+    reading the draft (the reference's next tokens, the drawn counts), so the host never waits for the draft —
+    as with a real drafter — and the verify pass takes them eagerly, not from a graph's outputs."""
 
     name = "replay"
 
     def __init__(self, inner: Drafter, reference: dict[str, list[int]], trace: AcceptTrace, vocab_size: int,
                  seed: int = 0) -> None:
-        super().__init__(inner)
+        super().__init__(inner, early_launch=True)
         if trace.max_accepted > self.num_proposals:
             raise ValueError(f"the trace accepts up to {trace.max_accepted} drafts; blocks here hold {self.num_proposals}")
         self.reference, self.trace, self.vocab = reference, trace, vocab_size
@@ -178,23 +189,27 @@ class ReplayDrafter(HostDrafter):
 
     def propose(self, reqs: list[Request]) -> Draft:
         draft = self.inner.propose(reqs)
-        rows, confidences = draft.tokens[: len(reqs)].tolist(), []
-        for row, req in zip(rows, reqs):
-            ref = self.reference[req.rid][len(req.output_ids) :]
+        drafted = draft.tokens[: len(reqs)]
+        k = drafted.shape[1]
+        windows, accepts, confidences = [], [], []
+        for req in reqs:
+            ref = self.reference[req.rid][len(req.output_ids) : len(req.output_ids) + k]
             accept, recorded = self.trace.sample_pass(self.rng)
-            accept = min(accept, len(ref))
-            row[:accept] = ref[:accept]
-            if accept < min(len(row), len(ref)) and row[accept] == ref[accept]:  # the next draft must miss
-                row[accept] = (ref[accept] + 1) % self.vocab
-            confidences.append((self.confidences if recorded is None else self._padded(recorded))[: len(row)])
-        tokens = torch.tensor(rows, dtype=draft.tokens.dtype, device=draft.tokens.device)
-        return Draft(tokens, torch.tensor(confidences, device=tokens.device))
+            accepts.append(min(accept, len(ref)))
+            windows.append([*ref, *[-1] * (k - len(ref))])  # past the reference's end: no token matches -1
+            confidences.append((self.confidences if recorded is None else self._padded(recorded))[:k])
+        device = drafted.device
+        ref, accept = to_device(windows, device), to_device(accepts, device)[:, None]
+        slot = torch.arange(k, device=device)
+        missed = (slot == accept) & (drafted == ref)  # the draft after the accepted ones must miss
+        tokens = torch.where(slot < accept, ref, torch.where(missed, (ref + 1) % self.vocab, drafted))
+        return Draft(tokens.to(drafted.dtype), to_device(confidences, device, torch.float32))
 
     def _padded(self, confidences: Sequence[float]) -> list[float]:
         return [*confidences] + [0.0] * (self.num_proposals - len(confidences))
 
 
-class RecordingDrafter(HostDrafter):
+class RecordingDrafter(WrappedDrafter):
     """`inner` drafting as it does; per request and verify pass, its confidence in each of its drafts and how many
     the target accepted (`passes`: a confidence trace, what `AcceptTrace.from_passes` replays). A pass counts once
     its request drafts again, so a request's last pass, which its end may have cut short, never does. Record with
@@ -203,7 +218,7 @@ class RecordingDrafter(HostDrafter):
     name = "recording"
 
     def __init__(self, inner: Drafter) -> None:
-        super().__init__(inner)
+        super().__init__(inner, early_launch=False)  # it reads each draft's confidences on the host
         if not inner.capabilities.confidences:
             raise ValueError(f"{inner.name} gives no confidences to record")
         self.passes: list[tuple[int, tuple[float, ...]]] = []

@@ -8,26 +8,27 @@ from itertools import chain
 
 import torch
 
-_TYPECODES = {torch.int64: "q", torch.int32: "i"}
+_TYPECODES = {torch.int64: "q", torch.int32: "i", torch.float32: "f"}
 
 
-def host_tensor(values: Iterable[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    """A 1-D CPU tensor of integers, made through an array: torch.tensor converts a list element by element,
-    several times slower (at large batches, input fills were mostly that conversion)."""
+def host_tensor(values: Iterable[int] | Iterable[float], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A 1-D CPU tensor of integers (or float32), made through an array: torch.tensor converts a list element by
+    element, several times slower (at large batches, input fills were mostly that conversion)."""
     buffer = array(_TYPECODES[dtype], values)
     return torch.frombuffer(buffer, dtype=dtype) if buffer else torch.zeros(0, dtype=dtype)
 
 
-def to_device(values: list[int] | list[list[int]], device: torch.device) -> torch.Tensor:
-    """int64 values on `device` (a list, or rows of equal length). On CUDA they go through pinned memory,
-    asynchronously: a copy from pageable memory would block the host until the stream reached it."""
+def to_device(values: list[int] | list[list[int]] | list[list[float]], device: torch.device,
+              dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """int64 (or `dtype`) values on `device` (a list, or rows of equal length). On CUDA they go through pinned
+    memory, asynchronously: a copy from pageable memory would block the host until the stream reached it."""
     if values and isinstance(values[0], list):
         width = len(values[0])
         if any(len(row) != width for row in values):
             raise ValueError("to_device takes rows of equal length")
-        host = host_tensor(chain.from_iterable(values)).view(len(values), width)
+        host = host_tensor(chain.from_iterable(values), dtype).view(len(values), width)
     else:
-        host = host_tensor(values)
+        host = host_tensor(values, dtype)
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
 
 
