@@ -40,22 +40,27 @@ def test_a_scaled_trace_reaches_its_tau_and_keeps_its_length(tau):
         trace.scaled_to(11.0)
 
 
+def _ar_outputs(ckpt, prompts: list[list[int]], params: SamplingParams) -> dict[str, list[int]]:
+    """The target's own continuations, by rid p0, p1, ...: what a replay proposes."""
+    ar = engine_for(ckpt)
+    reqs = {f"p{i}": ar.add_request(p, params, rid=f"p{i}") for i, p in enumerate(prompts)}
+    while ar.has_work:
+        ar.step()
+    return {rid: r.output_ids for rid, r in reqs.items()}
+
+
 def test_replayed_passes_accept_the_drawn_counts_and_keep_ar_output(tiny):  # noqa: F811
     ckpt, _ = tiny
     prompts = mixed_prompts(ckpt.config.vocab_size, 4)
     params = SamplingParams(max_new_tokens=24, ignore_eos=True)
-    ar = engine_for(ckpt)
-    reference = {f"p{i}": ar.add_request(p, params, rid=f"p{i}") for i, p in enumerate(prompts)}
-    while ar.has_work:
-        ar.step()
+    reference = _ar_outputs(ckpt, prompts, params)
     spec = engine_for(ckpt, "ngram", block=5, graphs=False)
     two = AcceptTrace((0.0, 0.0, 1.0, 0.0, 0.0), "always two")
-    spec.drafter = ReplayDrafter(spec.drafter, {rid: r.output_ids for rid, r in reference.items()}, two,
-                                 ckpt.config.vocab_size)
+    spec.drafter = ReplayDrafter(spec.drafter, reference, two, ckpt.config.vocab_size)
     reqs = [spec.add_request(p, params, rid=f"p{i}") for i, p in enumerate(prompts)]
     while spec.has_work:
         spec.step()
-    assert [r.output_ids for r in reqs] == [reference[f"p{i}"].output_ids for i in range(4)]
+    assert [r.output_ids for r in reqs] == [reference[f"p{i}"] for i in range(4)]
     hist = spec.spec_stats.histogram
     # 2 drafts and the bonus every pass, but a request's last one, cut by max_new_tokens
     assert hist[3] >= sum(hist) - len(prompts) and not any(hist[4:])
@@ -68,17 +73,14 @@ def test_replay_keeps_its_drafters_early_launch_and_never_reads_a_draft_on_the_h
     ckpt, paths = tiny
     prompts = mixed_prompts(ckpt.config.vocab_size, 3)
     params = SamplingParams(max_new_tokens=20, ignore_eos=True)
-    ar = engine_for(ckpt)
-    reference = {f"p{i}": ar.add_request(p, params, rid=f"p{i}") for i, p in enumerate(prompts)}
-    while ar.has_work:
-        ar.step()
+    reference = _ar_outputs(ckpt, prompts, params)
     spec = engine_for(ckpt, "dflash", paths["dflash"], 6)
     assert "early-launch" in spec.mechanisms
     inner, launches = spec.drafter, []
     launch_next = inner.launch_next
     monkeypatch.setattr(inner, "launch_next", lambda *args: launches.append(1) or launch_next(*args))
     one = AcceptTrace((0.0, 1.0, 0.0, 0.0, 0.0, 0.0), "always one")
-    replay = ReplayDrafter(inner, {rid: r.output_ids for rid, r in reference.items()}, one, ckpt.config.vocab_size)
+    replay = ReplayDrafter(inner, reference, one, ckpt.config.vocab_size)
     assert replay.capabilities.early_launch
     spec.drafter = replay
     proposing, reads, tolist, item = [False], [], torch.Tensor.tolist, torch.Tensor.item
@@ -105,7 +107,7 @@ def test_replay_keeps_its_drafters_early_launch_and_never_reads_a_draft_on_the_h
     reqs = [spec.add_request(p, params, rid=f"p{i}") for i, p in enumerate(prompts)]
     while spec.has_work:
         spec.step()
-    assert [r.output_ids for r in reqs] == [reference[f"p{i}"].output_ids for i in range(3)]
+    assert [r.output_ids for r in reqs] == [reference[f"p{i}"] for i in range(3)]
     assert launches and not reads
     hist = spec.spec_stats.histogram
     assert hist[2] >= sum(hist) - len(prompts) and not any(hist[3:])
