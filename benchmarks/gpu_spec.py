@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from collections import Counter
 import sys
 from contextlib import nullcontext
 from dataclasses import replace
@@ -131,17 +132,36 @@ def target_cost_table(ckpt: Checkpoint, config: EngineConfig, model: torch.nn.Mo
     ensure_cost_table(ar, batches, list(COST_ROWS), context)
 
 
-def step_graphs_ms(engine: Engine, b: int, verify_ms: float, spec_step_ms: float) -> dict[str, float | None]:
+def record_verifies(engine: Engine) -> Counter:
+    """Counts the verify passes the engine runs from now on, by the graph each replays (None: an eager pass)."""
+    used: Counter = Counter()
+    verify = engine.speculation.verify
+
+    def recorded(plan):
+        used[plan.graph] += 1
+        return verify(plan)
+    engine.speculation.verify = recorded
+    return used
+
+
+def step_graphs_ms(engine: Engine, b: int, verify_ms: float, spec_step_ms: float,
+                   verifies: Counter) -> dict[str, float | None]:
     """The speculative step's other graphs at bucket b, each replayed alone (acceptance after a 16-token verify,
-    the drafter's body), and the step over the sum of its graphs: what the engine loop adds to them. Replays after
-    the timed runs, on slots whose requests are done."""
+    the drafter's body), the verify graphs as the timed runs used them (each replayed alone, weighted by its
+    passes: two-level's narrower widths and ragged's row buckets, where the whole block's graph overstates them),
+    and the step over the sum of its graphs: what the engine loop adds to them. Replays after the timed runs, on
+    slots whose requests are done."""
     acceptance = engine.speculation.acceptance.get((16, b))
     drafter = getattr(engine.drafter, "inner", engine.drafter)  # replayed acceptance wraps the real drafter
     body = getattr(drafter, "graphs", {}).get(b)
+    graphed = {g: n for g, n in verifies.items() if g is not None}
+    as_run = (sum(n * time_cuda(g.graph.replay) for g, n in graphed.items()) / sum(graphed.values())
+              if graphed else None)
     out = {"graph_acceptance_ms": time_cuda(acceptance.graph.replay) if acceptance else None,
            "graph_draft_ms": time_cuda(body.graph.replay) if body else None}
-    graphs = verify_ms + sum(v for v in out.values() if v is not None)
-    return out | {"spec_over_graphs": spec_step_ms / graphs}
+    graphs = (as_run or verify_ms) + sum(v for v in out.values() if v is not None)
+    return out | {"graph_verify_as_run_ms": as_run, "eager_verify_share": verifies[None] / max(1, verifies.total()),
+                  "spec_over_graphs": spec_step_ms / graphs}
 
 
 def allocator_retries(device: torch.device) -> int:
@@ -244,6 +264,7 @@ def main() -> None:
                 with engine.autoregressive() if not spec else nullcontext():
                     per_step(engine, prompts, 4, rids[name])
         seen = {k: {"ar": [], "spec": [], "verify": [], "draft": [], "tau": []} for k in engines}
+        verifies = {k: record_verifies(e) for k, e in engines.items()}
         retries = allocator_retries(device)
         with TritonCompiles() as compiles:  # a compile inside a timed step is charged to it
             for _ in range(args.repeats):
@@ -257,6 +278,8 @@ def main() -> None:
                                        ("draft", split["draft"] / passes)):
                         seen[name][key].append(1e3 * value)
                     seen[name]["tau"].append(stats.tau)
+        for engine in engines.values():
+            del engine.speculation.verify  # record_verifies' wrapper: the class's method again
         # the caching allocator's retries (it frees its cache and asks again when a request does not fit): a step
         # that waits on them costs far more than its kernels
         row: dict = {"batch": b, "allocator_retries": allocator_retries(device) - retries,
@@ -272,7 +295,7 @@ def main() -> None:
                 row[name]["graph_verify_ms"] = time_cuda(engine.runner.graph_for(16, b).graph.replay)
                 row[name]["graph_decode_ms"] = time_cuda(engine.runner.graph_for(1, b).graph.replay)
                 row[name].update(step_graphs_ms(engine, b, row[name]["graph_verify_ms"],
-                                                row[name]["spec_step_ms"]["median"]))
+                                                row[name]["spec_step_ms"]["median"], verifies[name]))
         if "stock" in engines:
             for name in engines:
                 row[name]["over_stock"] = row[name]["throughput_over_ar"] / row["stock"]["throughput_over_ar"]
@@ -305,7 +328,10 @@ def main() -> None:
         for name in engines:
             if "spec_over_graphs" in r[name]:
                 k = r[name]
-                print(f"      {name}: graphs alone: verify {k['graph_verify_ms']:.3f}, acceptance "
+                as_run = k["graph_verify_as_run_ms"]
+                print(f"      {name}: graphs alone: verify {k['graph_verify_ms']:.3f}"
+                      + (f" (as run: {as_run:.3f}, eager share {k['eager_verify_share']:.2f})" if as_run else "")
+                      + ", acceptance "
                       f"{k['graph_acceptance_ms'] or 0:.3f}, draft {k['graph_draft_ms'] or 0:.3f} ms; spec step / graphs "
                       f"{k['spec_over_graphs']:.3f}; AR step / decode graph {k['ar_step_ms']['median'] / k['graph_decode_ms']:.3f}")
         if r["triton_compiles"]["count"]:
