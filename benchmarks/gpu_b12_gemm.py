@@ -3,7 +3,8 @@
 For each shape and M: cuBLAS (``F.linear``), our batch-invariant bf16 kernel (``invariant_gemm``, the decode
 path's) and ``b12_gemm`` on the B12 planes of the same weights in a few launch variants (the default; eight
 warps; the plain-integer decode the interpreter tests, instead of the packed PTX one; with ``--tiles``, both
-kernels on other decode tiles, e.g. ``32x4``: 32-row tiles of 4 warps), each timed by CUDA-graph
+kernels on other decode tiles, e.g. ``32x4``: 32-row tiles of 4 warps; with ``--cuda-stages``, the CUDA C++ kernel
+of benchmarks/b12_gemv.cu on fragment-order planes at M <= 16, that many chunks in flight), each timed by CUDA-graph
 replay over rotated weight copies (more than twice the L2, so no call finds its weight cached), in
 interleaved rounds; median and spread per cell, the share of the read bandwidth (kernels/stream_read.py's
 probe) each reaches, and whether each variant's output is bitwise the bf16 kernel's (its default tiles: what
@@ -12,7 +13,7 @@ to compile or launch is reported and left out. Weights: Gaussian rows of varied 
 shape of distribution; benchmarks/b12_stats.py has their escape rates).
 
     python benchmarks/gpu_b12_gemm.py [--m 1 16 64] [--shapes qkv o gate_up down lm_head] [--rounds 3]
-        [--tiles 32x4 16x2] [--out DIR]
+        [--tiles 32x4 16x2] [--cuda-stages 8 16] [--out DIR]
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import b12_cuda  # noqa: E402
 from common import out_dir, read_bandwidth, write_json  # noqa: E402
 from specpilot.bench.provenance import collect  # noqa: E402
 from specpilot.formats.b12 import encode  # noqa: E402
@@ -65,7 +67,18 @@ def tile_variants(tiles: list[str]) -> tuple[dict[str, dict], dict[str, dict]]:
     return bf16, b12
 
 
-def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: float, tiles: list[str]) -> list[dict]:
+def cuda_variants(stages: list[int]) -> dict[str, int]:
+    return {f"b12_cuda_s{s}": s for s in stages}
+
+
+def cuda_gemm(x: torch.Tensor, frags: tuple, stages: int) -> torch.Tensor:
+    if x.shape[0] > 16:
+        raise ValueError("the CUDA kernel takes M <= 16")
+    return b12_cuda.gemm(x, frags, stages)
+
+
+def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: float, tiles: list[str],
+              stages: list[int]) -> list[dict]:
     w = weights(n, k, seed=n + k)
     planes = encode(w, name)
     dense = rotated_copies(w)
@@ -80,6 +93,12 @@ def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: f
     for variant, kwargs in {**B12_VARIANTS, **b12_tiles}.items():
         fns[variant] = (lambda x, p, kw=kwargs: b12_gemm(x, p, **kw), packed)
         checked[variant] = (fns[variant][0], planes)
+    if stages:
+        frags = (*b12_cuda.fragments(planes), planes)
+        frag_copies = [frags] + [(frags[0].clone(), frags[1].clone(), p) for p in packed[1:]]
+        for variant, depth in cuda_variants(stages).items():
+            fns[variant] = (lambda x, f, st=depth: cuda_gemm(x, f, st), frag_copies)
+            checked[variant] = (fns[variant][0], frags)
     stats = planes.stats()
     rows = []
     for m in ms:
@@ -112,6 +131,31 @@ def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: f
     return rows
 
 
+def check_cuda_escapes(stages: list[int]) -> None:
+    """The CUDA kernel against the bf16 kernel on a matrix dense with alts, hard escapes, -0, subnormals and large
+    values (finite: an infinity or NaN would make its whole output row NaN and hide a misplaced escape), every M
+    up to 16, with bias: bitwise, or the run stops here."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    n, k = 256, 1024
+    w = torch.randn(n, k, device="cuda", generator=g) * 0.02
+    idx = torch.randint(0, n * k, (2000,), device="cuda", generator=g)
+    w.view(-1)[idx] = torch.randn(2000, device="cuda", generator=g) * 1e4
+    w.view(-1)[idx[:400]] = torch.tensor([-0.0, 1e-40, 1e30, -1e-38], device="cuda").repeat(100)
+    w = w.to(torch.bfloat16)
+    planes = encode(w)
+    frags = (*b12_cuda.fragments(planes), planes)
+    bias = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16)
+    for m in range(1, 17):
+        x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+        for depth in stages:
+            got = b12_cuda.load()(x, frags[0], frags[1], planes.base, planes.alt, planes.exc_off, planes.exc, bias, n,
+                                  depth)
+            if not torch.equal(got.view(torch.int16), invariant_gemm(x, w, bias).view(torch.int16)):
+                raise SystemExit(f"the CUDA kernel (stages {depth}) differs from the bf16 kernel at M={m} on a matrix "
+                                 f"with {planes.num_escapes} hard escapes")
+    print(f"CUDA kernel: bitwise the bf16 kernel at M = 1..16 with bias and {planes.num_escapes} hard escapes")
+
+
 def cell(row: dict, kern: str) -> str:
     entry = row[kern]
     if "us" not in entry:
@@ -127,16 +171,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tiles", nargs="*", default=[], metavar="ROWSxWARPS",
                     help="other decode tiles to time both kernels on, e.g. 32x4 16x2")
+    ap.add_argument("--cuda-stages", type=int, nargs="*", default=[], choices=[4, 8, 16],
+                    help="also the CUDA C++ kernel (benchmarks/b12_gemv.cu) with these chunks in flight, at M <= 16")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.cuda_stages:
+        check_cuda_escapes(args.cuda_stages)
     read_bps = read_bandwidth(torch.device("cuda"), gib=4.0)
     print(f"read bandwidth {read_bps / 1e12:.2f} TB/s ({torch.cuda.get_device_name()})")
     rows: list[dict] = []
     for name in bar(args.shapes, "shapes"):
-        rows += run_shape(name, *SHAPES[name], args.m, args.rounds, read_bps, args.tiles)
+        rows += run_shape(name, *SHAPES[name], args.m, args.rounds, read_bps, args.tiles, args.cuda_stages)
         torch.cuda.empty_cache()
     bf16_tiles, b12_tiles = tile_variants(args.tiles)
-    variants = [*B12_VARIANTS, *b12_tiles, *bf16_tiles]
+    variants = [*B12_VARIANTS, *b12_tiles, *cuda_variants(args.cuda_stages), *bf16_tiles]
     for r in rows:
         for variant in variants:
             if "error" in r[variant]:
@@ -146,7 +194,8 @@ def main() -> None:
     print(f"{'shape':>8} {'M':>3} {'cuBLAS':>7} {'bf16':>7} " + " ".join(f"{v:>10}" for v in variants)
           + f" {'bf16 read':>9} {'b12 read':>8} {'best/bf16':>9} bits/w")
     for r in rows:
-        best = min((r[v]["us"] for v in (*B12_VARIANTS, *b12_tiles) if "us" in r[v] and r[f"{v}_bitwise_equal"]),
+        best = min((r[v]["us"] for v in (*B12_VARIANTS, *b12_tiles, *cuda_variants(args.cuda_stages))
+                    if "us" in r[v] and r[f"{v}_bitwise_equal"]),
                    default=math.nan)
         print(f"{r['shape']:>8} {r['m']:>3} {cell(r, 'cublas'):>7} {cell(r, 'bf16'):>7} "
               + " ".join(f"{cell(r, v):>10}" for v in variants)
@@ -154,6 +203,7 @@ def main() -> None:
               f" {best / r['bf16']['us']:>9.3f} {r['bits_per_weight']:.3f}")
     write_json(out_dir(args.out) / "b12_gemm.json", {"provenance": collect(torch.device("cuda"), "bfloat16"),
                                                      "read_bandwidth_bps": read_bps, "tiles": args.tiles,
+                                                     "cuda_stages": args.cuda_stages,
                                                      "device": torch.cuda.get_device_name(), "rows": rows})
 
 

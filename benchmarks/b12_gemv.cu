@@ -1,0 +1,206 @@
+// B12 decode GEMM for few rows of x (M <= 16), in CUDA C++: an experiment for issue 21 (benchmarks/gpu_b12_cuda.py
+// builds, checks and times it). y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), W held as B12 planes whose
+// sign/mantissa bytes and codes are laid out per MMA fragment (gpu_b12_cuda.fragments), so that each lane loads
+// the bytes of its own A-fragment elements contiguously and decodes them straight into the registers
+// mma.sync takes: no shared-memory round trip of the decoded tile and no barrier, unlike the Triton kernel.
+//
+// One warp owns 16 rows of W (a row tile) and walks all of K in order, 64 columns (four k16 steps) a chunk,
+// feeding one fp32 accumulator mma.sync.m16n8k16 steps in K order: the sums the Triton invariant GEMM makes
+// (its 16-row tiles run the same instruction; its wide tiles' wgmma gave the same bits on the H100), so the
+// rows come out bitwise equal to invariant_gemm on the decoded matrix — what the benchmark checks first.
+// Each lane streams its own 48 bytes a chunk (32 of sign/mantissa, 16 of codes) through a private ring of
+// cp.async stages in shared memory; no lane reads another's, so no barrier is needed.
+//
+// Fragment layout (m16n8k16, A row-major): lane l = 4 * g + q holds rows g and g + 8, columns 2q, 2q + 1 and
+// 2q + 8, 2q + 9 of each k16 step. For row tile t, chunk c, lane l: sign/mantissa word 2s + j (k16 step s,
+// column half j) holds bytes b = 2 * h + e: row 16t + g + 8h, column 64c + 16s + 8j + 2q + e; code byte 4s + b
+// holds that weight's code for j = 0 in its low nibble and for j = 1 in its high one.
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kChunk = 64;        // columns a chunk: four k16 steps
+constexpr int kLaneBytes = 48;    // a lane's bytes a chunk: 32 sign/mantissa, 16 codes
+constexpr int kBlock = 256;       // columns of a code block (alt exponents, escape segments)
+constexpr int kGroup = 256;       // rows whose escape segments are numbered together
+constexpr int kSegmentRows = 16;  // rows an escape segment holds: one row tile
+
+// Four weights from their sign/mantissa bytes and code bytes, byte lane i each (base and alt exponents as byte
+// lanes too): bf16 pairs of lanes 0, 1 and of lanes 2, 3. Code 15 takes the alt exponent.
+__device__ __forceinline__ void decode4(uint32_t sm, uint32_t cod, uint32_t base4, uint32_t alt4, uint32_t& pair01,
+                                        uint32_t& pair23) {
+  asm("{\n"
+      " .reg .b32 flg, msk, ex, hib, lob;\n"
+      " add.u32 flg, %2, 0x71717171;\n"
+      " prmt.b32 msk, flg, 0, 0xBA98;\n"
+      " add.u32 ex, %2, %4;\n"
+      " lop3.b32 ex, ex, %5, msk, 0xD8;\n"
+      " shr.b32 hib, ex, 1;\n"
+      " lop3.b32 hib, %3, hib, 0x80808080, 0xE4;\n"
+      " shl.b32 lob, ex, 7;\n"
+      " lop3.b32 lob, lob, %3, 0x80808080, 0xE4;\n"
+      " prmt.b32 %0, lob, hib, 0x5140;\n"
+      " prmt.b32 %1, lob, hib, 0x7362;\n"
+      "}\n"
+      : "=r"(pair01), "=r"(pair23)
+      : "r"(cod), "r"(sm), "r"(base4), "r"(alt4));
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void copy16(void* smem, const void* global) {
+  uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
+}
+
+__device__ __forceinline__ uint32_t byte_lanes(uint32_t low_rows, uint32_t high_rows) {
+  return low_rows * 0x0101u | high_rows * 0x01010000u;  // lanes 0, 1: row g; lanes 2, 3: row g + 8
+}
+
+// A hard escape (entry: bits << 16 | row % 256 << 8 | column % 256, of this tile's segment in the current block,
+// whose first column is `offset` columns from the chunk's) written into the owning lane's decoded register, if
+// it lies in this chunk. Constant indices throughout, so `a` stays in registers.
+__device__ __forceinline__ void patch(uint32_t (&a)[4][4], int entry, int offset, int lane) {
+  const int r = ((entry >> 8) & 0xFF) % kSegmentRows, kk = offset + (entry & 0xFF);
+  if (kk < 0 || kk >= kChunk || (r & 7) * 4 + ((kk & 7) >> 1) != lane) return;
+  const int which = (kk >> 4) * 4 + ((kk >> 3) & 1) * 2 + (r >> 3), half = kk & 1;  // step, half, row
+  const uint32_t bits = static_cast<uint32_t>(entry) >> 16;
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      if (4 * s + i == which) a[s][i] = half ? (a[s][i] & 0x0000FFFFu) | (bits << 16) : (a[s][i] & 0xFFFF0000u) | bits;
+}
+
+// A lane's chunk c into its ring slot: 32 bytes of sign/mantissa, 16 of codes
+template <int STAGES>
+__device__ __forceinline__ void issue(uint8_t* mine, const uint8_t* sm_src, const uint8_t* code_src, int c) {
+  uint8_t* slot = mine + (c % STAGES) * 32 * kLaneBytes;
+  copy16(slot, sm_src + static_cast<long>(c) * 32 * 32);
+  copy16(slot + 16, sm_src + static_cast<long>(c) * 32 * 32 + 16);
+  copy16(slot + 32, code_src + static_cast<long>(c) * 32 * 16);
+}
+
+// NT: n8 tiles of x rows (1: M <= 8, 2: M <= 16). STAGES: chunks in flight a lane.
+template <int NT, int STAGES>
+__global__ void __launch_bounds__(32) b12_gemv_kernel(const __nv_bfloat16* __restrict__ x,
+                                                      const uint8_t* __restrict__ sm_frag,
+                                                      const uint8_t* __restrict__ code_frag,
+                                                      const uint8_t* __restrict__ base,
+                                                      const uint8_t* __restrict__ alt,
+                                                      const int32_t* __restrict__ exc_off,
+                                                      const int32_t* __restrict__ exc,
+                                                      const __nv_bfloat16* __restrict__ bias, __nv_bfloat16* out,
+                                                      int m, int n, int k, long stride_xm, long stride_om) {
+  extern __shared__ __align__(16) uint8_t ring[];  // [STAGES][32 lanes][48 B]
+  const int lane = threadIdx.x, g = lane >> 2, q = lane & 3;
+  const int tile = blockIdx.x, row0 = tile * 16;
+  const int chunks = k / kChunk, blocks = (k + kBlock - 1) / kBlock;
+  const uint8_t* sm_src = sm_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 32;
+  const uint8_t* code_src = code_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 16;
+  uint8_t* mine = ring + lane * kLaneBytes;
+
+  for (int c = 0; c < STAGES - 1; ++c) {
+    if (c < chunks) issue<STAGES>(mine, sm_src, code_src, c);
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+
+  // x's B fragments: row 8t + g of x, bf16 pairs at columns 2q, 2q + 1 (+ 8) of each k16 step; rows past M read
+  // row 0 (a valid address, cached) and count as zeros
+  const uint32_t* x_rows[NT];
+  bool x_ok[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    x_ok[t] = 8 * t + g < m;
+    x_rows[t] = reinterpret_cast<const uint32_t*>(x + (x_ok[t] ? 8 * t + g : 0) * stride_xm) + q;
+  }
+  const uint32_t base4 = byte_lanes(base[row0 + g], base[row0 + g + 8]);
+  uint32_t alt4 = 0;
+  int esc_lo = 0, esc_hi = 0;  // this tile's hard escapes in the current block
+  float acc[NT][4] = {};
+  for (int c = 0; c < chunks; ++c) {
+    if (c + STAGES - 1 < chunks) issue<STAGES>(mine, sm_src, code_src, c + STAGES - 1);
+    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1));
+    const int col0 = c * kChunk, block = col0 / kBlock;
+    if (col0 % kBlock == 0) {  // a new code block: its alt exponents and escape segment
+      alt4 = byte_lanes(alt[static_cast<long>(block) * n + row0 + g], alt[static_cast<long>(block) * n + row0 + g + 8]);
+      const int segment = ((row0 / kGroup) * blocks + block) * (kGroup / kSegmentRows) + (row0 % kGroup) / kSegmentRows;
+      esc_lo = exc_off[segment];
+      esc_hi = exc_off[segment + 1];
+    }
+    const uint8_t* slot = mine + (c % STAGES) * 32 * kLaneBytes;
+    const uint4 sm_lo = *reinterpret_cast<const uint4*>(slot);
+    const uint4 sm_hi = *reinterpret_cast<const uint4*>(slot + 16);
+    const uint4 codes = *reinterpret_cast<const uint4*>(slot + 32);
+    const uint32_t sm_words[8] = {sm_lo.x, sm_lo.y, sm_lo.z, sm_lo.w, sm_hi.x, sm_hi.y, sm_hi.z, sm_hi.w};
+    const uint32_t code_words[4] = {codes.x, codes.y, codes.z, codes.w};
+    uint32_t a[4][4];  // per k16 step, the A fragment's four registers
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      decode4(sm_words[2 * s], code_words[s] & 0x0F0F0F0Fu, base4, alt4, a[s][0], a[s][1]);
+      decode4(sm_words[2 * s + 1], (code_words[s] >> 4) & 0x0F0F0F0Fu, base4, alt4, a[s][2], a[s][3]);
+    }
+    for (int e = esc_lo; e < esc_hi; ++e) patch(a, exc[e], block * kBlock - col0, lane);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+        mma16816(acc[t], a[s], x_ok[t] ? x_rows[t][8 * s] : 0u, x_ok[t] ? x_rows[t][8 * s + 4] : 0u);
+      x_rows[t] += kChunk / 2;  // the next chunk's columns
+    }
+  }
+  asm volatile("cp.async.wait_all;\n" ::);
+
+  const float b_lo = bias ? __bfloat162float(bias[row0 + g]) : 0.f;
+  const float b_hi = bias ? __bfloat162float(bias[row0 + g + 8]) : 0.f;
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int xr = 8 * t + 2 * q + (i & 1), wr = row0 + g + 8 * (i >> 1);
+      if (xr < m) out[xr * stride_om + wr] = __float2bfloat16_rn(acc[t][i] + (i >> 1 ? b_hi : b_lo));
+    }
+  }
+}
+
+template <int NT, int STAGES>
+cudaError_t launch(const void* x, const void* sm_frag, const void* code_frag, const void* base, const void* alt,
+                   const void* exc_off, const void* exc, const void* bias, void* out, int m, int n, int k,
+                   long stride_xm, long stride_om, cudaStream_t stream) {
+  auto kernel = b12_gemv_kernel<NT, STAGES>;
+  const int smem = STAGES * 32 * kLaneBytes;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  kernel<<<n / 16, 32, smem, stream>>>(
+      static_cast<const __nv_bfloat16*>(x), static_cast<const uint8_t*>(sm_frag),
+      static_cast<const uint8_t*>(code_frag), static_cast<const uint8_t*>(base), static_cast<const uint8_t*>(alt),
+      static_cast<const int32_t*>(exc_off), static_cast<const int32_t*>(exc), static_cast<const __nv_bfloat16*>(bias),
+      static_cast<__nv_bfloat16*>(out), m, n, k, stride_xm, stride_om);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+// x [m, k] bf16 (m <= 16, k % 64 == 0, even stride), planes of an [n, k] B12 matrix (n % 16 == 0) with the
+// sign/mantissa and code planes in fragment order; bias may be null. `stages`: 4, 8 or 16.
+cudaError_t b12_gemv_launch(const void* x, const void* sm_frag, const void* code_frag, const void* base,
+                            const void* alt, const void* exc_off, const void* exc, const void* bias, void* out, int m,
+                            int n, int k, long stride_xm, long stride_om, int stages, cudaStream_t stream) {
+  if (m < 1 || m > 16 || n % 16 || k % kChunk || stride_xm % 2) return cudaErrorInvalidValue;
+  const bool wide = m > 8;
+  switch (stages) {
+    case 4: return (wide ? launch<2, 4> : launch<1, 4>)(x, sm_frag, code_frag, base, alt, exc_off, exc, bias, out, m, n, k, stride_xm, stride_om, stream);
+    case 8: return (wide ? launch<2, 8> : launch<1, 8>)(x, sm_frag, code_frag, base, alt, exc_off, exc, bias, out, m, n, k, stride_xm, stride_om, stream);
+    case 16: return (wide ? launch<2, 16> : launch<1, 16>)(x, sm_frag, code_frag, base, alt, exc_off, exc, bias, out, m, n, k, stride_xm, stride_om, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
