@@ -176,11 +176,8 @@ template <int NT, int STAGES>
 cudaError_t launch(const void* x, const void* sm_frag, const void* code_frag, const void* base, const void* alt,
                    const void* exc_off, const void* exc, const void* bias, void* out, int m, int n, int k,
                    long stride_xm, long stride_om, cudaStream_t stream) {
-  auto kernel = b12_gemv_kernel<NT, STAGES>;
-  const int smem = STAGES * 32 * kLaneBytes;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  kernel<<<n / 16, 32, smem, stream>>>(
+  const int smem = STAGES * 32 * kLaneBytes;  // at most 24 KB: within the default dynamic limit
+  b12_gemv_kernel<NT, STAGES><<<n / 16, 32, smem, stream>>>(
       static_cast<const __nv_bfloat16*>(x), static_cast<const uint8_t*>(sm_frag),
       static_cast<const uint8_t*>(code_frag), static_cast<const uint8_t*>(base), static_cast<const uint8_t*>(alt),
       static_cast<const int32_t*>(exc_off), static_cast<const int32_t*>(exc), static_cast<const __nv_bfloat16*>(bias),
