@@ -13,6 +13,9 @@ The base and alt exponents and the hard escapes stay as formats/b12.py keeps the
 
 from __future__ import annotations
 
+import collections
+import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -129,6 +132,29 @@ def compile_cubin(out: Path) -> str:
     return run.stderr
 
 
+_TRITON = importlib.util.find_spec("triton")  # its wheel ships cuobjdump
+CUOBJDUMP = Path(_TRITON.submodule_search_locations[0]) / "backends" / "nvidia" / "bin" / "cuobjdump" if _TRITON else None
+_SASS = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+
+
+def k_loop_opcodes(cubin: Path) -> dict[str, dict[str, int]]:
+    """Per kernel instantiation (NT, STAGES): the SASS opcodes of the K loop's body as a chunk without hard escapes
+    runs it — the loop from its backward branch, less the escape loop that a forward branch skips."""
+    listing = subprocess.run([str(CUOBJDUMP), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    counts = {}
+    for function in listing.split("Function : ")[1:]:
+        key = re.search(r"kernelILi(\d+)ELi(\d+)E", function.splitlines()[0])
+        code = [(int(m.group(1), 16), m.group(2)) for line in function.splitlines() if (m := _SASS.match(line))]
+        jumps = [(at, int(m.group(1), 16)) for at, text in code if (m := re.search(r"BRA (0x[0-9a-f]+)", text))]
+        end, start = max(((at, to) for at, to in jumps if to < at), key=lambda span: span[0] - span[1])
+        skip_from, skip_to = max(((at, to) for at, to in jumps if start <= at < to <= end),
+                                 key=lambda span: span[1] - span[0])
+        body = [text for at, text in code if start <= at <= end and not skip_from < at < skip_to]
+        ops = collections.Counter(re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", t).group(1) for t in body)
+        counts[f"NT={key.group(1)}, STAGES={key.group(2)}"] = dict(ops.most_common()) | {"all": len(body)}
+    return counts
+
+
 def main() -> None:
     torch.manual_seed(0)
     for n, k, outliers in ((32, 128, 0), (48, 576, 40), (64, 1024, 200)):
@@ -148,7 +174,11 @@ def main() -> None:
     if shutil.which("nvcc"):
         with tempfile.TemporaryDirectory() as tmp:
             report = compile_cubin(Path(tmp) / "b12_gemv.cubin")
+            loops = k_loop_opcodes(Path(tmp) / "b12_gemv.cubin") if CUOBJDUMP and CUOBJDUMP.exists() else {}
         print("nvcc, sm_90:", " | ".join(line.strip() for line in report.splitlines() if "registers" in line))
+        for name, ops in loops.items():  # a chunk: 64 columns of 16 rows, 32 weights a lane
+            print(f"K loop, a chunk ({name}): {ops['all']} instructions a lane, {ops['all'] / 32:.2f} a weight; "
+                  + ", ".join(f"{op} {n}" for op, n in ops.items() if op != "all"))
 
 
 if __name__ == "__main__":

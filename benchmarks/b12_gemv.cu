@@ -56,9 +56,8 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void copy16(void* smem, const void* global) {
-  uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
+__device__ __forceinline__ void copy16(uint32_t smem, const void* global) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(global));
 }
 
 __device__ __forceinline__ uint32_t byte_lanes(uint32_t low_rows, uint32_t high_rows) {
@@ -82,8 +81,8 @@ __device__ __forceinline__ void patch(uint32_t (&a)[4][4], int entry, int offset
 
 // A lane's chunk c into its ring slot: 32 bytes of sign/mantissa, 16 of codes
 template <int STAGES>
-__device__ __forceinline__ void issue(uint8_t* mine, const uint8_t* sm_src, const uint8_t* code_src, int c) {
-  uint8_t* slot = mine + (c % STAGES) * 32 * kLaneBytes;
+__device__ __forceinline__ void issue(uint32_t mine, const uint8_t* sm_src, const uint8_t* code_src, int c) {
+  const uint32_t slot = mine + (c % STAGES) * 32 * kLaneBytes;  // a shared-memory address
   copy16(slot, sm_src + static_cast<long>(c) * 32 * 32);
   copy16(slot + 16, sm_src + static_cast<long>(c) * 32 * 32 + 16);
   copy16(slot + 32, code_src + static_cast<long>(c) * 32 * 16);
@@ -106,10 +105,11 @@ __global__ void __launch_bounds__(32) b12_gemv_kernel(const __nv_bfloat16* __res
   const int chunks = k / kChunk, blocks = (k + kBlock - 1) / kBlock;
   const uint8_t* sm_src = sm_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 32;
   const uint8_t* code_src = code_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 16;
-  uint8_t* mine = ring + lane * kLaneBytes;
+  const uint8_t* mine = ring + lane * kLaneBytes;
+  const uint32_t mine_shared = static_cast<uint32_t>(__cvta_generic_to_shared(mine));
 
   for (int c = 0; c < STAGES - 1; ++c) {
-    if (c < chunks) issue<STAGES>(mine, sm_src, code_src, c);
+    if (c < chunks) issue<STAGES>(mine_shared, sm_src, code_src, c);
     asm volatile("cp.async.commit_group;\n" ::);
   }
 
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(32) b12_gemv_kernel(const __nv_bfloat16* __res
   int esc_lo = 0, esc_hi = 0;  // this tile's hard escapes in the current block
   float acc[NT][4] = {};
   for (int c = 0; c < chunks; ++c) {
-    if (c + STAGES - 1 < chunks) issue<STAGES>(mine, sm_src, code_src, c + STAGES - 1);
+    if (c + STAGES - 1 < chunks) issue<STAGES>(mine_shared, sm_src, code_src, c + STAGES - 1);
     asm volatile("cp.async.commit_group;\n" ::);
     asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1));
     const int col0 = c * kChunk, block = col0 / kBlock;
