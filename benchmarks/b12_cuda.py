@@ -47,7 +47,7 @@ torch::Tensor b12_gemv(torch::Tensor x, torch::Tensor sm_frag, torch::Tensor cod
   cudaError_t err = b12_gemv_launch(x.data_ptr(), sm_frag.data_ptr(), code_frag.data_ptr(), base.data_ptr(),
                                     alt.data_ptr(), exc_off.data_ptr(), exc.numel() ? exc.data_ptr() : exc_off.data_ptr(),
                                     bias_ptr, out.data_ptr(), x.size(0), n, x.size(1), x.stride(0), out.stride(0),
-                                    stages, at::cuda::getCurrentCUDAStream());
+                                    stages, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "b12_gemv: ", cudaGetErrorString(err));
   return out;
 }
