@@ -15,6 +15,13 @@
 // 2q + 8, 2q + 9 of each k16 step. For row tile t, chunk c, lane l: sign/mantissa word 2s + j (k16 step s,
 // column half j) holds bytes b = 2 * h + e: row 16t + g + 8h, column 64c + 16s + 8j + 2q + e; code byte 4s + b
 // holds that weight's code for j = 0 in its low nibble and for j = 1 in its high one.
+//
+// The second form (`rows8`) puts W in the MMA's B operand instead (x rows in A): a warp owns 8 rows of W, so a
+// weight has twice the warps, each decoding four weights a k16 step (lane 4g + q: row g, columns 2q, 2q + 1,
+// 2q + 8, 2q + 9). For row tile t (8 rows), 128-column chunk c, lane l: sign/mantissa word s (k16 step) holds
+// bytes b = 2j + e: column 128c + 16s + 8j + 2q + e; code word p holds step 2p's codes in its bytes' low nibbles
+// and step 2p + 1's in their high ones. Whether the MMA sums a product the same with its operands swapped is
+// what the benchmark's bitwise check finds out.
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -172,6 +179,94 @@ __global__ void __launch_bounds__(32) b12_gemv_kernel(const __nv_bfloat16* __res
   }
 }
 
+// The rows8 form: W's 8-row tile as the B operand, x's rows (M <= 16) as A; one MMA a k16 step for every M.
+// HI: x has rows past 8 (else A's rows g + 8 are zeros, not loaded).
+template <int STAGES, bool HI>
+__global__ void __launch_bounds__(32) b12_gemv_rows8_kernel(const __nv_bfloat16* __restrict__ x,
+                                                            const uint8_t* __restrict__ sm_frag,
+                                                            const uint8_t* __restrict__ code_frag,
+                                                            const uint8_t* __restrict__ base,
+                                                            const uint8_t* __restrict__ alt,
+                                                            const int32_t* __restrict__ exc_off,
+                                                            const int32_t* __restrict__ exc,
+                                                            const __nv_bfloat16* __restrict__ bias,
+                                                            __nv_bfloat16* out, int m, int n, int k, long stride_xm,
+                                                            long stride_om) {
+  constexpr int kWide = 2 * kChunk;  // columns a chunk: eight k16 steps, 32 + 16 bytes a lane
+  extern __shared__ __align__(16) uint8_t ring[];
+  const int lane = threadIdx.x, g = lane >> 2, q = lane & 3;
+  const int tile = blockIdx.x, row0 = tile * 8, row = row0 + g;
+  const int chunks = k / kWide, blocks = (k + kBlock - 1) / kBlock;
+  const uint8_t* sm_src = sm_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 32;
+  const uint8_t* code_src = code_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 16;
+  const uint32_t mine_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring + lane * kLaneBytes));
+  const uint8_t* mine = ring + lane * kLaneBytes;
+  for (int c = 0; c < STAGES - 1; ++c) {
+    if (c < chunks) issue<STAGES>(mine_shared, sm_src, code_src, c);
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+  // x's A fragments: rows g and g + 8 (zero past M; row 0's address), columns 2q, 2q + 1 (+ 8) of each step
+  const bool lo_ok = g < m, hi_ok = HI && g + 8 < m;
+  const uint32_t* x_lo = reinterpret_cast<const uint32_t*>(x + (lo_ok ? g : 0) * stride_xm) + q;
+  const uint32_t* x_hi = reinterpret_cast<const uint32_t*>(x + (hi_ok ? g + 8 : 0) * stride_xm) + q;
+  const uint32_t base4 = base[row] * 0x01010101u;
+  uint32_t alt4 = 0;
+  int esc_lo = 0, esc_hi = 0;
+  float acc[4] = {};
+  for (int c = 0; c < chunks; ++c) {
+    if (c + STAGES - 1 < chunks) issue<STAGES>(mine_shared, sm_src, code_src, c + STAGES - 1);
+    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1));
+    const int col0 = c * kWide, block = col0 / kBlock;
+    if (col0 % kBlock == 0) {
+      alt4 = alt[static_cast<long>(block) * n + row] * 0x01010101u;
+      const int segment = ((row0 / kGroup) * blocks + block) * (kGroup / kSegmentRows) + (row0 % kGroup) / kSegmentRows;
+      esc_lo = exc_off[segment];
+      esc_hi = exc_off[segment + 1];
+    }
+    const uint8_t* slot = mine + (c % STAGES) * 32 * kLaneBytes;
+    const uint4 sm_lo = *reinterpret_cast<const uint4*>(slot);
+    const uint4 sm_hi = *reinterpret_cast<const uint4*>(slot + 16);
+    const uint4 codes = *reinterpret_cast<const uint4*>(slot + 32);
+    const uint32_t sm_words[8] = {sm_lo.x, sm_lo.y, sm_lo.z, sm_lo.w, sm_hi.x, sm_hi.y, sm_hi.z, sm_hi.w};
+    const uint32_t code_words[4] = {codes.x, codes.y, codes.z, codes.w};
+    uint32_t b[8][2];  // per k16 step, the B fragment's two registers
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const uint32_t cod = s & 1 ? (code_words[s >> 1] >> 4) & 0x0F0F0F0Fu : code_words[s >> 1] & 0x0F0F0F0Fu;
+      decode4(sm_words[s], cod, base4, alt4, b[s][0], b[s][1]);
+    }
+    for (int e = esc_lo; e < esc_hi; ++e) {  // hard escapes of this tile's 8 rows in this chunk
+      const int entry = exc[e];
+      const int r = ((entry >> 8) & 0xFF) % kSegmentRows - row0 % kSegmentRows, kk = block * kBlock - col0 + (entry & 0xFF);
+      if (r != g || kk < 0 || kk >= kWide || ((kk & 7) >> 1) != q) continue;
+      const int which = (kk >> 4) * 2 + ((kk >> 3) & 1), half = kk & 1;
+      const uint32_t bits = static_cast<uint32_t>(entry) >> 16;
+#pragma unroll
+      for (int s = 0; s < 8; ++s)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          if (2 * s + i == which) b[s][i] = half ? (b[s][i] & 0x0000FFFFu) | (bits << 16) : (b[s][i] & 0xFFFF0000u) | bits;
+    }
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const uint32_t a[4] = {lo_ok ? x_lo[8 * s] : 0u, hi_ok ? x_hi[8 * s] : 0u, lo_ok ? x_lo[8 * s + 4] : 0u,
+                             hi_ok ? x_hi[8 * s + 4] : 0u};
+      mma16816(acc, a, b[s][0], b[s][1]);
+    }
+    x_lo += kWide / 2;
+    x_hi += kWide / 2;
+  }
+  asm volatile("cp.async.wait_all;\n" ::);
+  // C: x rows g (c0, c1) and g + 8 (c2, c3), W rows row0 + 2q and + 1
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int xr = g + 8 * (i >> 1), wr = row0 + 2 * q + (i & 1);
+    const float b_ = bias ? __bfloat162float(bias[wr]) : 0.f;
+    if (xr < m) out[xr * stride_om + wr] = __float2bfloat16_rn(acc[i] + b_);
+  }
+}
+
 template <int NT, int STAGES>
 cudaError_t launch(const void* x, const void* sm_frag, const void* code_frag, const void* base, const void* alt,
                    const void* exc_off, const void* exc, const void* bias, void* out, int m, int n, int k,
@@ -185,14 +280,38 @@ cudaError_t launch(const void* x, const void* sm_frag, const void* code_frag, co
   return cudaGetLastError();
 }
 
+template <int STAGES, bool HI>
+cudaError_t launch_rows8(const void* x, const void* sm_frag, const void* code_frag, const void* base, const void* alt,
+                         const void* exc_off, const void* exc, const void* bias, void* out, int m, int n, int k,
+                         long stride_xm, long stride_om, cudaStream_t stream) {
+  b12_gemv_rows8_kernel<STAGES, HI><<<n / 8, 32, STAGES * 32 * kLaneBytes, stream>>>(
+      static_cast<const __nv_bfloat16*>(x), static_cast<const uint8_t*>(sm_frag),
+      static_cast<const uint8_t*>(code_frag), static_cast<const uint8_t*>(base), static_cast<const uint8_t*>(alt),
+      static_cast<const int32_t*>(exc_off), static_cast<const int32_t*>(exc), static_cast<const __nv_bfloat16*>(bias),
+      static_cast<__nv_bfloat16*>(out), m, n, k, stride_xm, stride_om);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
-// x [m, k] bf16 (m <= 16, k % 64 == 0, even stride), planes of an [n, k] B12 matrix (n % 16 == 0) with the
-// sign/mantissa and code planes in fragment order; bias may be null. `stages`: 4, 8 or 16.
+// x [m, k] bf16 (m <= 16, even stride), planes of an [n, k] B12 matrix with the sign/mantissa and code planes in
+// the fragment order of `rows` (16: W as A, n % 16 == 0, k % 64 == 0; 8: W as B, n % 8 == 0, k % 128 == 0); bias
+// may be null. `stages`: 4, 8 or 16.
 cudaError_t b12_gemv_launch(const void* x, const void* sm_frag, const void* code_frag, const void* base,
                             const void* alt, const void* exc_off, const void* exc, const void* bias, void* out, int m,
-                            int n, int k, long stride_xm, long stride_om, int stages, cudaStream_t stream) {
-  if (m < 1 || m > 16 || n % 16 || k % kChunk || stride_xm % 2) return cudaErrorInvalidValue;
+                            int n, int k, long stride_xm, long stride_om, int stages, int rows, cudaStream_t stream) {
+  if (m < 1 || m > 16 || stride_xm % 2) return cudaErrorInvalidValue;
+  if (rows == 8) {
+    if (n % 8 || k % (2 * kChunk)) return cudaErrorInvalidValue;
+    const bool hi = m > 8;
+    switch (stages) {
+      case 4: return (hi ? launch_rows8<4, true> : launch_rows8<4, false>)(x, sm_frag, code_frag, base, alt, exc_off, exc, bias, out, m, n, k, stride_xm, stride_om, stream);
+      case 8: return (hi ? launch_rows8<8, true> : launch_rows8<8, false>)(x, sm_frag, code_frag, base, alt, exc_off, exc, bias, out, m, n, k, stride_xm, stride_om, stream);
+      case 16: return (hi ? launch_rows8<16, true> : launch_rows8<16, false>)(x, sm_frag, code_frag, base, alt, exc_off, exc, bias, out, m, n, k, stride_xm, stride_om, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  }
+  if (rows != 16 || n % 16 || k % kChunk) return cudaErrorInvalidValue;
   const bool wide = m > 8;
   switch (stages) {
     case 4: return (wide ? launch<2, 4> : launch<1, 4>)(x, sm_frag, code_frag, base, alt, exc_off, exc, bias, out, m, n, k, stride_xm, stride_om, stream);

@@ -67,14 +67,15 @@ def tile_variants(tiles: list[str]) -> tuple[dict[str, dict], dict[str, dict]]:
     return bf16, b12
 
 
-def cuda_variants(stages: list[int]) -> dict[str, int]:
-    return {f"b12_cuda_s{s}": s for s in stages}
+def cuda_variants(stages: list[int]) -> dict[str, tuple[int, int]]:
+    """The CUDA kernel's variants: each form (W rows a warp) at each pipeline depth."""
+    return {f"b12_cuda{rows}_s{s}": (rows, s) for rows in b12_cuda.FORMS for s in stages}
 
 
-def cuda_gemm(x: torch.Tensor, frags: tuple, stages: int) -> torch.Tensor:
+def cuda_gemm(x: torch.Tensor, frags: tuple, stages: int, rows: int) -> torch.Tensor:
     if x.shape[0] > 16:
         raise ValueError("the CUDA kernel takes M <= 16")
-    return b12_cuda.gemm(x, frags, stages)
+    return b12_cuda.gemm(x, frags, stages, rows)
 
 
 def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: float, tiles: list[str],
@@ -93,12 +94,13 @@ def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: f
     for variant, kwargs in {**B12_VARIANTS, **b12_tiles}.items():
         fns[variant] = (lambda x, p, kw=kwargs: b12_gemm(x, p, **kw), packed)
         checked[variant] = (fns[variant][0], planes)
-    if stages:
-        frags = (*b12_cuda.fragments(planes), planes)
-        frag_copies = [frags] + [(frags[0].clone(), frags[1].clone(), p) for p in packed[1:]]
-        for variant, depth in cuda_variants(stages).items():
-            fns[variant] = (lambda x, f, st=depth: cuda_gemm(x, f, st), frag_copies)
-            checked[variant] = (fns[variant][0], frags)
+    frag_copies = {}
+    for variant, (rows, depth) in cuda_variants(stages).items():
+        if rows not in frag_copies:
+            frags = (*b12_cuda.fragments(planes, rows), planes)
+            frag_copies[rows] = [frags] + [(frags[0].clone(), frags[1].clone(), p) for p in packed[1:]]
+        fns[variant] = (lambda x, f, st=depth, r=rows: cuda_gemm(x, f, st, r), frag_copies[rows])
+        checked[variant] = (fns[variant][0], frag_copies[rows][0])
     stats = planes.stats()
     rows = []
     for m in ms:
@@ -132,28 +134,29 @@ def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: f
 
 
 def check_cuda_escapes(stages: list[int]) -> None:
-    """The CUDA kernel against the bf16 kernel on a matrix dense with alts, hard escapes, -0, subnormals and large
-    values (finite: an infinity or NaN would make its whole output row NaN and hide a misplaced escape), every M
-    up to 16, with bias: bitwise, or the run stops here."""
+    """The CUDA kernel's variants against the bf16 kernel on a matrix dense with alts, hard escapes, -0, subnormals
+    and large values (finite: an infinity or NaN would make its whole output row NaN and hide a misplaced escape),
+    every M up to 16, with bias: each variant's verdict printed (the shapes' rows mark them too)."""
     g = torch.Generator(device="cuda").manual_seed(5)
     n, k = 256, 1024
     w = torch.randn(n, k, device="cuda", generator=g) * 0.02
-    idx = torch.randint(0, n * k, (2000,), device="cuda", generator=g)
-    w.view(-1)[idx] = torch.randn(2000, device="cuda", generator=g) * 1e4
-    w.view(-1)[idx[:400]] = torch.tensor([-0.0, 1e-40, 1e30, -1e-38], device="cuda").repeat(100)
+    idx = torch.randint(0, n * k, (600,), device="cuda", generator=g)
+    w.view(-1)[idx] = torch.randn(600, device="cuda", generator=g) * 1e4
+    w.view(-1)[idx[:200]] = torch.tensor([-0.0, 1e-40, 1e30, -1e-38], device="cuda").repeat(50)
     w = w.to(torch.bfloat16)
     planes = encode(w)
-    frags = (*b12_cuda.fragments(planes), planes)
     bias = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16)
+    forms = {rows: (*b12_cuda.fragments(planes, rows), planes) for rows in b12_cuda.FORMS}
+    differ: dict[str, list[int]] = {variant: [] for variant in cuda_variants(stages)}
     for m in range(1, 17):
         x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
-        for depth in stages:
-            got = b12_cuda.load()(x, frags[0], frags[1], planes.base, planes.alt, planes.exc_off, planes.exc, bias, n,
-                                  depth)
-            if not torch.equal(got.view(torch.int16), invariant_gemm(x, w, bias).view(torch.int16)):
-                raise SystemExit(f"the CUDA kernel (stages {depth}) differs from the bf16 kernel at M={m} on a matrix "
-                                 f"with {planes.num_escapes} hard escapes")
-    print(f"CUDA kernel: bitwise the bf16 kernel at M = 1..16 with bias and {planes.num_escapes} hard escapes")
+        expected = invariant_gemm(x, w, bias).view(torch.int16)
+        for variant, (rows, depth) in cuda_variants(stages).items():
+            if not torch.equal(b12_cuda.gemm(x, forms[rows], depth, rows, bias).view(torch.int16), expected):
+                differ[variant].append(m)
+    for variant, ms in differ.items():
+        print(f"{variant}: {'bitwise the bf16 kernel' if not ms else f'DIFFERS from the bf16 kernel at M = {ms}'} "
+              f"(M = 1..16, bias, {planes.num_escapes} hard escapes)")
 
 
 def cell(row: dict, kern: str) -> str:

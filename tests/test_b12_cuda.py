@@ -1,6 +1,7 @@
-"""The CUDA C++ B12 kernel under evaluation (benchmarks/b12_gemv.cu, issue 21): its fragment-order planes decode,
-as the kernel's lanes read them, to exactly the B12 matrix — alts, hard escapes, ±0, subnormals, infinities and
-NaN included — and the kernel compiles for sm_90 where nvcc is installed. Its bitwise check against the bf16
+"""The CUDA C++ B12 kernel under evaluation (benchmarks/b12_gemv.cu, issue 21): in both its forms (16 rows of W a
+warp as the MMA's A operand, 8 as its B), its fragment-order planes decode, as the kernel's lanes read them, to
+exactly the B12 matrix — alts, hard escapes, ±0, subnormals, infinities and NaN included — and the kernel compiles
+for sm_90 where nvcc is installed. Its bitwise check against the bf16
 kernel and its timing run on a GPU (benchmarks/gpu_b12_gemm.py --cuda-stages)."""
 
 from __future__ import annotations
@@ -30,30 +31,35 @@ def outliers(n: int, k: int, count: int, seed: int) -> torch.Tensor:
     return w.to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("n,k,count", [(16, 64, 0), (48, 576, 40), (32, 1024, 300), (272, 256, 150)])
-def test_fragment_order_decodes_to_the_b12_matrix(n, k, count):
+@pytest.mark.parametrize("rows", [16, 8])
+@pytest.mark.parametrize("n,k,count", [(16, 128, 0), (48, 576, 40), (32, 1024, 300), (272, 256, 150)])
+def test_fragment_order_decodes_to_the_b12_matrix(n, k, count, rows):
+    chunk = b12_cuda.FORMS[rows]
+    if k % chunk:
+        pytest.skip(f"the {rows}-row form takes K % {chunk} == 0")
     planes = encode(outliers(n, k, count, seed=n + k))
     if count:
         assert planes.num_escapes > 0  # the kernel's patch path is exercised
-    sm_frag, code_frag = b12_cuda.fragments(planes)
-    assert sm_frag.shape == (n // 16, k // 64, 32, 32) and code_frag.shape == (n // 16, k // 64, 32, 16)
+    sm_frag, code_frag = b12_cuda.fragments(planes, rows)
+    assert sm_frag.shape == (n // rows, k // chunk, 32, 32) and code_frag.shape == (n // rows, k // chunk, 32, 16)
     assert sm_frag.numel() + code_frag.numel() == planes.sm.numel() + planes.code.numel()  # the same 12 bits a weight
-    decoded = b12_cuda.fragment_decode_reference(sm_frag, code_frag, planes)
+    decoded = b12_cuda.fragment_decode_reference(sm_frag, code_frag, planes, rows)
     assert torch.equal(decoded.view(torch.int16), b12_decode_reference(planes).view(torch.int16))
 
 
 def test_a_lane_holds_its_mma_fragment():
-    """Lane 4g + q's bytes of k16 step s: rows g and g + 8, columns 2q, 2q + 1 and 2q + 8, 2q + 9 (m16n8k16's A)."""
-    n, k = 16, 64
+    """Lane 4g + q's bytes of k16 step s: rows g and g + 8, columns 2q, 2q + 1 and 2q + 8, 2q + 9 (m16n8k16's A);
+    in the 8-row form, row g's columns 2q, 2q + 1, 2q + 8, 2q + 9 (its B)."""
+    n, k = 16, 128
     sm = (torch.arange(n).view(n, 1) * 64 + torch.arange(k)).to(torch.uint8)  # byte = (row * 64 + col) % 256
     planes = encode(torch.zeros(n, k, dtype=torch.bfloat16))
     planes = type(planes)(**{**vars(planes), "sm": sm})
-    sm_frag, _ = b12_cuda.fragments(planes)
     lane, s = 4 * 3 + 2, 1  # g = 3, q = 2
-    got = sm_frag[0, 0, lane, 8 * s : 8 * s + 8].tolist()
-    want = [(r * 64 + 16 * s + c) % 256 for c, r in ((4, 3), (5, 3), (4, 11), (5, 11), (12, 3), (13, 3), (12, 11),
-                                                     (13, 11))]
-    assert got == want
+    a_bytes = b12_cuda.fragments(planes, 16)[0][0, 0, lane, 8 * s : 8 * s + 8].tolist()
+    assert a_bytes == [(r * 64 + 16 * s + c) % 256 for c, r in ((4, 3), (5, 3), (4, 11), (5, 11), (12, 3), (13, 3),
+                                                                (12, 11), (13, 11))]
+    b_bytes = b12_cuda.fragments(planes, 8)[0][1, 0, lane, 4 * s : 4 * s + 4].tolist()  # rows 8..15: row 11
+    assert b_bytes == [(11 * 64 + 16 * s + c) % 256 for c in (4, 5, 12, 13)]
 
 
 def test_shapes_the_kernel_cannot_tile_are_refused():
@@ -61,6 +67,8 @@ def test_shapes_the_kernel_cannot_tile_are_refused():
         b12_cuda.fragments(encode(torch.zeros(24, 64, dtype=torch.bfloat16)))
     with pytest.raises(ValueError, match="N % 16 == 0 and K % 64 == 0"):
         b12_cuda.fragments(encode(torch.zeros(16, 96, dtype=torch.bfloat16)))
+    with pytest.raises(ValueError, match="8-row form takes N % 8 == 0 and K % 128 == 0"):
+        b12_cuda.fragments(encode(torch.zeros(24, 64, dtype=torch.bfloat16)), 8)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
