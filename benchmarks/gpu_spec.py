@@ -22,8 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from collections import Counter
 import sys
+from collections import Counter
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
