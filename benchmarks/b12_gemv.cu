@@ -34,6 +34,23 @@ constexpr int kBlock = 256;       // columns of a code block (alt exponents, esc
 constexpr int kGroup = 256;       // rows whose escape segments are numbered together
 constexpr int kSegmentRows = 16;  // rows an escape segment holds: one row tile
 
+// What a launch reads and writes: x [m, k] (row stride stride_xm), the planes (sign/mantissa and codes in the
+// form's fragment order), bias [n] or null, out [m, n] (row stride stride_om). Read-only data is read through the
+// non-coherent cache (__ldg) or cp.async.
+struct Operands {
+  const __nv_bfloat16* x;
+  const uint8_t* sm_frag;
+  const uint8_t* code_frag;
+  const uint8_t* base;
+  const uint8_t* alt;
+  const int32_t* exc_off;
+  const int32_t* exc;
+  const __nv_bfloat16* bias;
+  __nv_bfloat16* out;
+  int m, n, k;
+  long stride_xm, stride_om;
+};
+
 // Four weights from their sign/mantissa bytes and code bytes, byte lane i each (base and alt exponents as byte
 // lanes too): bf16 pairs of lanes 0, 1 and of lanes 2, 3. Code 15 takes the alt exponent.
 __device__ __forceinline__ void decode4(uint32_t sm, uint32_t cod, uint32_t base4, uint32_t alt4, uint32_t& pair01,
@@ -95,23 +112,38 @@ __device__ __forceinline__ void issue(uint32_t mine, const uint8_t* sm_src, cons
   copy16(slot + 32, code_src + static_cast<long>(c) * 32 * 16);
 }
 
+// A lane's 48 bytes of chunk c as words, once its copy landed; the copy of chunk c + STAGES - 1 issued first
+struct Chunk {
+  uint32_t sm[8], code[4];
+};
+
+template <int STAGES>
+__device__ __forceinline__ Chunk next_chunk(uint32_t mine_shared, const uint8_t* mine, const uint8_t* sm_src,
+                                            const uint8_t* code_src, int c, int chunks) {
+  if (c + STAGES - 1 < chunks) issue<STAGES>(mine_shared, sm_src, code_src, c + STAGES - 1);
+  asm volatile("cp.async.commit_group;\n" ::);
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1));
+  const uint8_t* slot = mine + (c % STAGES) * 32 * kLaneBytes;
+  const uint4 lo = *reinterpret_cast<const uint4*>(slot), hi = *reinterpret_cast<const uint4*>(slot + 16),
+              codes = *reinterpret_cast<const uint4*>(slot + 32);
+  return {{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}, {codes.x, codes.y, codes.z, codes.w}};
+}
+
+// The hard escapes of the 16-row segment holding row0, in code block `block`: [first, end) in exc
+__device__ __forceinline__ int2 escape_range(const int32_t* exc_off, int row0, int blocks, int block) {
+  const int segment = ((row0 / kGroup) * blocks + block) * (kGroup / kSegmentRows) + (row0 % kGroup) / kSegmentRows;
+  return make_int2(__ldg(exc_off + segment), __ldg(exc_off + segment + 1));
+}
+
 // NT: n8 tiles of x rows (1: M <= 8, 2: M <= 16). STAGES: chunks in flight a lane.
 template <int NT, int STAGES>
-__global__ void __launch_bounds__(32) b12_gemv_kernel(const __nv_bfloat16* __restrict__ x,
-                                                      const uint8_t* __restrict__ sm_frag,
-                                                      const uint8_t* __restrict__ code_frag,
-                                                      const uint8_t* __restrict__ base,
-                                                      const uint8_t* __restrict__ alt,
-                                                      const int32_t* __restrict__ exc_off,
-                                                      const int32_t* __restrict__ exc,
-                                                      const __nv_bfloat16* __restrict__ bias, __nv_bfloat16* out,
-                                                      int m, int n, int k, long stride_xm, long stride_om) {
+__global__ void __launch_bounds__(32) b12_gemv_kernel(const Operands p) {
   extern __shared__ __align__(16) uint8_t ring[];  // [STAGES][32 lanes][48 B]
   const int lane = threadIdx.x, g = lane >> 2, q = lane & 3;
   const int tile = blockIdx.x, row0 = tile * 16;
-  const int chunks = k / kChunk, blocks = (k + kBlock - 1) / kBlock;
-  const uint8_t* sm_src = sm_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 32;
-  const uint8_t* code_src = code_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 16;
+  const int chunks = p.k / kChunk, blocks = (p.k + kBlock - 1) / kBlock;
+  const uint8_t* sm_src = p.sm_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 32;
+  const uint8_t* code_src = p.code_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 16;
   const uint8_t* mine = ring + lane * kLaneBytes;
   const uint32_t mine_shared = static_cast<uint32_t>(__cvta_generic_to_shared(mine));
 
@@ -126,55 +158,46 @@ __global__ void __launch_bounds__(32) b12_gemv_kernel(const __nv_bfloat16* __res
   bool x_ok[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    x_ok[t] = 8 * t + g < m;
-    x_rows[t] = reinterpret_cast<const uint32_t*>(x + (x_ok[t] ? 8 * t + g : 0) * stride_xm) + q;
+    x_ok[t] = 8 * t + g < p.m;
+    x_rows[t] = reinterpret_cast<const uint32_t*>(p.x + (x_ok[t] ? 8 * t + g : 0) * p.stride_xm) + q;
   }
-  const uint32_t base4 = byte_lanes(base[row0 + g], base[row0 + g + 8]);
+  const uint32_t base4 = byte_lanes(__ldg(p.base + row0 + g), __ldg(p.base + row0 + g + 8));
   uint32_t alt4 = 0;
-  int esc_lo = 0, esc_hi = 0;  // this tile's hard escapes in the current block
+  int2 escapes = make_int2(0, 0);  // this tile's hard escapes in the current block
   float acc[NT][4] = {};
   for (int c = 0; c < chunks; ++c) {
-    if (c + STAGES - 1 < chunks) issue<STAGES>(mine_shared, sm_src, code_src, c + STAGES - 1);
-    asm volatile("cp.async.commit_group;\n" ::);
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1));
+    const Chunk chunk = next_chunk<STAGES>(mine_shared, mine, sm_src, code_src, c, chunks);
     const int col0 = c * kChunk, block = col0 / kBlock;
     if (col0 % kBlock == 0) {  // a new code block: its alt exponents and escape segment
-      alt4 = byte_lanes(alt[static_cast<long>(block) * n + row0 + g], alt[static_cast<long>(block) * n + row0 + g + 8]);
-      const int segment = ((row0 / kGroup) * blocks + block) * (kGroup / kSegmentRows) + (row0 % kGroup) / kSegmentRows;
-      esc_lo = exc_off[segment];
-      esc_hi = exc_off[segment + 1];
+      const uint8_t* alts = p.alt + static_cast<long>(block) * p.n + row0 + g;
+      alt4 = byte_lanes(__ldg(alts), __ldg(alts + 8));
+      escapes = escape_range(p.exc_off, row0, blocks, block);
     }
-    const uint8_t* slot = mine + (c % STAGES) * 32 * kLaneBytes;
-    const uint4 sm_lo = *reinterpret_cast<const uint4*>(slot);
-    const uint4 sm_hi = *reinterpret_cast<const uint4*>(slot + 16);
-    const uint4 codes = *reinterpret_cast<const uint4*>(slot + 32);
-    const uint32_t sm_words[8] = {sm_lo.x, sm_lo.y, sm_lo.z, sm_lo.w, sm_hi.x, sm_hi.y, sm_hi.z, sm_hi.w};
-    const uint32_t code_words[4] = {codes.x, codes.y, codes.z, codes.w};
     uint32_t a[4][4];  // per k16 step, the A fragment's four registers
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      decode4(sm_words[2 * s], code_words[s] & 0x0F0F0F0Fu, base4, alt4, a[s][0], a[s][1]);
-      decode4(sm_words[2 * s + 1], (code_words[s] >> 4) & 0x0F0F0F0Fu, base4, alt4, a[s][2], a[s][3]);
+      decode4(chunk.sm[2 * s], chunk.code[s] & 0x0F0F0F0Fu, base4, alt4, a[s][0], a[s][1]);
+      decode4(chunk.sm[2 * s + 1], (chunk.code[s] >> 4) & 0x0F0F0F0Fu, base4, alt4, a[s][2], a[s][3]);
     }
-    for (int e = esc_lo; e < esc_hi; ++e) patch(a, exc[e], block * kBlock - col0, lane);
+    for (int e = escapes.x; e < escapes.y; ++e) patch(a, __ldg(p.exc + e), block * kBlock - col0, lane);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
 #pragma unroll
       for (int s = 0; s < 4; ++s)
-        mma16816(acc[t], a[s], x_ok[t] ? x_rows[t][8 * s] : 0u, x_ok[t] ? x_rows[t][8 * s + 4] : 0u);
+        mma16816(acc[t], a[s], x_ok[t] ? __ldg(x_rows[t] + 8 * s) : 0u, x_ok[t] ? __ldg(x_rows[t] + 8 * s + 4) : 0u);
       x_rows[t] += kChunk / 2;  // the next chunk's columns
     }
   }
   asm volatile("cp.async.wait_all;\n" ::);
 
-  const float b_lo = bias ? __bfloat162float(bias[row0 + g]) : 0.f;
-  const float b_hi = bias ? __bfloat162float(bias[row0 + g + 8]) : 0.f;
+  const float b_lo = p.bias ? __bfloat162float(p.bias[row0 + g]) : 0.f;
+  const float b_hi = p.bias ? __bfloat162float(p.bias[row0 + g + 8]) : 0.f;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int xr = 8 * t + 2 * q + (i & 1), wr = row0 + g + 8 * (i >> 1);
-      if (xr < m) out[xr * stride_om + wr] = __float2bfloat16_rn(acc[t][i] + (i >> 1 ? b_hi : b_lo));
+      if (xr < p.m) p.out[xr * p.stride_om + wr] = __float2bfloat16_rn(acc[t][i] + (i >> 1 ? b_hi : b_lo));
     }
   }
 }
@@ -182,23 +205,14 @@ __global__ void __launch_bounds__(32) b12_gemv_kernel(const __nv_bfloat16* __res
 // The rows8 form: W's 8-row tile as the B operand, x's rows (M <= 16) as A; one MMA a k16 step for every M.
 // HI: x has rows past 8 (else A's rows g + 8 are zeros, not loaded).
 template <int STAGES, bool HI>
-__global__ void __launch_bounds__(32) b12_gemv_rows8_kernel(const __nv_bfloat16* __restrict__ x,
-                                                            const uint8_t* __restrict__ sm_frag,
-                                                            const uint8_t* __restrict__ code_frag,
-                                                            const uint8_t* __restrict__ base,
-                                                            const uint8_t* __restrict__ alt,
-                                                            const int32_t* __restrict__ exc_off,
-                                                            const int32_t* __restrict__ exc,
-                                                            const __nv_bfloat16* __restrict__ bias,
-                                                            __nv_bfloat16* out, int m, int n, int k, long stride_xm,
-                                                            long stride_om) {
+__global__ void __launch_bounds__(32) b12_gemv_rows8_kernel(const Operands p) {
   constexpr int kWide = 2 * kChunk;  // columns a chunk: eight k16 steps, 32 + 16 bytes a lane
   extern __shared__ __align__(16) uint8_t ring[];
   const int lane = threadIdx.x, g = lane >> 2, q = lane & 3;
   const int tile = blockIdx.x, row0 = tile * 8, row = row0 + g;
-  const int chunks = k / kWide, blocks = (k + kBlock - 1) / kBlock;
-  const uint8_t* sm_src = sm_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 32;
-  const uint8_t* code_src = code_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 16;
+  const int chunks = p.k / kWide, blocks = (p.k + kBlock - 1) / kBlock;
+  const uint8_t* sm_src = p.sm_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 32;
+  const uint8_t* code_src = p.code_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 16;
   const uint32_t mine_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring + lane * kLaneBytes));
   const uint8_t* mine = ring + lane * kLaneBytes;
   for (int c = 0; c < STAGES - 1; ++c) {
@@ -206,38 +220,28 @@ __global__ void __launch_bounds__(32) b12_gemv_rows8_kernel(const __nv_bfloat16*
     asm volatile("cp.async.commit_group;\n" ::);
   }
   // x's A fragments: rows g and g + 8 (zero past M; row 0's address), columns 2q, 2q + 1 (+ 8) of each step
-  const bool lo_ok = g < m, hi_ok = HI && g + 8 < m;
-  const uint32_t* x_lo = reinterpret_cast<const uint32_t*>(x + (lo_ok ? g : 0) * stride_xm) + q;
-  const uint32_t* x_hi = reinterpret_cast<const uint32_t*>(x + (hi_ok ? g + 8 : 0) * stride_xm) + q;
-  const uint32_t base4 = base[row] * 0x01010101u;
+  const bool lo_ok = g < p.m, hi_ok = HI && g + 8 < p.m;
+  const uint32_t* x_lo = reinterpret_cast<const uint32_t*>(p.x + (lo_ok ? g : 0) * p.stride_xm) + q;
+  const uint32_t* x_hi = reinterpret_cast<const uint32_t*>(p.x + (hi_ok ? g + 8 : 0) * p.stride_xm) + q;
+  const uint32_t base4 = __ldg(p.base + row) * 0x01010101u;
   uint32_t alt4 = 0;
-  int esc_lo = 0, esc_hi = 0;
+  int2 escapes = make_int2(0, 0);
   float acc[4] = {};
   for (int c = 0; c < chunks; ++c) {
-    if (c + STAGES - 1 < chunks) issue<STAGES>(mine_shared, sm_src, code_src, c + STAGES - 1);
-    asm volatile("cp.async.commit_group;\n" ::);
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1));
+    const Chunk chunk = next_chunk<STAGES>(mine_shared, mine, sm_src, code_src, c, chunks);
     const int col0 = c * kWide, block = col0 / kBlock;
     if (col0 % kBlock == 0) {
-      alt4 = alt[static_cast<long>(block) * n + row] * 0x01010101u;
-      const int segment = ((row0 / kGroup) * blocks + block) * (kGroup / kSegmentRows) + (row0 % kGroup) / kSegmentRows;
-      esc_lo = exc_off[segment];
-      esc_hi = exc_off[segment + 1];
+      alt4 = __ldg(p.alt + static_cast<long>(block) * p.n + row) * 0x01010101u;
+      escapes = escape_range(p.exc_off, row0, blocks, block);
     }
-    const uint8_t* slot = mine + (c % STAGES) * 32 * kLaneBytes;
-    const uint4 sm_lo = *reinterpret_cast<const uint4*>(slot);
-    const uint4 sm_hi = *reinterpret_cast<const uint4*>(slot + 16);
-    const uint4 codes = *reinterpret_cast<const uint4*>(slot + 32);
-    const uint32_t sm_words[8] = {sm_lo.x, sm_lo.y, sm_lo.z, sm_lo.w, sm_hi.x, sm_hi.y, sm_hi.z, sm_hi.w};
-    const uint32_t code_words[4] = {codes.x, codes.y, codes.z, codes.w};
     uint32_t b[8][2];  // per k16 step, the B fragment's two registers
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const uint32_t cod = s & 1 ? (code_words[s >> 1] >> 4) & 0x0F0F0F0Fu : code_words[s >> 1] & 0x0F0F0F0Fu;
-      decode4(sm_words[s], cod, base4, alt4, b[s][0], b[s][1]);
+      const uint32_t cod = s & 1 ? (chunk.code[s >> 1] >> 4) & 0x0F0F0F0Fu : chunk.code[s >> 1] & 0x0F0F0F0Fu;
+      decode4(chunk.sm[s], cod, base4, alt4, b[s][0], b[s][1]);
     }
-    for (int e = esc_lo; e < esc_hi; ++e) {  // hard escapes of this tile's 8 rows in this chunk
-      const int entry = exc[e];
+    for (int e = escapes.x; e < escapes.y; ++e) {  // hard escapes of this tile's 8 rows in this chunk
+      const int entry = __ldg(p.exc + e);
       const int r = ((entry >> 8) & 0xFF) % kSegmentRows - row0 % kSegmentRows, kk = block * kBlock - col0 + (entry & 0xFF);
       if (r != g || kk < 0 || kk >= kWide || ((kk & 7) >> 1) != q) continue;
       const int which = (kk >> 4) * 2 + ((kk >> 3) & 1), half = kk & 1;
@@ -250,8 +254,8 @@ __global__ void __launch_bounds__(32) b12_gemv_rows8_kernel(const __nv_bfloat16*
     }
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const uint32_t a[4] = {lo_ok ? x_lo[8 * s] : 0u, hi_ok ? x_hi[8 * s] : 0u, lo_ok ? x_lo[8 * s + 4] : 0u,
-                             hi_ok ? x_hi[8 * s + 4] : 0u};
+      const uint32_t a[4] = {lo_ok ? __ldg(x_lo + 8 * s) : 0u, hi_ok ? __ldg(x_hi + 8 * s) : 0u,
+                             lo_ok ? __ldg(x_lo + 8 * s + 4) : 0u, hi_ok ? __ldg(x_hi + 8 * s + 4) : 0u};
       mma16816(acc, a, b[s][0], b[s][1]);
     }
     x_lo += kWide / 2;
@@ -262,34 +266,9 @@ __global__ void __launch_bounds__(32) b12_gemv_rows8_kernel(const __nv_bfloat16*
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int xr = g + 8 * (i >> 1), wr = row0 + 2 * q + (i & 1);
-    const float b_ = bias ? __bfloat162float(bias[wr]) : 0.f;
-    if (xr < m) out[xr * stride_om + wr] = __float2bfloat16_rn(acc[i] + b_);
+    const float b_ = p.bias ? __bfloat162float(p.bias[wr]) : 0.f;
+    if (xr < p.m) p.out[xr * p.stride_om + wr] = __float2bfloat16_rn(acc[i] + b_);
   }
-}
-
-template <int NT, int STAGES>
-cudaError_t launch(const void* x, const void* sm_frag, const void* code_frag, const void* base, const void* alt,
-                   const void* exc_off, const void* exc, const void* bias, void* out, int m, int n, int k,
-                   long stride_xm, long stride_om, cudaStream_t stream) {
-  const int smem = STAGES * 32 * kLaneBytes;  // at most 24 KB: within the default dynamic limit
-  b12_gemv_kernel<NT, STAGES><<<n / 16, 32, smem, stream>>>(
-      static_cast<const __nv_bfloat16*>(x), static_cast<const uint8_t*>(sm_frag),
-      static_cast<const uint8_t*>(code_frag), static_cast<const uint8_t*>(base), static_cast<const uint8_t*>(alt),
-      static_cast<const int32_t*>(exc_off), static_cast<const int32_t*>(exc), static_cast<const __nv_bfloat16*>(bias),
-      static_cast<__nv_bfloat16*>(out), m, n, k, stride_xm, stride_om);
-  return cudaGetLastError();
-}
-
-template <int STAGES, bool HI>
-cudaError_t launch_rows8(const void* x, const void* sm_frag, const void* code_frag, const void* base, const void* alt,
-                         const void* exc_off, const void* exc, const void* bias, void* out, int m, int n, int k,
-                         long stride_xm, long stride_om, cudaStream_t stream) {
-  b12_gemv_rows8_kernel<STAGES, HI><<<n / 8, 32, STAGES * 32 * kLaneBytes, stream>>>(
-      static_cast<const __nv_bfloat16*>(x), static_cast<const uint8_t*>(sm_frag),
-      static_cast<const uint8_t*>(code_frag), static_cast<const uint8_t*>(base), static_cast<const uint8_t*>(alt),
-      static_cast<const int32_t*>(exc_off), static_cast<const int32_t*>(exc), static_cast<const __nv_bfloat16*>(bias),
-      static_cast<__nv_bfloat16*>(out), m, n, k, stride_xm, stride_om);
-  return cudaGetLastError();
 }
 
 }  // namespace
@@ -300,23 +279,27 @@ cudaError_t launch_rows8(const void* x, const void* sm_frag, const void* code_fr
 cudaError_t b12_gemv_launch(const void* x, const void* sm_frag, const void* code_frag, const void* base,
                             const void* alt, const void* exc_off, const void* exc, const void* bias, void* out, int m,
                             int n, int k, long stride_xm, long stride_om, int stages, int rows, cudaStream_t stream) {
-  if (m < 1 || m > 16 || stride_xm % 2) return cudaErrorInvalidValue;
+  const Operands p{static_cast<const __nv_bfloat16*>(x), static_cast<const uint8_t*>(sm_frag),
+                   static_cast<const uint8_t*>(code_frag), static_cast<const uint8_t*>(base),
+                   static_cast<const uint8_t*>(alt), static_cast<const int32_t*>(exc_off),
+                   static_cast<const int32_t*>(exc), static_cast<const __nv_bfloat16*>(bias),
+                   static_cast<__nv_bfloat16*>(out), m, n, k, stride_xm, stride_om};
+  if (m < 1 || m > 16 || stride_xm % 2 || (stages != 4 && stages != 8 && stages != 16)) return cudaErrorInvalidValue;
+  const int smem = stages * 32 * kLaneBytes;  // at most 24 KB: within the default dynamic limit
   if (rows == 8) {
     if (n % 8 || k % (2 * kChunk)) return cudaErrorInvalidValue;
     const bool hi = m > 8;
-    switch (stages) {
-      case 4: return (hi ? launch_rows8<4, true> : launch_rows8<4, false>)(x, sm_frag, code_frag, base, alt, exc_off, exc, bias, out, m, n, k, stride_xm, stride_om, stream);
-      case 8: return (hi ? launch_rows8<8, true> : launch_rows8<8, false>)(x, sm_frag, code_frag, base, alt, exc_off, exc, bias, out, m, n, k, stride_xm, stride_om, stream);
-      case 16: return (hi ? launch_rows8<16, true> : launch_rows8<16, false>)(x, sm_frag, code_frag, base, alt, exc_off, exc, bias, out, m, n, k, stride_xm, stride_om, stream);
-      default: return cudaErrorInvalidValue;
-    }
+    auto kernel = stages == 4   ? (hi ? b12_gemv_rows8_kernel<4, true> : b12_gemv_rows8_kernel<4, false>)
+                  : stages == 8 ? (hi ? b12_gemv_rows8_kernel<8, true> : b12_gemv_rows8_kernel<8, false>)
+                                : (hi ? b12_gemv_rows8_kernel<16, true> : b12_gemv_rows8_kernel<16, false>);
+    kernel<<<n / 8, 32, smem, stream>>>(p);
+  } else {
+    if (rows != 16 || n % 16 || k % kChunk) return cudaErrorInvalidValue;
+    const bool wide = m > 8;
+    auto kernel = stages == 4   ? (wide ? b12_gemv_kernel<2, 4> : b12_gemv_kernel<1, 4>)
+                  : stages == 8 ? (wide ? b12_gemv_kernel<2, 8> : b12_gemv_kernel<1, 8>)
+                                : (wide ? b12_gemv_kernel<2, 16> : b12_gemv_kernel<1, 16>);
+    kernel<<<n / 16, 32, smem, stream>>>(p);
   }
-  if (rows != 16 || n % 16 || k % kChunk) return cudaErrorInvalidValue;
-  const bool wide = m > 8;
-  switch (stages) {
-    case 4: return (wide ? launch<2, 4> : launch<1, 4>)(x, sm_frag, code_frag, base, alt, exc_off, exc, bias, out, m, n, k, stride_xm, stride_om, stream);
-    case 8: return (wide ? launch<2, 8> : launch<1, 8>)(x, sm_frag, code_frag, base, alt, exc_off, exc, bias, out, m, n, k, stride_xm, stride_om, stream);
-    case 16: return (wide ? launch<2, 16> : launch<1, 16>)(x, sm_frag, code_frag, base, alt, exc_off, exc, bias, out, m, n, k, stride_xm, stride_om, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return cudaGetLastError();
 }
