@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import b12_cuda  # noqa: E402
 
 from specpilot.formats.b12 import encode  # noqa: E402
-from specpilot.kernels.b12_gemm import b12_decode_reference  # noqa: E402
+from specpilot.kernels.b12_gemm import as_int16, b12_decode_reference  # noqa: E402
 
 
 def outliers(n: int, k: int, count: int, seed: int) -> torch.Tensor:
@@ -77,3 +77,122 @@ def test_the_kernel_compiles_for_hopper_without_spilling(tmp_path):
     assert (tmp_path / "b12_gemv.cubin").stat().st_size > 0
     assert "0 bytes spill" in report and "bytes stack frame" in report
     assert all(" 0 bytes stack frame" in line for line in report.splitlines() if "stack frame" in line)
+
+
+# ---- the kernel's arithmetic, emulated from the PTX ISA's definitions (prmt, lop3, mma.m16n8k16 fragments) ----
+def _prmt(a: int, b: int, selector: int) -> int:
+    """prmt.b32 default mode: result byte n is byte (sel & 7) of b:a, or that byte's sign spread if sel & 8."""
+    pool = (b << 32 | a).to_bytes(8, "little")
+    out = 0
+    for n in range(4):
+        sel = selector >> 4 * n & 0xF
+        byte = pool[sel & 7]
+        out |= ((0xFF if byte & 0x80 else 0) if sel & 8 else byte) << 8 * n
+    return out
+
+
+def _lop3(a: int, b: int, c: int, lut: int) -> int:
+    return sum(1 << i for i in range(32) if lut >> ((a >> i & 1) << 2 | (b >> i & 1) << 1 | (c >> i & 1)) & 1)
+
+
+def _decode4(sm: int, cod: int, base4: int, alt4: int) -> tuple[int, int]:
+    """b12_gemv.cu's decode4, instruction by instruction."""
+    m32 = 0xFFFFFFFF
+    msk = _prmt((cod + 0x71717171) & m32, 0, 0xBA98)
+    ex = _lop3((cod + base4) & m32, alt4, msk, 0xD8)
+    hib = _lop3(sm, ex >> 1, 0x80808080, 0xE4)
+    lob = _lop3((ex << 7) & m32, sm, 0x80808080, 0xE4)
+    return _prmt(lob, hib, 0x5140), _prmt(lob, hib, 0x7362)
+
+
+def _halves(reg: int) -> list[float]:
+    """A 32-bit register as its two bf16 values, the lower half first (the fragment's element order)."""
+    raw = torch.tensor([reg & 0xFFFF, reg >> 16], dtype=torch.int32)
+    return as_int16(raw).view(torch.bfloat16).float().tolist()
+
+
+def _word(data: torch.Tensor, index: int) -> int:
+    return int.from_bytes(bytes(data[4 * index : 4 * index + 4].tolist()), "little")
+
+
+def _lanes(planes, row: int, col0: int, rows: int) -> tuple[int, int]:
+    """A lane's base and alt exponent bytes as the kernel packs them (row: g's; 16-row form: g + 8's in lanes 2, 3)."""
+    alt = planes.alt[col0 // 256]
+    if rows == 16:
+        return (int(planes.base[row]) * 0x0101 | int(planes.base[row + 8]) * 0x01010000,
+                int(alt[row]) * 0x0101 | int(alt[row + 8]) * 0x01010000)
+    return int(planes.base[row]) * 0x01010101, int(alt[row]) * 0x01010101
+
+
+def _emulate(x: torch.Tensor, planes, rows: int) -> torch.Tensor:
+    """y = x @ W.T as the kernel computes it: per warp and chunk, each lane's words decoded into the registers the
+    kernel hands mma.sync, read back through the PTX ISA's m16n8k16 fragment layouts (A 16x16 row-major, B 16x8,
+    C 16x8), the product accumulated in fp32, C written where the kernel's epilogue writes it. Hard escapes left
+    out (the fragment-order test covers their bits)."""
+    sm_frag, code_frag = b12_cuda.fragments(planes, rows)
+    m, (n, k) = x.shape[0], planes.shape
+    chunk = b12_cuda.FORMS[rows]
+    xf = x.float()
+    out = torch.zeros(m, n)
+    for tile in range(n // rows):
+        acc = torch.zeros(16, 16 if rows == 16 else 8)  # C of each n8 tile side by side (16-row form: x rows 0..15)
+        for c in range(k // chunk):
+            col0 = c * chunk
+            for s in range(chunk // 16):
+                a_mat, b_mat = torch.zeros(16, 16), torch.zeros(16, 16 if rows == 16 else 8)
+                for lane in range(32):
+                    g, q = lane // 4, lane % 4
+                    base4, alt4 = _lanes(planes, tile * rows + g, col0, rows)
+                    sm, code = sm_frag[tile, c, lane], code_frag[tile, c, lane]
+                    if rows == 16:  # words 2s + j of sm, code word s (low nibbles j = 0): A registers
+                        regs = []
+                        for j in range(2):
+                            cod = _word(code, s) >> 4 * j & 0x0F0F0F0F
+                            regs += _decode4(_word(sm, 2 * s + j), cod, base4, alt4)
+                        a0, a2, a4, a6 = regs  # a[s][0..3]: (g, 2q), (g + 8, 2q), (g, 2q + 8), (g + 8, 2q + 8)
+                        for reg, (r, kk) in zip((a0, a2, a4, a6), ((g, 2 * q), (g + 8, 2 * q), (g, 2 * q + 8),
+                                                                     (g + 8, 2 * q + 8))):
+                            a_mat[r, kk : kk + 2] = torch.tensor(_halves(reg))
+                        for t in range(2):  # B of x rows 8t + g: k 2q, 2q + 1 and 2q + 8, 2q + 9
+                            if 8 * t + g < m:
+                                for kk in (2 * q, 2 * q + 8):
+                                    b_mat[kk : kk + 2, 8 * t + g] = xf[8 * t + g, col0 + 16 * s + kk : col0 + 16 * s + kk + 2]
+                    else:  # sm word s, code word s // 2 (low nibbles: even steps): B registers
+                        cod = _word(code, s // 2) >> 4 * (s % 2) & 0x0F0F0F0F
+                        b0, b2 = _decode4(_word(sm, s), cod, base4, alt4)
+                        for reg, kk in ((b0, 2 * q), (b2, 2 * q + 8)):
+                            b_mat[kk : kk + 2, g] = torch.tensor(_halves(reg))
+                        for r in (g, g + 8):  # A: x rows g, g + 8 at k 2q.. and 2q + 8..
+                            if r < m:
+                                for kk in (2 * q, 2 * q + 8):
+                                    a_mat[r, kk : kk + 2] = xf[r, col0 + 16 * s + kk : col0 + 16 * s + kk + 2]
+                acc += a_mat @ b_mat
+        for lane in range(32):  # the epilogue: C element (row, col) of lane 4g + q is c_i, i = 2 * (row >= 8) + (col & 1)
+            g, q = lane // 4, lane % 4
+            for i in range(4):
+                if rows == 16:
+                    for t in range(2):  # W rows as C's rows, x rows as its columns
+                        xr, wr = 8 * t + 2 * q + (i & 1), tile * 16 + g + 8 * (i >> 1)
+                        if xr < m:
+                            out[xr, wr] = acc[g + 8 * (i >> 1), 8 * t + 2 * q + (i & 1)]
+                else:  # x rows as C's rows, W rows as its columns
+                    xr, wr = g + 8 * (i >> 1), tile * 8 + 2 * q + (i & 1)
+                    if xr < m:
+                        out[xr, wr] = acc[xr, 2 * q + (i & 1)]
+    return out
+
+
+@pytest.mark.parametrize("rows", [16, 8])
+@pytest.mark.parametrize("m", [1, 3, 12])
+def test_the_kernels_arithmetic_emulated_from_the_ptx_isa_gives_the_product(rows, m):
+    """decode4's prmt/lop3 sequence and the registers the kernel hands mma.sync, read through the ISA's fragment
+    layouts, give x @ W.T (fp32 sums: close, not bitwise), with alts; so a lane's bytes, the bf16 pairs' order and
+    the epilogue's placement agree with what the hardware will do."""
+    w = outliers(32, 256, 12, seed=7)
+    w.view(-1)[~torch.isfinite(w.view(-1).float())] = 1.0  # no inf/NaN here: the product must be finite
+    planes = encode(w)
+    planes = type(planes)(**{**vars(planes), "exc": planes.exc[:0],
+                             "exc_off": torch.zeros_like(planes.exc_off)})  # escapes aside (fragment test)
+    dense = b12_decode_reference(planes).float()
+    x = torch.randn(m, 256, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    torch.testing.assert_close(_emulate(x, planes, rows), x.float() @ dense.T, rtol=1e-4, atol=1e-4)
