@@ -27,7 +27,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specpilot.formats.b12 import B12Tensor, encode  # noqa: E402
-from specpilot.kernels.b12_gemm import BLOCK, ESCAPE, GROUP, SEGMENT_ROWS, _unpack, as_int16, b12_decode_reference  # noqa: E402
+from specpilot.kernels.b12_gemm import (  # noqa: E402
+    BLOCK,
+    ESCAPE,
+    _unpack,
+    as_int16,
+    b12_decode_reference,
+    hard_escapes,
+)
 
 SOURCE = Path(__file__).with_name("b12_gemv.cu")
 FORMS = {16: 64, 8: 128}  # W rows a warp -> columns a chunk: 16 (W as the MMA's A operand) or 8 (as its B operand)
@@ -89,12 +96,8 @@ def fragment_decode_reference(sm_frag: torch.Tensor, code_frag: torch.Tensor, w:
                            w.base.to(torch.int32)[rows_at] + code)
     out = torch.zeros(n, k, dtype=torch.int32)
     out[rows_at.flatten(), cols_at.flatten()] = (((sm & 0x80) << 8) | (exponent << 7) | (sm & 0x7F)).flatten()
-    if w.exc.numel():  # escapes by segment: (group, block, 16-row segment), as the kernel finds them
-        blocks = -(-k // BLOCK)
-        segment = torch.repeat_interleave(torch.arange(w.exc_off.numel() - 1), w.exc_off.diff())
-        group, block = segment // (GROUP // SEGMENT_ROWS) // blocks, segment // (GROUP // SEGMENT_ROWS) % blocks
-        entry = w.exc.to(torch.int32)
-        out[group * GROUP + ((entry >> 8) & 0xFF), block * BLOCK + (entry & 0xFF)] = (entry >> 16) & 0xFFFF
+    rows_e, cols_e, raw = hard_escapes(w)
+    out[rows_e, cols_e] = raw
     return as_int16(out).view(torch.bfloat16)
 
 

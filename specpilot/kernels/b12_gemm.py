@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from specpilot.formats.b12 import B12Tensor
 
 __all__ = ["BLOCK", "ESCAPE", "GROUP", "SEGMENT_ROWS", "as_int16", "b12_decode_reference", "b12_gemm", "b12_gemm_reference",
-           "halves"]
+           "halves", "hard_escapes"]
 
 BLOCK = 256  # weights of one row per code block
 GROUP = 256  # rows whose escape segments are numbered together: a BLOCK_N tile (a divisor) lies in one group
@@ -87,16 +87,21 @@ def b12_decode_reference(w: B12Tensor) -> torch.Tensor:
     alt = w.alt.to(torch.int32).t()[:, torch.arange(k, device=s.device) // BLOCK]
     exponent = torch.where(codes == ESCAPE, alt, w.base[:, None].to(torch.int32) + codes)
     bits = ((s & 0x80) << 8) | (exponent << 7) | (s & 0x7F)
-    if w.exc.numel():
-        counts = w.exc_off.diff()
-        group_block = torch.repeat_interleave(torch.arange(counts.numel(), device=s.device), counts) // (
-            GROUP // SEGMENT_ROWS)
-        blocks = -(-k // BLOCK)
-        entry = w.exc.to(torch.int32)
-        rows = (group_block // blocks) * GROUP + ((entry >> 8) & 0xFF)
-        cols = (group_block % blocks) * BLOCK + (entry & 0xFF)
-        bits[rows, cols] = (entry >> 16) & 0xFFFF
+    rows, cols, raw = hard_escapes(w)
+    bits[rows, cols] = raw
     return as_int16(bits).view(torch.bfloat16).reshape(n, k)
+
+
+def hard_escapes(w: B12Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The hard escapes' rows, columns and raw bits (int32 each; empty where there are none), from their
+    segments: numbered (row // GROUP, block, row % GROUP // SEGMENT_ROWS)."""
+    counts = w.exc_off.diff()
+    group_block = torch.repeat_interleave(torch.arange(counts.numel(), device=w.exc.device), counts) // (
+        GROUP // SEGMENT_ROWS)
+    blocks = -(-w.shape[1] // BLOCK)
+    entry = w.exc.to(torch.int32)
+    return ((group_block // blocks) * GROUP + ((entry >> 8) & 0xFF), (group_block % blocks) * BLOCK + (entry & 0xFF),
+            (entry >> 16) & 0xFFFF)
 
 
 def b12_gemm_reference(x: torch.Tensor, w: B12Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
