@@ -121,6 +121,19 @@ torch::Tensor b12_gemv(torch::Tensor x, torch::Tensor sm_frag, torch::Tensor cod
 """
 
 
+def outlier_matrix(n: int, k: int, count: int, specials: list[float], seed: int, device: str = "cpu") -> torch.Tensor:
+    """bf16 Gaussian weights (scale 0.02) with `count` far exponents scattered in (alts and hard escapes), the first
+    of them replaced by `specials`, repeated: what exercises every path of the decode."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    w = torch.randn(n, k, device=device, generator=g) * 0.02
+    idx = torch.randint(0, n * k, (count,), device=device, generator=g)
+    w.view(-1)[idx] = torch.randn(count, device=device, generator=g) * 1e4
+    if specials:
+        values = torch.tensor(specials, device=device).repeat(count // (2 * len(specials)))
+        w.view(-1)[idx[: values.numel()]] = values
+    return w.to(torch.bfloat16)
+
+
 @cache
 def load():
     """The kernel as a torch op: b12_gemv(x, sm_frag, code_frag, base, alt, exc_off, exc, bias, n, stages, rows)
@@ -182,15 +195,8 @@ def k_loop_opcodes(cubin: Path) -> dict[str, dict[str, int]]:
 
 
 def main() -> None:
-    torch.manual_seed(0)
     for n, k, outliers in ((32, 128, 0), (48, 576, 40), (64, 1024, 200)):
-        w = (torch.randn(n, k) * 0.02).to(torch.bfloat16)
-        if outliers:  # far exponents (alts and hard escapes), infinities, NaN, -0 and subnormals among them
-            idx = torch.randint(0, n * k, (outliers,))
-            w.view(-1)[idx] = (torch.randn(outliers) * 1e4).to(torch.bfloat16)
-            specials = torch.tensor([float("inf"), float("nan"), -0.0, 1e-40]).repeat(outliers // 16)
-            w.view(-1)[idx[: specials.numel()]] = specials.to(torch.bfloat16)
-        planes = encode(w)
+        planes = encode(outlier_matrix(n, k, outliers, [float("inf"), float("nan"), -0.0, 1e-40], seed=n + k))
         for rows, chunk in FORMS.items():
             if n % rows or k % chunk:
                 continue

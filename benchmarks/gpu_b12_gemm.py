@@ -137,14 +137,10 @@ def check_cuda_escapes(stages: list[int]) -> None:
     """The CUDA kernel's variants against the bf16 kernel on a matrix dense with alts, hard escapes, -0, subnormals
     and large values (finite: an infinity or NaN would make its whole output row NaN and hide a misplaced escape),
     every M up to 16, with bias: each variant's verdict printed (the shapes' rows mark them too)."""
-    g = torch.Generator(device="cuda").manual_seed(5)
     n, k = 256, 1024
-    w = torch.randn(n, k, device="cuda", generator=g) * 0.02
-    idx = torch.randint(0, n * k, (600,), device="cuda", generator=g)
-    w.view(-1)[idx] = torch.randn(600, device="cuda", generator=g) * 1e4
-    w.view(-1)[idx[:200]] = torch.tensor([-0.0, 1e-40, 1e30, -1e-38], device="cuda").repeat(50)
-    w = w.to(torch.bfloat16)
+    w = b12_cuda.outlier_matrix(n, k, 600, [-0.0, 1e-40, 1e30, -1e-38], seed=5, device="cuda")
     planes = encode(w)
+    g = torch.Generator(device="cuda").manual_seed(6)
     bias = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16)
     forms = {rows: (*b12_cuda.fragments(planes, rows), planes) for rows in b12_cuda.FORMS}
     differ: dict[str, list[int]] = {variant: [] for variant in cuda_variants(stages)}

@@ -21,14 +21,9 @@ from specpilot.kernels.b12_gemm import as_int16, b12_decode_reference  # noqa: E
 
 
 def outliers(n: int, k: int, count: int, seed: int) -> torch.Tensor:
-    """Gaussian weights with far exponents scattered in (alts and hard escapes), specials among them."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=g) * 0.02
-    idx = torch.randint(0, n * k, (count,), generator=g)
-    w.view(-1)[idx] = torch.randn(count, generator=g) * 1e4
-    specials = torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0, 1e-40]).repeat(count // 10)
-    w.view(-1)[idx[: specials.numel()]] = specials
-    return w.to(torch.bfloat16)
+    """Gaussian weights with far exponents scattered in (alts and hard escapes), ±inf, NaN, -0 and subnormals among
+    them."""
+    return b12_cuda.outlier_matrix(n, k, count, [float("inf"), float("-inf"), float("nan"), -0.0, 1e-40], seed)
 
 
 @pytest.mark.parametrize("rows", [16, 8])
