@@ -107,14 +107,14 @@ _WRAPPER = r"""
 
 torch::Tensor b12_gemv(torch::Tensor x, torch::Tensor sm_frag, torch::Tensor code_frag, torch::Tensor base,
                        torch::Tensor alt, torch::Tensor exc_off, torch::Tensor exc, c10::optional<torch::Tensor> bias,
-                       int64_t n, int64_t stages, int64_t rows) {
+                       int64_t n, int64_t stages, int64_t rows, bool pipelined) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.stride(1) == 1, "x: bf16 CUDA, unit stride");
   auto out = torch::empty({x.size(0), n}, x.options());
   const void* bias_ptr = bias.has_value() ? bias->data_ptr() : nullptr;
   cudaError_t err = b12_gemv_launch(x.data_ptr(), sm_frag.data_ptr(), code_frag.data_ptr(), base.data_ptr(),
                                     alt.data_ptr(), exc_off.data_ptr(), exc.numel() ? exc.data_ptr() : exc_off.data_ptr(),
                                     bias_ptr, out.data_ptr(), x.size(0), n, x.size(1), x.stride(0), out.stride(0),
-                                    stages, rows, c10::cuda::getCurrentCUDAStream());
+                                    stages, rows, pipelined, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "b12_gemv: ", cudaGetErrorString(err));
   return out;
 }
@@ -136,24 +136,26 @@ def outlier_matrix(n: int, k: int, count: int, specials: list[float], seed: int,
 
 @cache
 def load():
-    """The kernel as a torch op: b12_gemv(x, sm_frag, code_frag, base, alt, exc_off, exc, bias, n, stages, rows)
+    """The kernel as a torch op: b12_gemv(x, sm_frag, code_frag, base, alt, exc_off, exc, bias, n, stages, rows,
+    pipelined)
     (CUDA; built with this machine's nvcc for sm_90 on first use)."""
     from torch.utils.cpp_extension import load_inline
 
     module = load_inline(name="specpilot_b12_gemv", cpp_sources=["torch::Tensor b12_gemv(torch::Tensor x, "
                          "torch::Tensor sm_frag, torch::Tensor code_frag, torch::Tensor base, torch::Tensor alt, "
                          "torch::Tensor exc_off, torch::Tensor exc, c10::optional<torch::Tensor> bias, int64_t n, "
-                         "int64_t stages, int64_t rows);"],
+                         "int64_t stages, int64_t rows, bool pipelined);"],
                          cuda_sources=[SOURCE.read_text() + _WRAPPER], functions=["b12_gemv"],
                          extra_cuda_cflags=["-O3", "-gencode=arch=compute_90,code=sm_90"])
     return module.b12_gemv
 
 
 def gemm(x: torch.Tensor, frags: tuple[torch.Tensor, torch.Tensor, B12Tensor], stages: int = 8, rows: int = 16,
-         bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ decode(w).T (+ bias) through the CUDA kernel: `frags` = (sm_frag, code_frag, w) in the form of `rows`."""
+         bias: torch.Tensor | None = None, pipelined: bool = False) -> torch.Tensor:
+    """x @ decode(w).T (+ bias) through the CUDA kernel: `frags` = (sm_frag, code_frag, w) in the form of `rows`;
+    `pipelined` (8-row form): each chunk decoded among the previous chunk's MMAs."""
     sm_frag, code_frag, w = frags
-    return load()(x, sm_frag, code_frag, w.base, w.alt, w.exc_off, w.exc, bias, w.shape[0], stages, rows)
+    return load()(x, sm_frag, code_frag, w.base, w.alt, w.exc_off, w.exc, bias, w.shape[0], stages, rows, pipelined)
 
 
 def compile_cubin(out: Path) -> str:
@@ -171,26 +173,30 @@ CUOBJDUMP = Path(_TRITON.submodule_search_locations[0]) / "backends" / "nvidia" 
 _SASS = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 
 
-def k_loop_opcodes(cubin: Path) -> dict[str, dict[str, int]]:
-    """Per kernel instantiation (form, x tiles, stages): the SASS opcodes of the K loop's body as a chunk without
-    hard escapes runs it — the loop from its backward branch, less the escape loop that a forward branch skips."""
+def k_loop_opcodes(cubin: Path) -> dict[str, dict[str, float]]:
+    """Per kernel instantiation (form, x tiles, stages, pipelined or not): the SASS opcodes of the K loop's body as a
+    chunk without hard escapes runs it — the loop from its backward branch, less every escape loop that a forward
+    branch skips (a forward branch whose span holds an inner loop's backward branch); the pipelined loop runs two
+    chunks a trip, so its counts are halved."""
     listing = subprocess.run([str(CUOBJDUMP), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     counts = {}
     for function in listing.split("Function : ")[1:]:
         name = function.splitlines()[0]
-        key = re.search(r"kernelILi(\d+)E(?:Li(\d+)E)?", name)
         code = [(int(m.group(1), 16), m.group(2)) for line in function.splitlines() if (m := _SASS.match(line))]
         jumps = [(at, int(m.group(1), 16)) for at, text in code if (m := re.search(r"BRA (0x[0-9a-f]+)", text))]
         end, start = max(((at, to) for at, to in jumps if to < at), key=lambda span: span[0] - span[1])
-        skip_from, skip_to = max(((at, to) for at, to in jumps if start <= at < to <= end),
-                                 key=lambda span: span[1] - span[0])
-        body = [text for at, text in code if start <= at <= end and not skip_from < at < skip_to]
+        inner = [at for at, to in jumps if start <= to < at < end]
+        skips = [(at, to) for at, to in jumps if start <= at < to <= end and any(at < b < to for b in inner)]
+        body = [text for at, text in code if start <= at <= end and not any(a < at < t for a, t in skips)]
         ops = collections.Counter(re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", t).group(1) for t in body)
         if "rows8" in name:
-            label = f"8 rows, STAGES={key.group(1)}, M {'> 8' if re.search(r'ELb1E', name) else '<= 8'}"
+            stages, hi, pipelined = re.search(r"kernelILi(\d+)ELb([01])ELb([01])E", name).groups()
+            label = f"8 rows{', pipelined' if pipelined == '1' else ''}, STAGES={stages}, M {'> 8' if hi == '1' else '<= 8'}"
         else:
-            label = f"16 rows, M {'> 8' if key.group(1) == '2' else '<= 8'}, STAGES={key.group(2)}"
-        counts[label] = dict(ops.most_common()) | {"all": len(body)}
+            tiles, stages = re.search(r"kernelILi(\d+)ELi(\d+)E", name).groups()
+            label = f"16 rows, M {'> 8' if tiles == '2' else '<= 8'}, STAGES={stages}"
+        per_trip = 2 if "pipelined" in label else 1
+        counts[label] = {op: n / per_trip for op, n in ops.most_common()} | {"all": len(body) / per_trip}
     return counts
 
 
@@ -213,8 +219,8 @@ def main() -> None:
             loops = k_loop_opcodes(Path(tmp) / "b12_gemv.cubin") if CUOBJDUMP and CUOBJDUMP.exists() else {}
         print("nvcc, sm_90:", " | ".join(line.strip() for line in report.splitlines() if "registers" in line))
         for name, ops in loops.items():  # a chunk: 1,024 weights of W (16 x 64 or 8 x 128), 32 a lane
-            print(f"K loop, a chunk ({name}): {ops['all']} instructions a lane, {ops['all'] / 32:.2f} a weight; "
-                  + ", ".join(f"{op} {n}" for op, n in ops.items() if op != "all"))
+            print(f"K loop, a chunk ({name}): {ops['all']:g} instructions a lane, {ops['all'] / 32:.2f} a weight; "
+                  + ", ".join(f"{op} {n:g}" for op, n in ops.items() if op != "all"))
 
 
 if __name__ == "__main__":

@@ -20,8 +20,13 @@
 // weight has twice the warps, each decoding four weights a k16 step (lane 4g + q: row g, columns 2q, 2q + 1,
 // 2q + 8, 2q + 9). For row tile t (8 rows), 128-column chunk c, lane l: sign/mantissa word s (k16 step) holds
 // bytes b = 2j + e: column 128c + 16s + 8j + 2q + e; code word p holds step 2p's codes in its bytes' low nibbles
-// and step 2p + 1's in their high ones. Whether the MMA sums a product the same with its operands swapped is
-// what the benchmark's bitwise check finds out.
+// and step 2p + 1's in their high ones. The MMA sums a product the same with its operands swapped (the H100 run
+// found both forms bitwise the bf16 kernel).
+//
+// Both forms as first written run each chunk in order — ring read, decode, x's fragments, then the chained MMAs —
+// and with one warp a block and a few warps an SM nothing hides that chain (the H100: slower than the Triton
+// kernel). The 8-row form's pipelined variant keeps two register sets of operands and issues chunk c + 1's ring
+// read, x fragments and decode among chunk c's MMAs in one basic block.
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -203,46 +208,73 @@ __global__ void __launch_bounds__(32) b12_gemv_kernel(const Operands p) {
 }
 
 // The rows8 form: W's 8-row tile as the B operand, x's rows (M <= 16) as A; one MMA a k16 step for every M.
-// HI: x has rows past 8 (else A's rows g + 8 are zeros, not loaded).
+constexpr int kWide = 2 * kChunk;  // its chunk's columns: eight k16 steps, 32 + 16 bytes a lane
+
+// A rows8 warp: its tile, lane, ring and x rows, and what it reads a chunk at a time
 template <int STAGES, bool HI>
-__global__ void __launch_bounds__(32) b12_gemv_rows8_kernel(const Operands p) {
-  constexpr int kWide = 2 * kChunk;  // columns a chunk: eight k16 steps, 32 + 16 bytes a lane
-  extern __shared__ __align__(16) uint8_t ring[];
-  const int lane = threadIdx.x, g = lane >> 2, q = lane & 3;
-  const int tile = blockIdx.x, row0 = tile * 8, row = row0 + g;
-  const int chunks = p.k / kWide, blocks = (p.k + kBlock - 1) / kBlock;
-  const uint8_t* sm_src = p.sm_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 32;
-  const uint8_t* code_src = p.code_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 16;
-  const uint32_t mine_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring + lane * kLaneBytes));
-  const uint8_t* mine = ring + lane * kLaneBytes;
-  for (int c = 0; c < STAGES - 1; ++c) {
-    if (c < chunks) issue<STAGES>(mine_shared, sm_src, code_src, c);
-    asm volatile("cp.async.commit_group;\n" ::);
-  }
-  // x's A fragments: rows g and g + 8 (zero past M; row 0's address), columns 2q, 2q + 1 (+ 8) of each step
-  const bool lo_ok = g < p.m, hi_ok = HI && g + 8 < p.m;
-  const uint32_t* x_lo = reinterpret_cast<const uint32_t*>(p.x + (lo_ok ? g : 0) * p.stride_xm) + q;
-  const uint32_t* x_hi = reinterpret_cast<const uint32_t*>(p.x + (hi_ok ? g + 8 : 0) * p.stride_xm) + q;
-  const uint32_t base4 = __ldg(p.base + row) * 0x01010101u;
-  uint32_t alt4 = 0;
-  int2 escapes = make_int2(0, 0);
-  float acc[4] = {};
-  for (int c = 0; c < chunks; ++c) {
-    const Chunk chunk = next_chunk<STAGES>(mine_shared, mine, sm_src, code_src, c, chunks);
-    const int col0 = c * kWide, block = col0 / kBlock;
-    if (col0 % kBlock == 0) {
-      alt4 = __ldg(p.alt + static_cast<long>(block) * p.n + row) * 0x01010101u;
-      escapes = escape_range(p.exc_off, row0, blocks, block);
+struct Warp8 {
+  const Operands p;
+  int g, q, row0, chunks, blocks;
+  uint32_t base4, mine_shared;
+  const uint8_t *mine, *sm_src, *code_src;
+  bool lo_ok, hi_ok;
+  const uint32_t *x_lo, *x_hi;
+
+  __device__ __forceinline__ Warp8(const Operands& p_, uint8_t* ring) : p(p_) {
+    const int lane = threadIdx.x, tile = blockIdx.x;
+    g = lane >> 2, q = lane & 3, row0 = tile * 8;
+    chunks = p.k / kWide, blocks = (p.k + kBlock - 1) / kBlock;
+    sm_src = p.sm_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 32;
+    code_src = p.code_frag + (static_cast<long>(tile) * chunks * 32 + lane) * 16;
+    mine = ring + lane * kLaneBytes;
+    mine_shared = static_cast<uint32_t>(__cvta_generic_to_shared(mine));
+    for (int c = 0; c < STAGES - 1; ++c) {
+      if (c < chunks) issue<STAGES>(mine_shared, sm_src, code_src, c);
+      asm volatile("cp.async.commit_group;\n" ::);
     }
-    uint32_t b[8][2];  // per k16 step, the B fragment's two registers
+    // x's A fragments: rows g and g + 8 (zero past M; row 0's address), columns 2q, 2q + 1 (+ 8) of each step
+    lo_ok = g < p.m, hi_ok = HI && g + 8 < p.m;
+    x_lo = reinterpret_cast<const uint32_t*>(p.x + (lo_ok ? g : 0) * p.stride_xm) + q;
+    x_hi = reinterpret_cast<const uint32_t*>(p.x + (hi_ok ? g + 8 : 0) * p.stride_xm) + q;
+    base4 = __ldg(p.base + row0 + g) * 0x01010101u;
+  }
+
+  // chunk c's bytes (its copy landed; chunk c + STAGES - 1's issued)
+  __device__ __forceinline__ Chunk bytes(int c) const {
+    return next_chunk<STAGES>(mine_shared, mine, sm_src, code_src, c, chunks);
+  }
+
+  // chunk c's x fragments, eight k16 steps
+  __device__ __forceinline__ void load_x(uint32_t (&a)[8][4], int c) const {
+    const uint32_t *lo = x_lo + c * (kWide / 2), *hi = x_hi + c * (kWide / 2);
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const uint32_t cod = s & 1 ? (chunk.code[s >> 1] >> 4) & 0x0F0F0F0Fu : chunk.code[s >> 1] & 0x0F0F0F0Fu;
-      decode4(chunk.sm[s], cod, base4, alt4, b[s][0], b[s][1]);
+      a[s][0] = lo_ok ? __ldg(lo + 8 * s) : 0u;
+      a[s][1] = HI && hi_ok ? __ldg(hi + 8 * s) : 0u;
+      a[s][2] = lo_ok ? __ldg(lo + 8 * s + 4) : 0u;
+      a[s][3] = HI && hi_ok ? __ldg(hi + 8 * s + 4) : 0u;
     }
-    for (int e = escapes.x; e < escapes.y; ++e) {  // hard escapes of this tile's 8 rows in this chunk
+  }
+
+  // chunk c's code block: its alt exponents (byte lanes) and this tile's hard escapes there
+  __device__ __forceinline__ uint32_t alt4(int c) const {
+    return __ldg(p.alt + static_cast<long>(c * kWide / kBlock) * p.n + row0 + g) * 0x01010101u;
+  }
+
+  // W's B fragment of k16 step s (two registers) from a chunk's bytes
+  __device__ __forceinline__ void decode_step(uint32_t (&b)[2], const Chunk& chunk, int s, uint32_t alt) const {
+    const uint32_t cod = s & 1 ? (chunk.code[s >> 1] >> 4) & 0x0F0F0F0Fu : chunk.code[s >> 1] & 0x0F0F0F0Fu;
+    decode4(chunk.sm[s], cod, base4, alt, b[0], b[1]);
+  }
+
+  // chunk c's hard escapes of this tile's 8 rows, written into its decoded fragments
+  __device__ __forceinline__ void patch(uint32_t (&b)[8][2], int c) const {
+    const int col0 = c * kWide, block = col0 / kBlock;
+    const int2 escapes = escape_range(p.exc_off, row0, blocks, block);
+    for (int e = escapes.x; e < escapes.y; ++e) {
       const int entry = __ldg(p.exc + e);
-      const int r = ((entry >> 8) & 0xFF) % kSegmentRows - row0 % kSegmentRows, kk = block * kBlock - col0 + (entry & 0xFF);
+      const int r = ((entry >> 8) & 0xFF) % kSegmentRows - row0 % kSegmentRows;
+      const int kk = block * kBlock - col0 + (entry & 0xFF);
       if (r != g || kk < 0 || kk >= kWide || ((kk & 7) >> 1) != q) continue;
       const int which = (kk >> 4) * 2 + ((kk >> 3) & 1), half = kk & 1;
       const uint32_t bits = static_cast<uint32_t>(entry) >> 16;
@@ -252,33 +284,90 @@ __global__ void __launch_bounds__(32) b12_gemv_rows8_kernel(const Operands p) {
         for (int i = 0; i < 2; ++i)
           if (2 * s + i == which) b[s][i] = half ? (b[s][i] & 0x0000FFFFu) | (bits << 16) : (b[s][i] & 0xFFFF0000u) | bits;
     }
+  }
+
+  // chunk c in full: x fragments and W's decoded, patched fragments
+  __device__ __forceinline__ void operands(uint32_t (&a)[8][4], uint32_t (&b)[8][2], int c) const {
+    const Chunk chunk = bytes(c);
+    const uint32_t alt = alt4(c);
+#pragma unroll
+    for (int s = 0; s < 8; ++s) decode_step(b[s], chunk, s, alt);
+    patch(b, c);
+    load_x(a, c);
+  }
+
+  // chunk c's MMAs (a, b) in K order, with chunk c + 1's operands (na, nb) read and decoded among them in one basic
+  // block, so the decode fills the chained MMAs' latency; past the last chunk it decodes that chunk again, unused
+  __device__ __forceinline__ void mma_and_next(float (&acc)[4], const uint32_t (&a)[8][4], const uint32_t (&b)[8][2],
+                                               uint32_t (&na)[8][4], uint32_t (&nb)[8][2], int c) const {
+    const int nc = min(c + 1, chunks - 1);
+    const Chunk chunk = bytes(c + 1);
+    const uint32_t alt = alt4(nc);
+    load_x(na, nc);
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const uint32_t a[4] = {lo_ok ? __ldg(x_lo + 8 * s) : 0u, hi_ok ? __ldg(x_hi + 8 * s) : 0u,
-                             lo_ok ? __ldg(x_lo + 8 * s + 4) : 0u, hi_ok ? __ldg(x_hi + 8 * s + 4) : 0u};
-      mma16816(acc, a, b[s][0], b[s][1]);
+      mma16816(acc, a[s], b[s][0], b[s][1]);
+      decode_step(nb[s], chunk, s, alt);
     }
-    x_lo += kWide / 2;
-    x_hi += kWide / 2;
+    patch(nb, nc);
+  }
+
+  __device__ __forceinline__ void store(const float (&acc)[4]) const {
+    // C: x rows g (c0, c1) and g + 8 (c2, c3), W rows row0 + 2q and + 1
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int xr = g + 8 * (i >> 1), wr = row0 + 2 * q + (i & 1);
+      const float b_ = p.bias ? __bfloat162float(p.bias[wr]) : 0.f;
+      if (xr < p.m) p.out[xr * p.stride_om + wr] = __float2bfloat16_rn(acc[i] + b_);
+    }
+  }
+};
+
+// HI: x has rows past 8 (else A's rows g + 8 are zeros, not loaded). PIPE: software-pipelined in two register sets
+// that swap roles each chunk — chunk c + 1's ring read, x fragments and decode are issued among chunk c's MMAs, so
+// a warp's chained MMAs no longer wait behind its own decode and loads (the sums, in K order, are the same).
+template <int STAGES, bool HI, bool PIPE>
+__global__ void __launch_bounds__(32, 1) b12_gemv_rows8_kernel(const Operands p) {
+  extern __shared__ __align__(16) uint8_t ring[];
+  const Warp8<STAGES, HI> w(p, ring);
+  float acc[4] = {};
+  uint32_t a[8][4], b[8][2];
+  if constexpr (PIPE) {
+    uint32_t a2[8][4], b2[8][2];
+    w.operands(a, b, 0);
+    int c = 0;
+    for (; c + 1 < w.chunks; c += 2) {
+      w.mma_and_next(acc, a, b, a2, b2, c);
+      w.mma_and_next(acc, a2, b2, a, b, c + 1);
+    }
+    if (c < w.chunks) w.mma_and_next(acc, a, b, a2, b2, c);  // an odd count's last chunk
+  } else {
+    for (int c = 0; c < w.chunks; ++c) {
+      w.operands(a, b, c);
+#pragma unroll
+      for (int s = 0; s < 8; ++s) mma16816(acc, a[s], b[s][0], b[s][1]);
+    }
   }
   asm volatile("cp.async.wait_all;\n" ::);
-  // C: x rows g (c0, c1) and g + 8 (c2, c3), W rows row0 + 2q and + 1
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int xr = g + 8 * (i >> 1), wr = row0 + 2 * q + (i & 1);
-    const float b_ = p.bias ? __bfloat162float(p.bias[wr]) : 0.f;
-    if (xr < p.m) p.out[xr * p.stride_om + wr] = __float2bfloat16_rn(acc[i] + b_);
-  }
+  w.store(acc);
+}
+
+template <bool HI, bool PIPE>
+void (*rows8_kernel(int stages))(Operands) {
+  return stages == 4 ? b12_gemv_rows8_kernel<4, HI, PIPE>
+         : stages == 8 ? b12_gemv_rows8_kernel<8, HI, PIPE>
+                       : b12_gemv_rows8_kernel<16, HI, PIPE>;
 }
 
 }  // namespace
 
 // x [m, k] bf16 (m <= 16, even stride), planes of an [n, k] B12 matrix with the sign/mantissa and code planes in
 // the fragment order of `rows` (16: W as A, n % 16 == 0, k % 64 == 0; 8: W as B, n % 8 == 0, k % 128 == 0); bias
-// may be null. `stages`: 4, 8 or 16.
+// may be null. `stages`: 4, 8 or 16. `pipelined` (the 8-row form only): chunk c + 1 decoded among chunk c's MMAs.
 cudaError_t b12_gemv_launch(const void* x, const void* sm_frag, const void* code_frag, const void* base,
                             const void* alt, const void* exc_off, const void* exc, const void* bias, void* out, int m,
-                            int n, int k, long stride_xm, long stride_om, int stages, int rows, cudaStream_t stream) {
+                            int n, int k, long stride_xm, long stride_om, int stages, int rows, bool pipelined,
+                            cudaStream_t stream) {
   const Operands p{static_cast<const __nv_bfloat16*>(x), static_cast<const uint8_t*>(sm_frag),
                    static_cast<const uint8_t*>(code_frag), static_cast<const uint8_t*>(base),
                    static_cast<const uint8_t*>(alt), static_cast<const int32_t*>(exc_off),
@@ -287,14 +376,13 @@ cudaError_t b12_gemv_launch(const void* x, const void* sm_frag, const void* code
   if (m < 1 || m > 16 || stride_xm % 2 || (stages != 4 && stages != 8 && stages != 16)) return cudaErrorInvalidValue;
   const int smem = stages * 32 * kLaneBytes;  // at most 24 KB: within the default dynamic limit
   if (rows == 8) {
-    if (n % 8 || k % (2 * kChunk)) return cudaErrorInvalidValue;
+    if (n % 8 || k % kWide) return cudaErrorInvalidValue;
     const bool hi = m > 8;
-    auto kernel = stages == 4   ? (hi ? b12_gemv_rows8_kernel<4, true> : b12_gemv_rows8_kernel<4, false>)
-                  : stages == 8 ? (hi ? b12_gemv_rows8_kernel<8, true> : b12_gemv_rows8_kernel<8, false>)
-                                : (hi ? b12_gemv_rows8_kernel<16, true> : b12_gemv_rows8_kernel<16, false>);
+    auto kernel = hi ? (pipelined ? rows8_kernel<true, true>(stages) : rows8_kernel<true, false>(stages))
+                     : (pipelined ? rows8_kernel<false, true>(stages) : rows8_kernel<false, false>(stages));
     kernel<<<n / 8, 32, smem, stream>>>(p);
   } else {
-    if (rows != 16 || n % 16 || k % kChunk) return cudaErrorInvalidValue;
+    if (rows != 16 || pipelined || n % 16 || k % kChunk) return cudaErrorInvalidValue;
     const bool wide = m > 8;
     auto kernel = stages == 4   ? (wide ? b12_gemv_kernel<2, 4> : b12_gemv_kernel<1, 4>)
                   : stages == 8 ? (wide ? b12_gemv_kernel<2, 8> : b12_gemv_kernel<1, 8>)

@@ -4,7 +4,8 @@ For each shape and M: cuBLAS (``F.linear``), our batch-invariant bf16 kernel (``
 path's) and ``b12_gemm`` on the B12 planes of the same weights in a few launch variants (the default; eight
 warps; the plain-integer decode the interpreter tests, instead of the packed PTX one; with ``--tiles``, both
 kernels on other decode tiles, e.g. ``32x4``: 32-row tiles of 4 warps; with ``--cuda-stages``, the CUDA C++ kernel
-of benchmarks/b12_gemv.cu on fragment-order planes at M <= 16, that many chunks in flight), each timed by CUDA-graph
+of benchmarks/b12_gemv.cu on fragment-order planes at M <= 16, that many chunks in flight, in both forms and the
+8-row form software-pipelined), each timed by CUDA-graph
 replay over rotated weight copies (more than twice the L2, so no call finds its weight cached), in
 interleaved rounds; median and spread per cell, the share of the read bandwidth (kernels/stream_read.py's
 probe) each reaches, and whether each variant's output is bitwise the bf16 kernel's (its default tiles: what
@@ -67,24 +68,25 @@ def tile_variants(tiles: list[str]) -> tuple[dict[str, dict], dict[str, dict]]:
     return bf16, b12
 
 
-def cuda_variants(stages: list[int]) -> dict[str, tuple[int, int]]:
-    """The CUDA kernel's variants: each form (W rows a warp) at each pipeline depth."""
-    return {f"b12_cuda{rows}_s{s}": (rows, s) for rows in b12_cuda.FORMS for s in stages}
+def cuda_variants(stages: list[int]) -> dict[str, tuple[int, int, bool]]:
+    """The CUDA kernel's variants: each form (W rows a warp) at each depth of its copy ring, and the 8-row form
+    software-pipelined ("8p": a chunk decoded among the previous chunk's MMAs)."""
+    forms = [(rows, False) for rows in b12_cuda.FORMS] + [(8, True)]
+    return {f"b12_cuda{rows}{'p' if pipelined else ''}_s{s}": (rows, s, pipelined)
+            for rows, pipelined in forms for s in stages}
 
 
-def cuda_gemm(x: torch.Tensor, frags: tuple, stages: int, rows: int) -> torch.Tensor:
+def cuda_gemm(x: torch.Tensor, frags: tuple, stages: int, rows: int, pipelined: bool) -> torch.Tensor:
     if x.shape[0] > 16:
         raise ValueError("the CUDA kernel takes M <= 16")
-    return b12_cuda.gemm(x, frags, stages, rows)
+    return b12_cuda.gemm(x, frags, stages, rows, pipelined=pipelined)
 
 
-def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: float, tiles: list[str],
-              stages: list[int]) -> list[dict]:
-    w = weights(n, k, seed=n + k)
-    planes = encode(w, name)
-    dense = rotated_copies(w)
-    copies = len(dense)
-    packed = [planes] + [planes.map(torch.clone) for _ in range(copies - 1)]
+def kernels(w: torch.Tensor, planes, dense: list[torch.Tensor], tiles: list[str], stages: list[int]
+            ) -> tuple[dict, dict]:
+    """Every kernel variant of a weight: variant -> (its function of x and an operand, the operand of each weight copy
+    in `dense`), and the variants to check against the bf16 kernel: variant -> (function, one operand)."""
+    packed = [planes] + [planes.map(torch.clone) for _ in dense[1:]]
     bf16_tiles, b12_tiles = tile_variants(tiles)
     fns = {"cublas": (lambda x, w_: F.linear(x, w_), dense), "bf16": (lambda x, w_: invariant_gemm(x, w_), dense)}
     checked = {}  # variant -> (its function on one operand, the operand), each checked against the bf16 kernel
@@ -95,12 +97,38 @@ def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: f
         fns[variant] = (lambda x, p, kw=kwargs: b12_gemm(x, p, **kw), packed)
         checked[variant] = (fns[variant][0], planes)
     frag_copies = {}
-    for variant, (rows, depth) in cuda_variants(stages).items():
+    for variant, (rows, depth, pipelined) in cuda_variants(stages).items():
         if rows not in frag_copies:
             frags = (*b12_cuda.fragments(planes, rows), planes)
             frag_copies[rows] = [frags] + [(frags[0].clone(), frags[1].clone(), p) for p in packed[1:]]
-        fns[variant] = (lambda x, f, st=depth, r=rows: cuda_gemm(x, f, st, r), frag_copies[rows])
+        fns[variant] = (lambda x, f, st=depth, r=rows, pl=pipelined: cuda_gemm(x, f, st, r, pl), frag_copies[rows])
         checked[variant] = (fns[variant][0], frag_copies[rows][0])
+    return fns, checked
+
+
+def launch_once(name: str, n: int, k: int, ms: list[int], tiles: list[str], stages: list[int]) -> None:
+    """Each kernel variant launched once per M on one weight, eagerly (after a warm-up launch that compiles it)."""
+    w = weights(n, k, seed=n + k)
+    fns, _ = kernels(w, encode(w, name), [w], tiles, stages)
+    for m in ms:
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        for variant, (fn, operands) in fns.items():
+            if variant.startswith("b12_cuda") and m > 16:
+                continue
+            fn(x, operands[0])  # compiles
+            torch.cuda.synchronize()
+            fn(x, operands[0])
+            torch.cuda.synchronize()
+            print(f"{name} M={m}: {variant} launched", flush=True)
+
+
+def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: float, tiles: list[str],
+              stages: list[int]) -> list[dict]:
+    w = weights(n, k, seed=n + k)
+    planes = encode(w, name)
+    dense = rotated_copies(w)
+    copies = len(dense)
+    fns, checked = kernels(w, planes, dense, tiles, stages)
     stats = planes.stats()
     rows = []
     for m in ms:
@@ -109,19 +137,19 @@ def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: f
         row = {"shape": name, "n": n, "k": k, "m": m, "weight_copies": copies,
                "bits_per_weight": stats["bits_per_weight"], "escape_rate": stats["escape_rate"],
                "max_block_escapes": planes.max_block_escapes}
-        kernels = ["cublas", "bf16"]
+        timed = ["cublas", "bf16"]
         for variant, (fn, operand) in checked.items():
             try:
                 row[f"{variant}_bitwise_equal"] = torch.equal(fn(x, operand).view(torch.int16), expected)
-                kernels.append(variant)
+                timed.append(variant)
             except Exception as exc:  # noqa: BLE001 - a variant that cannot compile or launch is reported, not fatal
                 row[variant] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-        times: dict[str, list[float]] = {kern: [] for kern in kernels}
+        times: dict[str, list[float]] = {kern: [] for kern in timed}
         for _ in range(rounds):  # interleaved: each round times every kernel once
-            for kern in kernels:
+            for kern in timed:
                 fn, ops = fns[kern]
                 times[kern].append(time_us(fn, ops, x))
-        for kern in kernels:
+        for kern in timed:
             med = statistics.median(times[kern])
             nbytes = planes.stored_bytes if kern.startswith("b12") else n * k * 2
             row[kern] = {"us": med, "min_us": min(times[kern]), "max_us": max(times[kern]),
@@ -147,8 +175,9 @@ def check_cuda_escapes(stages: list[int]) -> None:
     for m in range(1, 17):
         x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
         expected = invariant_gemm(x, w, bias).view(torch.int16)
-        for variant, (rows, depth) in cuda_variants(stages).items():
-            if not torch.equal(b12_cuda.gemm(x, forms[rows], depth, rows, bias).view(torch.int16), expected):
+        for variant, (rows, depth, pipelined) in cuda_variants(stages).items():
+            if not torch.equal(b12_cuda.gemm(x, forms[rows], depth, rows, bias, pipelined).view(torch.int16),
+                               expected):
                 differ[variant].append(m)
     for variant, ms in differ.items():
         print(f"{variant}: {'bitwise the bf16 kernel' if not ms else f'DIFFERS from the bf16 kernel at M = {ms}'} "
@@ -172,8 +201,15 @@ def main() -> None:
                     help="other decode tiles to time both kernels on, e.g. 32x4 16x2")
     ap.add_argument("--cuda-stages", type=int, nargs="*", default=[], choices=[4, 8, 16],
                     help="also the CUDA C++ kernel (benchmarks/b12_gemv.cu) with these chunks in flight, at M <= 16")
+    ap.add_argument("--launch-once", action="store_true",
+                    help="launch every kernel once per shape and M, eagerly, and time nothing: a process for Nsight "
+                         "Compute to profile (ncu --kernel-name regex:'b12|gemm' ...)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.launch_once:
+        for name in args.shapes:
+            launch_once(name, *SHAPES[name], args.m, args.tiles, args.cuda_stages)
+        return
     if args.cuda_stages:
         check_cuda_escapes(args.cuda_stages)
     read_bps = read_bandwidth(torch.device("cuda"), gib=4.0)
