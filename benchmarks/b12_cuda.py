@@ -191,7 +191,8 @@ def k_loop_opcodes(cubin: Path) -> dict[str, dict[str, float]]:
         ops = collections.Counter(re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", t).group(1) for t in body)
         if "rows8" in name:
             stages, hi, pipelined = re.search(r"kernelILi(\d+)ELb([01])ELb([01])E", name).groups()
-            label = f"8 rows{', pipelined' if pipelined == '1' else ''}, STAGES={stages}, M {'> 8' if hi == '1' else '<= 8'}"
+            form = "8 rows, pipelined" if pipelined == "1" else "8 rows"
+            label = f"{form}, STAGES={stages}, M {'> 8' if hi == '1' else '<= 8'}"
         else:
             tiles, stages = re.search(r"kernelILi(\d+)ELi(\d+)E", name).groups()
             label = f"16 rows, M {'> 8' if tiles == '2' else '<= 8'}, STAGES={stages}"

@@ -282,7 +282,8 @@ struct Warp8 {
       for (int s = 0; s < 8; ++s)
 #pragma unroll
         for (int i = 0; i < 2; ++i)
-          if (2 * s + i == which) b[s][i] = half ? (b[s][i] & 0x0000FFFFu) | (bits << 16) : (b[s][i] & 0xFFFF0000u) | bits;
+          if (2 * s + i == which)
+            b[s][i] = half ? (b[s][i] & 0x0000FFFFu) | (bits << 16) : (b[s][i] & 0xFFFF0000u) | bits;
     }
   }
 
