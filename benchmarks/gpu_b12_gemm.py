@@ -8,8 +8,9 @@ of benchmarks/b12_gemv.cu on fragment-order planes at M <= 16, that many chunks 
 8-row form software-pipelined), each timed by CUDA-graph
 replay over rotated weight copies (more than twice the L2, so no call finds its weight cached), in
 interleaved rounds; median and spread per cell, the share of the read bandwidth (kernels/stream_read.py's
-probe) each reaches, and whether each variant's output is bitwise the bf16 kernel's (its default tiles: what
-the engine runs). A variant that fails
+probe over 4 GiB) each reaches, the probe itself over the weight's own bytes timed the same way ("read@size": what
+a read of that size can take, launch and ramp included) and the bf16 kernel's share of that, and whether each
+variant's output is bitwise the bf16 kernel's (its default tiles: what the engine runs). A variant that fails
 to compile or launch is reported and left out. Weights: Gaussian rows of varied scale (the real checkpoints'
 shape of distribution; benchmarks/b12_stats.py has their escape rates).
 
@@ -37,6 +38,7 @@ from specpilot.bench.provenance import collect  # noqa: E402
 from specpilot.formats.b12 import encode  # noqa: E402
 from specpilot.kernels.b12_gemm import b12_gemm  # noqa: E402
 from specpilot.kernels.skinny_gemm import SkinnyConfig, invariant_gemm, rotated_copies  # noqa: E402
+from specpilot.kernels.stream_read import stream_read_triton  # noqa: E402
 from specpilot.progress import bar  # noqa: E402
 
 SHAPES: dict[str, tuple[int, int]] = {  # name -> (N, K) of w
@@ -88,7 +90,9 @@ def kernels(w: torch.Tensor, planes, dense: list[torch.Tensor], tiles: list[str]
     in `dense`), and the variants to check against the bf16 kernel: variant -> (function, one operand)."""
     packed = [planes] + [planes.map(torch.clone) for _ in dense[1:]]
     bf16_tiles, b12_tiles = tile_variants(tiles)
-    fns = {"cublas": (lambda x, w_: F.linear(x, w_), dense), "bf16": (lambda x, w_: invariant_gemm(x, w_), dense)}
+    fns = {"cublas": (lambda x, w_: F.linear(x, w_), dense), "bf16": (lambda x, w_: invariant_gemm(x, w_), dense),
+           # the read limit at the weight's own size: the streaming probe over the same bytes, timed as the GEMMs are
+           "read": (lambda x, w_: stream_read_triton(w_), dense)}
     checked = {}  # variant -> (its function on one operand, the operand), each checked against the bf16 kernel
     for variant, kwargs in bf16_tiles.items():
         fns[variant] = (lambda x, w_, kw=kwargs: invariant_gemm(x, w_, **kw), dense)
@@ -137,7 +141,7 @@ def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: f
         row = {"shape": name, "n": n, "k": k, "m": m, "weight_copies": copies,
                "bits_per_weight": stats["bits_per_weight"], "escape_rate": stats["escape_rate"],
                "max_block_escapes": planes.max_block_escapes}
-        timed = ["cublas", "bf16"]
+        timed = ["read", "cublas", "bf16"]
         for variant, (fn, operand) in checked.items():
             try:
                 row[f"{variant}_bitwise_equal"] = torch.equal(fn(x, operand).view(torch.int16), expected)
@@ -154,6 +158,7 @@ def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: f
             nbytes = planes.stored_bytes if kern.startswith("b12") else n * k * 2
             row[kern] = {"us": med, "min_us": min(times[kern]), "max_us": max(times[kern]),
                          "read_share": nbytes / (med * 1e-6) / read_bps}
+        row["bf16_read_share_at_size"] = row["read"]["us"] / row["bf16"]["us"]
         for variant in checked:
             if "us" in row[variant]:
                 row[f"{variant}_over_bf16"] = row[variant]["us"] / row["bf16"]["us"]
@@ -188,7 +193,7 @@ def cell(row: dict, kern: str) -> str:
     entry = row[kern]
     if "us" not in entry:
         return "error"
-    mark = "" if kern in ("cublas", "bf16") else " =" if row[f"{kern}_bitwise_equal"] else " !"
+    mark = "" if kern in ("read", "cublas", "bf16") else " =" if row[f"{kern}_bitwise_equal"] else " !"
     return f"{entry['us']:.1f}{mark}"
 
 
@@ -227,14 +232,15 @@ def main() -> None:
     print("µs, median of rounds; '=' output bitwise the bf16 kernel's (default tiles), '!' not; best: the fastest "
           "bitwise B12 variant")
     print(f"{'shape':>8} {'M':>3} {'cuBLAS':>7} {'bf16':>7} " + " ".join(f"{v:>10}" for v in variants)
-          + f" {'bf16 read':>9} {'b12 read':>8} {'best/bf16':>9} bits/w")
+          + f" {'read@size':>9} {'bf16 read':>9} {'@size':>6} {'b12 read':>8} {'best/bf16':>9} bits/w")
     for r in rows:
         best = min((r[v]["us"] for v in (*B12_VARIANTS, *b12_tiles, *cuda_variants(args.cuda_stages))
                     if "us" in r[v] and r[f"{v}_bitwise_equal"]),
                    default=math.nan)
         print(f"{r['shape']:>8} {r['m']:>3} {cell(r, 'cublas'):>7} {cell(r, 'bf16'):>7} "
               + " ".join(f"{cell(r, v):>10}" for v in variants)
-              + f" {r['bf16']['read_share']:>9.1%} {r['b12'].get('read_share', math.nan):>8.1%}"
+              + f" {cell(r, 'read'):>9} {r['bf16']['read_share']:>9.1%} {r['bf16_read_share_at_size']:>6.1%}"
+              f" {r['b12'].get('read_share', math.nan):>8.1%}"
               f" {best / r['bf16']['us']:>9.3f} {r['bits_per_weight']:.3f}")
     write_json(out_dir(args.out) / "b12_gemm.json", {"provenance": collect(torch.device("cuda"), "bfloat16"),
                                                      "read_bandwidth_bps": read_bps, "tiles": args.tiles,
