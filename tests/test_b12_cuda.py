@@ -74,6 +74,20 @@ def test_the_kernel_compiles_for_hopper_without_spilling(tmp_path):
     assert all(" 0 bytes stack frame" in line for line in report.splitlines() if "stack frame" in line)
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None or b12_cuda.CUOBJDUMP is None or not b12_cuda.CUOBJDUMP.exists(),
+                    reason="needs nvcc and the triton wheel's cuobjdump")
+def test_the_k_loop_count_finds_each_form_s_mmas_a_chunk(tmp_path):
+    """k_loop_opcodes reads one chunk's body of every instantiation: a k16 step's MMA per n8 tile of x (16-row form),
+    one per step (8-row form), and the pipelined form's two-chunk trip halved."""
+    b12_cuda.compile_cubin(tmp_path / "b12_gemv.cubin")
+    loops = b12_cuda.k_loop_opcodes(tmp_path / "b12_gemv.cubin")
+    expected = {f"16 rows, M <= 8, STAGES={s}": 4 for s in (4, 8, 16)} | {
+        f"16 rows, M > 8, STAGES={s}": 8 for s in (4, 8, 16)} | {
+        f"{form}, STAGES={s}, M {m}": 8 for form in ("8 rows", "8 rows, pipelined") for s in (4, 8, 16)
+        for m in ("<= 8", "> 8")}
+    assert {name: ops.get("HMMA") for name, ops in loops.items()} == expected
+
+
 # ---- the kernel's arithmetic, emulated from the PTX ISA's definitions (prmt, lop3, mma.m16n8k16 fragments) ----
 def _prmt(a: int, b: int, selector: int) -> int:
     """prmt.b32 default mode: result byte n is byte (sel & 7) of b:a, or that byte's sign spread if sel & 8."""
