@@ -256,7 +256,7 @@ struct Warp8 {
     }
   }
 
-  // chunk c's code block: its alt exponents (byte lanes) and this tile's hard escapes there
+  // the alt exponents (byte lanes) of chunk c's code block
   __device__ __forceinline__ uint32_t alt4(int c) const {
     return __ldg(p.alt + static_cast<long>(c * kWide / kBlock) * p.n + row0 + g) * 0x01010101u;
   }
