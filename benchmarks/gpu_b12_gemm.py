@@ -8,8 +8,9 @@ of benchmarks/b12_gemv.cu on fragment-order planes at M <= 16, that many chunks 
 8-row form software-pipelined), each timed by CUDA-graph
 replay over rotated weight copies (more than twice the L2, so no call finds its weight cached), in
 interleaved rounds; median and spread per cell, the share of the read bandwidth (kernels/stream_read.py's
-probe over 4 GiB) each reaches, the probe itself over the weight's own bytes timed the same way ("read@size": what
-a read of that size can take, launch and ramp included) and the bf16 kernel's share of that, and whether each
+probe over 4 GiB) each reaches, the probe itself over the weight's own bytes timed the same way on several grids
+("read@size", the fastest: what a read of that size takes, launch and ramp included) and the bf16 kernel's share
+of that, and whether each
 variant's output is bitwise the bf16 kernel's (its default tiles: what the engine runs). A variant that fails
 to compile or launch is reported and left out. Weights: Gaussian rows of varied scale (the real checkpoints'
 shape of distribution; benchmarks/b12_stats.py has their escape rates).
@@ -53,7 +54,7 @@ def weights(n: int, k: int, seed: int) -> torch.Tensor:
     return (torch.randn(n, k, device="cuda", generator=g) * scale).to(torch.bfloat16)
 
 
-def time_us(fn, operands: list, x: torch.Tensor) -> float:
+def time_us(fn, operands: list, x: torch.Tensor | None) -> float:
     """Median µs per call over a CUDA graph of back-to-back calls, each on the next copy's operands."""
     cycle = itertools.cycle(operands)
     return do_bench_cudagraph(lambda: fn(x, next(cycle)), rep=20, return_mode="median") * 1e3
@@ -90,9 +91,7 @@ def kernels(w: torch.Tensor, planes, dense: list[torch.Tensor], tiles: list[str]
     in `dense`), and the variants to check against the bf16 kernel: variant -> (function, one operand)."""
     packed = [planes] + [planes.map(torch.clone) for _ in dense[1:]]
     bf16_tiles, b12_tiles = tile_variants(tiles)
-    fns = {"cublas": (lambda x, w_: F.linear(x, w_), dense), "bf16": (lambda x, w_: invariant_gemm(x, w_), dense),
-           # the read limit at the weight's own size: the streaming probe over the same bytes, timed as the GEMMs are
-           "read": (lambda x, w_: stream_read_triton(w_), dense)}
+    fns = {"cublas": (lambda x, w_: F.linear(x, w_), dense), "bf16": (lambda x, w_: invariant_gemm(x, w_), dense)}
     checked = {}  # variant -> (its function on one operand, the operand), each checked against the bf16 kernel
     for variant, kwargs in bf16_tiles.items():
         fns[variant] = (lambda x, w_, kw=kwargs: invariant_gemm(x, w_, **kw), dense)
@@ -126,6 +125,18 @@ def launch_once(name: str, n: int, k: int, ms: list[int], tiles: list[str], stag
             print(f"{name} M={m}: {variant} launched", flush=True)
 
 
+def read_at_size(dense: list[torch.Tensor], read_bps: float) -> dict:
+    """The read limit at a weight's own size: the streaming probe over the same bytes (each call the next copy's),
+    timed as the GEMMs are, on grids of 1-8 programs an SM and two block sizes; the fastest, with its grid (a read
+    of a few tens of MB is short enough that launch, ramp and the last wave's balance weigh)."""
+    sms = torch.cuda.get_device_properties(dense[0].device).multi_processor_count
+    grids = [(k * sms, block) for k in (1, 2, 4, 8) for block in (1024, 4096)]
+    times = {grid: time_us(lambda x, w_, g=grid: stream_read_triton(w_, *g), dense, None) for grid in grids}
+    (programs, block), us = min(times.items(), key=lambda item: item[1])
+    nbytes = dense[0].numel() * dense[0].element_size()
+    return {"us": us, "programs": programs, "block": block, "read_share": nbytes / (us * 1e-6) / read_bps}
+
+
 def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: float, tiles: list[str],
               stages: list[int]) -> list[dict]:
     w = weights(n, k, seed=n + k)
@@ -133,6 +144,7 @@ def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: f
     dense = rotated_copies(w)
     copies = len(dense)
     fns, checked = kernels(w, planes, dense, tiles, stages)
+    read = read_at_size(dense, read_bps)
     stats = planes.stats()
     rows = []
     for m in ms:
@@ -141,7 +153,7 @@ def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: f
         row = {"shape": name, "n": n, "k": k, "m": m, "weight_copies": copies,
                "bits_per_weight": stats["bits_per_weight"], "escape_rate": stats["escape_rate"],
                "max_block_escapes": planes.max_block_escapes}
-        timed = ["read", "cublas", "bf16"]
+        timed = ["cublas", "bf16"]
         for variant, (fn, operand) in checked.items():
             try:
                 row[f"{variant}_bitwise_equal"] = torch.equal(fn(x, operand).view(torch.int16), expected)
@@ -158,7 +170,8 @@ def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: f
             nbytes = planes.stored_bytes if kern.startswith("b12") else n * k * 2
             row[kern] = {"us": med, "min_us": min(times[kern]), "max_us": max(times[kern]),
                          "read_share": nbytes / (med * 1e-6) / read_bps}
-        row["bf16_read_share_at_size"] = row["read"]["us"] / row["bf16"]["us"]
+        row["read"] = read
+        row["bf16_read_share_at_size"] = read["us"] / row["bf16"]["us"]
         for variant in checked:
             if "us" in row[variant]:
                 row[f"{variant}_over_bf16"] = row[variant]["us"] / row["bf16"]["us"]
