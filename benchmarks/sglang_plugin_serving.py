@@ -1,16 +1,20 @@
-"""SPECPILOT inside SGLang against SGLang's own AR, on one model (inside `benchmarks/sglang_ferry.sh run`):
+"""SPECPILOT inside SGLang against SGLang's own AR and NGRAM, and `specpilot serve`, on one model (inside
+`benchmarks/sglang_ferry.sh run`):
 
-1. identity: each server (`sglang.launch_server`, one at a time) answers the same prompts greedily through its
-   native /generate; SPECPILOT's output ids must equal AR's, prompt by prompt (greedy decoding is deterministic in
-   SGLang, so a difference is the plugin's);
-2. throughput: `sglang.bench_serving` (random prompts of fixed lengths, ignore-EOS) at each concurrency.
+1. identity: each server (one at a time) answers the same prompts greedily through its native /generate; every
+   SGLang server's output ids must equal SGLang AR's, prompt by prompt (greedy decoding is deterministic in SGLang,
+   so a difference is the speculation's); `specpilot serve` runs other kernels, so its ids are reported beside them,
+   not held to SGLang's;
+2. throughput: `sglang.bench_serving` (random prompts of fixed lengths, ignore-EOS) at each concurrency, against
+   each server alike.
 
     python benchmarks/sglang_plugin_serving.py --model-path /tmp/smollm2 --concurrency 1 8 32 --out DIR \
-        [--server NAME="extra launch_server flags" ...]
+        [--server NAME="extra launch_server flags" ...] [--ours NAME="specpilot serve flags" ...]
 
-Default servers: `ar` (no speculation) and `specpilot` (--speculative-algorithm SPECPILOT with the shipped drafter,
-trees of top-4, the triton attention backend, which takes a tree mask). Each server's log and SGLang's JSON lines
-go to DIR; the summary to DIR/sglang_plugin.json.
+Default SGLang servers: `ar` (no speculation), `ngram` (SGLang's built-in NGRAM) and `specpilot`
+(--speculative-algorithm SPECPILOT with the shipped drafter, trees of top-4), all on the triton attention backend,
+which takes a tree mask; default `specpilot serve`: `serve` (the embedded model, the shipped profile, on CUDA).
+Each server's log and SGLang's JSON lines go to DIR; the summary to DIR/sglang_plugin.json.
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ PROMPTS = ["def fibonacci(n):", "The capital of France is", "Write a haiku about
            "SELECT name FROM users WHERE", "Once upon a time"]
 SERVERS = {
     "ar": "--attention-backend triton",
+    "ngram": "--attention-backend triton --speculative-algorithm NGRAM",
     "specpilot": f"--attention-backend triton --speculative-algorithm SPECPILOT --speculative-draft-model-path "
                  f"{EMBEDDED_DRAFTER} --speculative-eagle-topk 4",
 }
+OURS = {"serve": "--device cuda"}
 
 
 def launch(model_path: str, flags: str, log: Path) -> Server:
@@ -62,11 +68,21 @@ def bench(server: Server, model_path: str, concurrency: int, args: argparse.Name
             "stderr_tail": done.stderr[-1500:] if done.returncode else ""}
 
 
+def named(given: list[str] | None, default: dict[str, str]) -> dict[str, str]:
+    """NAME=FLAGS options as a dict: `default` where none is given, nothing for 'none'."""
+    if given is None:
+        return default
+    return {} if given == ["none"] else dict(s.partition("=")[::2] for s in given)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", required=True, help="a Hugging Face model directory SGLang loads")
     ap.add_argument("--server", action="append", default=None, metavar="NAME=FLAGS",
-                    help="a server: a name and its launch_server flags (default: ar and specpilot)")
+                    help="an SGLang server: a name and its launch_server flags (default: ar, ngram and specpilot; "
+                         "'none': no such)")
+    ap.add_argument("--ours", action="append", default=None, metavar="NAME=FLAGS",
+                    help="a `specpilot serve` server: a name and its flags (default: serve on CUDA; 'none': no such)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=256)
@@ -76,13 +92,16 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    servers = dict(s.partition("=")[::2] for s in args.server) if args.server else SERVERS
+    servers = {name: ("sglang", flags) for name, flags in named(args.server, SERVERS).items()}
+    servers |= {name: ("specpilot", flags) for name, flags in named(args.ours, OURS).items()}
     report: dict = {"provenance": provenance.collect(None, None), "prompts": PROMPTS, "servers": {}}
-    for name, flags in servers.items():
-        server = launch(args.model_path, flags, out / f"{name}.server.log")
+    for name, (kind, flags) in servers.items():
+        log = out / f"{name}.server.log"
+        server = (launch(args.model_path, flags, log) if kind == "sglang"
+                  else Server.launch(shlex.split(flags), log).ready(600.0))
         try:
-            entry = report["servers"][name] = {"flags": flags, "ids": greedy_ids(server, args.identity_tokens),
-                                               "runs": []}
+            entry = report["servers"][name] = {"kind": kind, "flags": flags,
+                                               "ids": greedy_ids(server, args.identity_tokens), "runs": []}
             for c in args.concurrency:
                 run = bench(server, args.model_path, c, args, out / f"{name}_c{c}.jsonl")
                 s = run["sglang"]
@@ -97,7 +116,9 @@ def main() -> int:
         want = report["servers"]["ar"]["ids"]
         for name, entry in report["servers"].items():
             entry["identical_to_ar"] = [a == b for a, b in zip(entry["ids"], want)]
-            print(f"{name}: output ids equal AR's on {sum(entry['identical_to_ar'])} of {len(want)} prompts")
+            held = "" if entry["kind"] == "sglang" else " (other kernels: reported, not held to it)"
+            print(f"{name}: output ids equal SGLang AR's on {sum(entry['identical_to_ar'])} of {len(want)} "
+                  f"prompts{held}")
     (out / "sglang_plugin.json").write_text(json.dumps(report, indent=2))
     return 0
 
