@@ -11,10 +11,11 @@
     python benchmarks/sglang_plugin_serving.py --model-path /tmp/smollm2 --concurrency 1 8 32 --out DIR \
         [--server NAME="extra launch_server flags" ...] [--ours NAME="specpilot serve flags" ...]
 
-Default SGLang servers: `ar` (no speculation), `ngram` (SGLang's built-in NGRAM) and `specpilot`
-(--speculative-algorithm SPECPILOT with the shipped drafter, trees of top-4), all on the triton attention backend,
-which takes a tree mask; default `specpilot serve`: `serve` (the embedded model, the shipped profile, on CUDA).
-Each server's log and SGLang's JSON lines go to DIR; the summary to DIR/sglang_plugin.json.
+Default SGLang servers: `ar` (no speculation), SGLang's built-in `ngram` and `dflash` (its DFlash worker on the
+shipped drafter) and `specpilot` (--speculative-algorithm SPECPILOT with the shipped drafter, trees of top-4), all on
+the triton attention backend, which takes a tree mask; default `specpilot serve`: `serve` (the embedded model, the
+shipped profile, on CUDA). A server that cannot start on the model is reported with its log's tail, and the rest
+run. Each server's log and SGLang's JSON lines go to DIR; the summary to DIR/sglang_plugin.json.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ PROMPTS = ["def fibonacci(n):", "The capital of France is", "Write a haiku about
 SERVERS = {
     "ar": "--attention-backend triton",
     "ngram": "--attention-backend triton --speculative-algorithm NGRAM",
+    # SGLang's own DFlash worker on the shipped drafter (its checkpoint is in the DFlash layout SGLang loads)
+    "dflash": f"--attention-backend triton --speculative-algorithm DFLASH --speculative-draft-model-path "
+              f"{EMBEDDED_DRAFTER}",
     "specpilot": f"--attention-backend triton --speculative-algorithm SPECPILOT --speculative-draft-model-path "
                  f"{EMBEDDED_DRAFTER} --speculative-eagle-topk 4",
 }
@@ -79,7 +83,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", required=True, help="a Hugging Face model directory SGLang loads")
     ap.add_argument("--server", action="append", default=None, metavar="NAME=FLAGS",
-                    help="an SGLang server: a name and its launch_server flags (default: ar, ngram and specpilot; "
+                    help="an SGLang server: a name and its launch_server flags (default: ar, ngram, dflash, specpilot; "
                          "'none': no such)")
     ap.add_argument("--ours", action="append", default=None, metavar="NAME=FLAGS",
                     help="a `specpilot serve` server: a name and its flags (default: serve on CUDA; 'none': no such)")
@@ -97,8 +101,13 @@ def main() -> int:
     report: dict = {"provenance": provenance.collect(None, None), "prompts": PROMPTS, "servers": {}}
     for name, (kind, flags) in servers.items():
         log = out / f"{name}.server.log"
-        server = (launch(args.model_path, flags, log) if kind == "sglang"
-                  else Server.launch(shlex.split(flags), log).ready(600.0))
+        try:
+            server = (launch(args.model_path, flags, log) if kind == "sglang"
+                      else Server.launch(shlex.split(flags), log).ready(600.0))
+        except (RuntimeError, TimeoutError) as err:  # one that cannot start on this model is reported, not fatal
+            report["servers"][name] = {"kind": kind, "flags": flags, "error": str(err)[-3000:]}
+            print(f"{name}: did not start: {str(err)[-500:]}", flush=True)
+            continue
         try:
             entry = report["servers"][name] = {"kind": kind, "flags": flags,
                                                "ids": greedy_ids(server, args.identity_tokens), "runs": []}
@@ -112,9 +121,11 @@ def main() -> int:
                 (out / "sglang_plugin.json").write_text(json.dumps(report, indent=2))
         finally:
             server.close()
-    if "ar" in report["servers"]:
+    if "ids" in report["servers"].get("ar", {}):
         want = report["servers"]["ar"]["ids"]
         for name, entry in report["servers"].items():
+            if "ids" not in entry:
+                continue
             entry["identical_to_ar"] = [a == b for a, b in zip(entry["ids"], want)]
             held = "" if entry["kind"] == "sglang" else " (other kernels: reported, not held to it)"
             print(f"{name}: output ids equal SGLang AR's on {sum(entry['identical_to_ar'])} of {len(want)} "
