@@ -131,6 +131,12 @@ def test_embedded_smollm_matches_transformers(smollm):
     assert len(diverged) <= 2
 
 
+def _assert_untouched(cache, slot: int, before: torch.Tensor) -> None:
+    """The slot's keys of layer 0 are still `before`, bit for bit: the CPU pool is uninitialised memory, which may
+    hold NaN patterns, so NaNs count as equal."""
+    torch.testing.assert_close(cache.read(0, slot, cache.max_len)[0], before, rtol=0, atol=0, equal_nan=True)
+
+
 def _three_prefilled(tmp_path, seed: int):
     """A tiny Llama engine with three random prompts prefilled in slots of their own: (engine, slots, lengths)."""
     _, engine = tiny_engine(tmp_path, "llama", False)
@@ -156,8 +162,7 @@ def test_graph_input_buffers_pad_into_scratch_slot(tmp_path):
     with torch.inference_mode():
         padded = runner.run(inputs.batch(4, num_kv_splits=1)).logits
     torch.testing.assert_close(padded[:12], plain)
-    # the CPU pool is uninitialised memory, which may hold NaN patterns: equal means bit for bit, NaNs included
-    torch.testing.assert_close(cache.read(0, other_slot, cache.max_len)[0], before, rtol=0, atol=0, equal_nan=True)
+    _assert_untouched(cache, other_slot, before)
 
 
 def test_ragged_graph_inputs_pack_requests_and_pad_into_scratch_slot(tmp_path):
@@ -179,8 +184,7 @@ def test_ragged_graph_inputs_pack_requests_and_pad_into_scratch_slot(tmp_path):
     with torch.inference_mode():
         packed = runner.run(batch).logits
     torch.testing.assert_close(packed[:7], plain)
-    # the CPU pool is uninitialised memory, which may hold NaN patterns: equal means bit for bit, NaNs included
-    torch.testing.assert_close(cache.read(0, other_slot, cache.max_len)[0], before, rtol=0, atol=0, equal_nan=True)
+    _assert_untouched(cache, other_slot, before)
     with pytest.raises(ValueError, match="cannot take 3 requests of 7 rows"):
         inputs.fill(slots, starts, verify, 4, 6)
     with pytest.raises(ValueError, match="1..4 each"):
