@@ -100,12 +100,12 @@ def test_embedded_model_defaults_to_the_shipped_drafter(smol, tmp_path, monkeypa
 
 def test_embedded_forcing_with_the_shipped_drafter(smol, monkeypatch):
     """The packaged drafter is what `--speculative-algorithm dflash` loads on the embedded model; alone,
-    with n-gram assistance and as a draft tree it is lossless, and the assistance and the tree (same
-    verify width) each add accepted tokens on these prompts (several repeat themselves). The last run
-    takes the CUDA-graph paths (eager stand-in) with a tree and assistance, as served on a GPU."""
+    with n-gram assistance and as a draft tree with assistance it is lossless, and the assistance and then
+    the tree (same verify width) each add accepted tokens on these prompts (several repeat themselves). The
+    tree run takes the CUDA-graph paths (eager stand-in), as served on a GPU."""
     ckpt, prompts, stock_engine, stock = smol
     taus = {}
-    for assist, topk, graphs in ((0, 1, False), (2, 1, False), (0, 4, False), (2, 4, True)):
+    for assist, topk, graphs in ((0, 1, False), (2, 1, False), (2, 4, True)):
         if graphs:
             monkeypatch.setattr(GraphBackend, "capture", staticmethod(eager_capture))
         candidate = engine(ckpt, speculative_algorithm="dflash", speculative_num_draft_tokens=16,
@@ -115,7 +115,7 @@ def test_embedded_forcing_with_the_shipped_drafter(smol, monkeypatch):
         print(verdict.as_dict())
         assert verdict.passed, verdict.as_dict()
         taus[assist, topk] = verdict.tau
-    assert taus[0, 1] > 1.5 and taus[2, 1] > taus[0, 1] and taus[0, 4] > taus[0, 1], taus
+    assert taus[0, 1] > 1.5 and taus[2, 1] > taus[0, 1] and taus[2, 4] > taus[2, 1], taus
 
 
 def test_stock_noise_keeps_the_fp32_tie_floor(smol):
