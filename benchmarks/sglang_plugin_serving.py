@@ -34,14 +34,14 @@ from specpilot.optimizer.remote import Server, free_port
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Write a haiku about the sea.",
            "import numpy as np\n\ndef softmax(x):", "Explain what a hash table is.", "1, 1, 2, 3, 5, 8,",
            "SELECT name FROM users WHERE", "Once upon a time"]
-SERVERS = {
+SERVERS = {  # the plugin right after AR: a run cut by its time bound still has the comparison that matters
     "ar": "--attention-backend triton",
+    "specpilot": f"--attention-backend triton --speculative-algorithm SPECPILOT --speculative-draft-model-path "
+                 f"{EMBEDDED_DRAFTER} --speculative-eagle-topk 4",
     "ngram": "--attention-backend triton --speculative-algorithm NGRAM",
     # SGLang's own DFlash worker on the shipped drafter (its checkpoint is in the DFlash layout SGLang loads)
     "dflash": f"--attention-backend triton --speculative-algorithm DFLASH --speculative-draft-model-path "
               f"{EMBEDDED_DRAFTER}",
-    "specpilot": f"--attention-backend triton --speculative-algorithm SPECPILOT --speculative-draft-model-path "
-                 f"{EMBEDDED_DRAFTER} --speculative-eagle-topk 4",
 }
 OURS = {"serve": "--device cuda"}
 
@@ -73,20 +73,40 @@ def bench(server: Server, model_path: str, concurrency: int, args: argparse.Name
 
 
 def named(given: list[str] | None, default: dict[str, str]) -> dict[str, str]:
-    """NAME=FLAGS options as a dict: `default` where none is given, nothing for 'none'."""
+    """NAME=FLAGS options as a dict: `default` where none is given, nothing for 'none'; a bare NAME is the default
+    server of that name."""
     if given is None:
         return default
-    return {} if given == ["none"] else dict(s.partition("=")[::2] for s in given)
+    if given == ["none"]:
+        return {}
+    chosen = {}
+    for option in given:
+        name, has_flags, flags = option.partition("=")
+        if not has_flags and name not in default:
+            raise SystemExit(f"--server/--ours {name}: no default server of that name ({', '.join(default)})")
+        chosen[name] = flags if has_flags else default[name]
+    return chosen
+
+
+def compare_to_ar(report: dict) -> None:
+    """Each server's greedy ids against SGLang AR's, prompt by prompt, once both are known."""
+    want = report["servers"].get("ar", {}).get("ids")
+    if want is None:
+        return
+    for entry in report["servers"].values():
+        if "ids" in entry:
+            entry["identical_to_ar"] = [a == b for a, b in zip(entry["ids"], want)]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", required=True, help="a Hugging Face model directory SGLang loads")
     ap.add_argument("--server", action="append", default=None, metavar="NAME=FLAGS",
-                    help="an SGLang server: a name and its launch_server flags (default: ar, ngram, dflash, specpilot; "
-                         "'none': no such)")
+                    help="an SGLang server: a name and its launch_server flags, or a default's name alone (default: "
+                         "ar, specpilot, ngram, dflash; 'none': no such)")
     ap.add_argument("--ours", action="append", default=None, metavar="NAME=FLAGS",
-                    help="a `specpilot serve` server: a name and its flags (default: serve on CUDA; 'none': no such)")
+                    help="a `specpilot serve` server: a name and its flags, or a default's name alone (default: serve on "
+                         "CUDA; 'none': no such)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=256)
@@ -118,18 +138,16 @@ def main() -> int:
                       f"TPOT {s.get('mean_tpot_ms', float('nan')):.2f} ms, accept length {s.get('accept_length')}",
                       flush=True)
                 entry["runs"].append(run)
+                compare_to_ar(report)
                 (out / "sglang_plugin.json").write_text(json.dumps(report, indent=2))
         finally:
             server.close()
-    if "ids" in report["servers"].get("ar", {}):
-        want = report["servers"]["ar"]["ids"]
-        for name, entry in report["servers"].items():
-            if "ids" not in entry:
-                continue
-            entry["identical_to_ar"] = [a == b for a, b in zip(entry["ids"], want)]
+    compare_to_ar(report)
+    for name, entry in report["servers"].items():
+        if "identical_to_ar" in entry:
             held = "" if entry["kind"] == "sglang" else " (other kernels: reported, not held to it)"
-            print(f"{name}: output ids equal SGLang AR's on {sum(entry['identical_to_ar'])} of {len(want)} "
-                  f"prompts{held}")
+            print(f"{name}: output ids equal SGLang AR's on {sum(entry['identical_to_ar'])} of "
+                  f"{len(entry['identical_to_ar'])} prompts{held}")
     (out / "sglang_plugin.json").write_text(json.dumps(report, indent=2))
     return 0
 
