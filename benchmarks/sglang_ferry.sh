@@ -35,6 +35,8 @@ install)
     # the plugin as a distribution: SGLang's load_plugins() finds it by its entry point
     python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target "$SITE" .
     rm -rf "$STAGED"
+    # what a launch imports, before any server is started: a missing package is named here, not in a server log
+    PYTHONPATH="$SITE:/tmp/site:$PWD" python3 benchmarks/sglang_wheels.py check
     # the embedded model as a Hugging Face directory (SGLang loads safetensors), written by transformers' GGUF loader
     PYTHONPATH="$SITE:/tmp/site:$PWD" python3 -c "
 from transformers import AutoModelForCausalLM, AutoTokenizer

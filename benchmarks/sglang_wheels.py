@@ -9,6 +9,7 @@ use (SKIP: other kernels' JIT stacks, multimodal decoders, hub clients), then wr
 
     python benchmarks/sglang_wheels.py prepare --out .ferry/sglang     -> part01 .. partNN, manifest.json there
     python3 benchmarks/sglang_wheels.py join --manifest M --staged DIR --out WHEELS     (on the device)
+    python3 benchmarks/sglang_wheels.py check       (on the device, installed: every launch-path module imports)
 
 benchmarks/sglang_ferry.sh stages the parts on the device call by call, joins and installs them.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import subprocess
 import sys
@@ -40,12 +42,24 @@ MARKERS = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platf
 # carried although the image has a version: SGLang pins another (as sglang-cpu.txt does for the CPU tests)
 PINNED = {"transformers": "5.12.1", "tokenizers": "0.22.2", "huggingface-hub": "1.33.0", "xgrammar": "0.2.1"}
 # imported by SGLang only for what the plugin leaves off: other attention / GEMM kernel stacks, multimodal
-# inputs, model hubs, other grammar backends, profilers. Refine on the device: a missing one fails its import.
+# inputs, model hubs, other grammar backends, profilers. `check` (run by sglang_ferry.sh install) imports the
+# launch path and names any module still missing.
 SKIP = {"flash-attn-4", "tilelang", "helion", "humming-kernels", "tokenspeed-mla", "kernels", "nvidia-cutlass-dsl",
-        "nvidia-mathdx", "quack-kernels", "sgl-deep-gemm", "modelscope", "torchcodec", "soundfile", "av", "decord2",
-        "outlines", "llguidance", "mistral-common", "anthropic", "py-spy", "smg-grpc-servicer", "datasets",
+        "nvidia-mathdx", "quack-kernels", "sgl-deep-gemm", "modelscope", "torchcodec", "av", "decord2",
+        "outlines", "llguidance", "mistral-common", "anthropic", "py-spy", "smg-grpc-servicer",
         "blobfile", "torch-memory-saver", "openai-harmony", "torchao", "timm", "torchaudio", "torchvision", "torch",
         "cuda-python"}
+# imported at module level on SGLang's launch path though only skipped packages require them (the OpenAI chat
+# entry point validates tool schemas with jsonschema)
+IMPORTED = ("jsonschema",)
+# the modules a server and its benchmark import: the HTTP entry point, the scheduler and its workers (SGLang's
+# own speculative ones and the plugin's), the attention backends the benchmarks use, the model, bench_serving
+LAUNCH_MODULES = ("sglang.launch_server", "sglang.srt.entrypoints.http_server", "sglang.srt.managers.scheduler",
+                  "sglang.srt.managers.tokenizer_manager", "sglang.srt.managers.detokenizer_manager",
+                  "sglang.srt.model_executor.model_runner", "sglang.srt.speculative.ngram_worker",
+                  "sglang.srt.speculative.dflash_worker_v2", "sglang.srt.layers.attention.triton_backend",
+                  "sglang.srt.layers.attention.flashinfer_backend", "sglang.srt.models.llama", "sglang.bench_serving",
+                  "specpilot.sglang_ext.plugin", "specpilot.sglang_ext.worker")
 
 
 def image_packages() -> set[str]:
@@ -81,7 +95,7 @@ def requirements(wheel: Path, extras: set[str]) -> list[Requirement]:
 def resolve(into: Path) -> dict[str, Path]:
     """name -> wheel, for SGLang and the requirements the image does not meet."""
     image, carried = image_packages(), {}
-    queue = [Requirement(SGLANG)]
+    queue = [Requirement(SGLANG), *map(Requirement, IMPORTED)]
     while queue:
         req = queue.pop(0)
         name = canonicalize_name(req.name)
@@ -142,6 +156,18 @@ def join(manifest: dict, staged: Path, out: Path) -> list[Path]:
     return wheels
 
 
+def missing_imports(modules: tuple[str, ...]) -> dict[str, str]:
+    """module -> the module its import found missing, for each of `modules` whose import fails that way (other
+    failures, such as a kernel library without a GPU, are not a missing package and are left to the launch)."""
+    missing = {}
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            missing[module] = err.name or str(err)
+    return missing
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -151,7 +177,16 @@ def main() -> None:
     joining.add_argument("--manifest", type=Path, required=True)
     joining.add_argument("--staged", type=Path, required=True)
     joining.add_argument("--out", type=Path, required=True)
+    sub.add_parser("check", help="on the device, after installing: import SGLang's launch path, name what is missing")
     args = ap.parse_args()
+    if args.command == "check":
+        missing = missing_imports(LAUNCH_MODULES)
+        for module, name in missing.items():
+            print(f"{module}: no module named {name!r}")
+        if missing:
+            raise SystemExit(f"{len(set(missing.values()))} package(s) missing: carry them (IMPORTED, or out of SKIP)")
+        print(f"SGLang's launch path imports ({len(LAUNCH_MODULES)} modules)")
+        return
     if args.command == "join":
         wheels = join(json.loads(args.manifest.read_text()), args.staged, args.out)
         print(f"{len(wheels)} wheels joined and checked -> {args.out}")

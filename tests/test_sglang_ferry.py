@@ -64,3 +64,10 @@ def test_requirements_follow_the_devices_markers_and_the_extras_asked_for(tmp_pa
         'py311; python_version < "3.12"', 'cuda; extra == "cu13"', 'docs; extra == "docs"'])
     names = {r.name for r in sglang_wheels.requirements(wheel, {"cu13"})}
     assert names == {"always", "linux-only", "cuda"}
+
+
+def test_check_names_the_module_a_launch_path_import_misses(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "launch_path_probe.py").write_text("import json\nimport no_such_package_anywhere\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    missing = sglang_wheels.missing_imports(("json", "launch_path_probe"))
+    assert missing == {"launch_path_probe": "no_such_package_anywhere"}
