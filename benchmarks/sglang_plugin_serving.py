@@ -46,10 +46,11 @@ SERVERS = {  # the plugin right after AR: a run cut by its time bound still has 
 OURS = {"serve": "--device cuda"}
 
 
-def launch(model_path: str, flags: str, log: Path) -> Server:
+def launch(model_path: str, flags: str, log: Path, mem_fraction: float = 0.6) -> Server:
+    """`sglang.launch_server` on the model with `flags`, on a free port, once it answers."""
     port = free_port()
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--port", str(port),
-           "--mem-fraction-static", "0.6", *shlex.split(flags)]
+           "--mem-fraction-static", str(mem_fraction), *shlex.split(flags)]
     return Server(subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT), port, log).ready(600.0)
 
 

@@ -1,0 +1,90 @@
+"""Token forcing of SPECPILOT inside SGLang against SGLang's own AR on the same server args (issue 23's forcing; inside
+`benchmarks/sglang_ferry.sh run`): SGLang AR stays up while each candidate server runs beside it, and
+specpilot/forcing/served.py forces the candidate along AR's greedy tokens on every prompt — both servers continue the
+same input at every segment, one request at a time — with a tie band of 0 by default: any position where the
+candidate's token differs from AR's fails, whatever AR's margin there (reported beside).
+
+    python benchmarks/sglang_force.py --model-path /tmp/smollm2 [--candidate specpilot specpilot-chain ngram dflash]
+        [--dataset humaneval] [--num-prompts 8] [--max-new-tokens 128] [--tie-band 0] --out DIR
+
+Candidates: this script's (`specpilot-chain`: the plugin drafting chains, its n-gram assistance at the default) and
+sglang_plugin_serving.py's SGLang servers (`specpilot`: trees of top-4; SGLang's own `ngram` and `dflash`, forced for
+comparison: SGLang does not claim them bitwise AR's). Writes DIR/sglang_force.json; exit code 1 when a SPECPILOT
+candidate fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sglang_plugin_serving import SERVERS, launch  # noqa: E402
+
+from specpilot.bench import provenance  # noqa: E402
+from specpilot.bench.datasets import DATASETS, apply_chat_template, load_prompts  # noqa: E402
+from specpilot.drafters import EMBEDDED_DRAFTER  # noqa: E402
+from specpilot.forcing.served import force_served, sglang_generate  # noqa: E402
+
+CANDIDATES = SERVERS | {
+    "specpilot-chain": f"--attention-backend triton --speculative-algorithm SPECPILOT --speculative-draft-model-path "
+                       f"{EMBEDDED_DRAFTER}",
+}
+MEM_FRACTION = 0.35  # two servers side by side
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-path", required=True, help="a Hugging Face model directory SGLang loads")
+    ap.add_argument("--candidate", nargs="+", default=["specpilot", "specpilot-chain"],
+                    choices=[name for name in CANDIDATES if name != "ar"])
+    ap.add_argument("--dataset", default="humaneval", choices=DATASETS)
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--tie-band", type=float, default=0.0,
+                    help="AR's top-1 minus top-2 logprob at or under which a differing token counts as a tie")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_path)
+    prompts = [apply_chat_template(tokenizer, p) for p in load_prompts(args.dataset, args.num_prompts)]
+    report: dict = {"provenance": provenance.collect(None, None), "dataset": args.dataset,
+                    "max_new_tokens": args.max_new_tokens, "tie_band": args.tie_band, "candidates": {}}
+    failed = []
+    ar = launch(args.model_path, CANDIDATES["ar"], out / "ar.server.log", MEM_FRACTION)
+    try:
+        reference = sglang_generate(ar.http(), with_margins=True)
+        for name in args.candidate:
+            entry = report["candidates"][name] = {"flags": CANDIDATES[name]}
+            try:
+                server = launch(args.model_path, CANDIDATES[name], out / f"{name}.server.log", MEM_FRACTION)
+            except (RuntimeError, TimeoutError) as err:
+                entry["error"] = str(err)[-3000:]
+                print(f"{name}: did not start: {str(err)[-500:]}", flush=True)
+                failed += [name] if "SPECPILOT" in CANDIDATES[name] else []
+                continue
+            try:
+                verdict = force_served(reference, sglang_generate(server.http(), with_margins=False), prompts,
+                                       args.max_new_tokens, args.tie_band)
+            finally:
+                server.close()
+            entry["verdict"] = verdict.as_dict()
+            if not verdict.passed and "SPECPILOT" in CANDIDATES[name]:
+                failed.append(name)
+            print(f"{name}: {'passed' if verdict.passed else 'FAILED'} — {verdict.positions_checked} positions, "
+                  f"{verdict.non_tie_mismatches} mismatches beyond the band, {verdict.tie_mismatches} within it, "
+                  f"{verdict.identical_unforced} of {len(prompts)} prompts identical unforced", flush=True)
+            (out / "sglang_force.json").write_text(json.dumps(report, indent=2))
+    finally:
+        ar.close()
+    (out / "sglang_force.json").write_text(json.dumps(report, indent=2))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
