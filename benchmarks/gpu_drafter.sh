@@ -14,10 +14,13 @@
 #   benchmarks/gpu_drafter.sh repro RUN STEPS
 #       Reproducibility: the same command and seed again, from RUN's data, for STEPS steps in RUN.repro;
 #       prints the largest loss difference against RUN's first STEPS steps.
-#   benchmarks/gpu_drafter.sh ship RUN OUT      then, next session:   benchmarks/gpu_drafter.sh land PARTS DIR
-#       RUN's generated responses (data.pt, 16-bit tokens) split into parts of 15 MiB in OUT (with validation.pt),
-#       which a call brings back; carried to a later machine (e.g. .ferry/data), `land` joins them into DIR/data.pt,
-#       the DATA of `train` or `variants` there, so that session skips regenerating them.
+#   benchmarks/gpu_drafter.sh ship RUN OUT [FILE...]      then, next session:   benchmarks/gpu_drafter.sh land PARTS DIR
+#       RUN's FILEs (default: the generated responses, data.pt with 16-bit tokens, and validation.pt) in OUT, each
+#       over 15 MiB split into parts of 15 MiB, which a call brings back (at most 8 files a call: ship a training
+#       run's state, `ship RUN OUT trainer_state.pt best.pt training.json`, in a call of its own); carried to a later
+#       machine (e.g. .ferry/data), `land` joins the parts into DIR (and copies the rest): data.pt there is the DATA
+#       of `train` or `variants`, so that session skips regenerating them, and trainer_state.pt lets `train DIR`
+#       resume the run where the earlier session stopped it.
 #   benchmarks/gpu_drafter.sh eval RUN OUT
 #       tau and speedup over AR (B=1, CUDA graphs, block 16) on the four datasets, alone and with
 #       --speculative-ngram-assist 2, token forcing against
@@ -120,19 +123,37 @@ eval_drafter() {
 # (at most 8 files of 16 MiB) and ride to the next machine in a run call's carry.
 ship() {
     local run=$1 out=$2
+    shift 2
+    local files=("$@")
+    (( ${#files[@]} )) || files=(data.pt validation.pt)
     mkdir -p "$out"
-    split -b 15m -d -a 1 "$run/data.pt" "$out/data.pt.part"
-    [[ -f $run/validation.pt ]] && cp "$run/validation.pt" "$out/"
+    for name in "${files[@]}"; do
+        [[ -f $run/$name ]] || continue
+        if (( $(stat -c %s "$run/$name") > 15 * 1024 * 1024 )); then
+            split -b 15m -d -a 1 "$run/$name" "$out/$name.part"
+        else
+            cp "$run/$name" "$out/"
+        fi
+    done
     ls -l "$out"
 }
 
 land() {
-    local parts=$1 dir=$2
+    local parts=$1 dir=$2 path name
     mkdir -p "$dir"
-    cat "$parts"/data.pt.part* > "$dir/data.pt"
-    [[ -f $parts/validation.pt ]] && cp "$parts/validation.pt" "$dir/"
-    python3 -c "import sys, torch; d = torch.load(sys.argv[1], weights_only=True); print(sys.argv[1], d['meta'], d['stats'])" \
-        "$dir/data.pt"
+    for path in "$parts"/*; do
+        name=$(basename "$path")
+        case $name in
+            *.part0) cat "$parts/${name%.part0}".part[0-9] > "$dir/${name%.part0}" ;;
+            *.part[1-9]) ;;
+            *) cp "$path" "$dir/" ;;
+        esac
+    done
+    if [[ -f $dir/data.pt ]]; then
+        python3 -c "import sys, torch; d = torch.load(sys.argv[1], weights_only=True); print(sys.argv[1], d['meta'], d['stats'])" \
+            "$dir/data.pt"
+    fi
+    ls -l "$dir"
 }
 
 case ${1:-} in
@@ -140,9 +161,9 @@ case ${1:-} in
     variants) variants "$2" "$3" "${4:-}" ;;
     repro) repro "$2" "$3" ;;
     eval) eval_drafter "$2" "$3" ;;
-    ship) ship "$2" "$3" ;;
+    ship) ship "${@:2}" ;;
     land) land "$2" "$3" ;;
     *) echo "usage: $0 train RUN DEADLINE_S [DATA] | variants DIR DEADLINE_S [DATA] | repro RUN STEPS | eval RUN OUT" \
-            "| ship RUN OUT | land PARTS DIR" >&2
+            "| ship RUN OUT [FILE...] | land PARTS DIR" >&2
        exit 2 ;;
 esac
