@@ -268,6 +268,28 @@ def _argument_results(model_dirs: dict[str, str]) -> tuple[dict[str, Any], dict[
     return out, accepted
 
 
+def _graph_capture_results(runner_class: type, unhooked: Any, algo: Any) -> dict[str, Any]:
+    """SGLang's graph runner's get_spec_info, as load_plugins() left it, on a target runner of ours and of no
+    speculation: the verify input each captures its TARGET_VERIFY graphs with (the runner stands in for the GPU
+    object with the four attributes the method reads)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    mask = torch.ones(64, dtype=torch.bool)
+    out: dict[str, Any] = {"hooked": runner_class.get_spec_info is not unhooked}
+    for name, spec_algorithm in (("specpilot", algo), ("none", SpeculativeAlgorithm.from_string(None))):
+        runner = SimpleNamespace(model_runner=SimpleNamespace(spec_algorithm=spec_algorithm, is_draft_worker=False),
+                                 buffers=SimpleNamespace(custom_mask=mask), captured_req_width=16)
+        spec_info = runner_class.get_spec_info(runner, 32)
+        if name == "specpilot":
+            out["unhooked"] = unhooked(runner, 32)  # what SGLang alone captures ours with
+        out[name] = None if spec_info is None else {
+            "type": type(spec_info).__name__, "mask_is_the_buffer": spec_info.custom_mask is mask,
+            "draft_token_num": spec_info.draft_token_num, "capture_hidden_mode": spec_info.capture_hidden_mode.name}
+    return out
+
+
 def _under_sglang() -> dict[str, Any]:
     from importlib.metadata import entry_points
 
@@ -279,9 +301,13 @@ def _under_sglang() -> dict[str, Any]:
     from specpilot.sglang_ext.accept import sampling_params
     from specpilot.sglang_ext.worker import to_verify_input
 
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
     report: dict[str, Any] = {"entry_points": {ep.name: ep.value for ep in entry_points(group=GENERAL_PLUGINS_GROUP)}}
+    unhooked = DecodeCudaGraphRunner.get_spec_info
     load_plugins()  # SGLANG_PLUGINS=specpilot: ours is selected by its entry point's name
     algo = SpeculativeAlgorithm.from_string("specpilot")
+    report["graph_capture"] = _graph_capture_results(DecodeCudaGraphRunner, unhooked, algo)
     report["algorithm"] = {"repr": repr(algo), "class": type(algo).__name__, "has_draft_kv": algo.has_draft_kv(),
                            "supports_overlap": algo.supports_overlap,
                            "validator": f"{algo.validate_server_args.__module__}.{algo.validate_server_args.__name__}"}
@@ -338,6 +364,16 @@ def test_load_plugins_finds_our_entry_point_and_registers_specpilot(sglang: dict
     assert sglang["algorithm"] == {"repr": "CustomSpecAlgo('SPECPILOT')", "class": "SpecPilotAlgorithm",
                                    "has_draft_kv": False, "supports_overlap": False,
                                    "validator": "specpilot.sglang_ext.args.validate"}
+
+
+def test_the_targets_verify_graphs_are_captured_with_our_verify_input(sglang: dict[str, Any]) -> None:
+    """Without the hook SGLang captures a plugin's verify graphs with no verify input: no tree mask, no hidden
+    states. With it, ours get the tree-verify input on the runner's mask buffer, capturing hidden states; a
+    server without speculation is untouched."""
+    assert sglang["graph_capture"] == {
+        "hooked": True, "unhooked": None, "none": None,
+        "specpilot": {"type": "NgramVerifyInput", "mask_is_the_buffer": True, "draft_token_num": 16,
+                      "capture_hidden_mode": "FULL"}}
 
 
 def test_valid_arguments_are_resolved_for_sglang(sglang: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
 """SGLang's entry point: `register` (group sglang.srt.plugins in pyproject.toml) adds the speculative
-algorithm SPECPILOT to SGLang's registry (speculative/spec_info.py SpeculativeAlgorithm.register).
+algorithm SPECPILOT to SGLang's registry (speculative/spec_info.py SpeculativeAlgorithm.register), and hooks
+the verify input SGLang's CUDA-graph runner captures the target's verify graphs with (`capture_verify_input`).
 
 SGLang's load_plugins() calls it once in every process and logs and swallows what it raises, so a broken
 plugin shows as `Unknown speculative algorithm name: SPECPILOT`, with the cause earlier in the log.
@@ -9,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.speculative.spec_info import CustomSpecAlgo, SpeculativeAlgorithm
 
 from specpilot.sglang_ext import args
 
 NAME = "SPECPILOT"
+GRAPH_VERIFY_INPUT = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
 
 
 class SpecPilotAlgorithm(CustomSpecAlgo):
@@ -30,6 +33,28 @@ class SpecPilotAlgorithm(CustomSpecAlgo):
 def register() -> None:
     SpeculativeAlgorithm.register(NAME, supports_overlap=False, validate_server_args=args.validate,
                                   spec_class=SpecPilotAlgorithm)(_worker_class)
+    HookRegistry.register(GRAPH_VERIFY_INPUT, capture_verify_input, HookType.AROUND)
+
+
+def capture_verify_input(get_spec_info: Any, runner: Any, num_tokens: int) -> Any:
+    """The verify input SGLang's CUDA-graph runner captures the target's TARGET_VERIFY graphs with. SGLang makes
+    one for its own algorithms only; with none, ours would be captured without a tree mask (the Triton backend
+    bakes `custom_mask=None` into the graph, which then verifies every tree as a chain; FlashInfer's capture
+    fails) and without the hidden states our drafter reads. For ours: the tree-verify input our worker hands the
+    target (NGRAM's), on the runner's mask buffer, capturing every position's hidden states."""
+    spec_info = get_spec_info(runner, num_tokens)
+    model_runner = runner.model_runner
+    if (spec_info is not None or model_runner.is_draft_worker
+            or not isinstance(model_runner.spec_algorithm, SpecPilotAlgorithm)):
+        return spec_info
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+    spec_info = NgramVerifyInput(draft_token=None, custom_mask=runner.buffers.custom_mask, positions=None,
+                                 retrieve_index=None, retrieve_next_token=None, retrieve_next_sibling=None,
+                                 draft_token_num=runner.captured_req_width)
+    spec_info.capture_hidden_mode = CaptureHiddenMode.FULL
+    return spec_info
 
 
 def _worker_class(server_args: Any) -> type:
