@@ -5,7 +5,7 @@ same input at every segment, one request at a time — with a tie band of 0 by d
 candidate's token differs from AR's fails, whatever AR's margin there (reported beside).
 
     python benchmarks/sglang_force.py --model-path /tmp/smollm2 [--candidate specpilot specpilot-chain ngram dflash]
-        [--dataset humaneval] [--num-prompts 8] [--max-new-tokens 128] [--tie-band 0] --out DIR
+        [--dataset humaneval] [--num-prompts 8] [--max-new-tokens 128] [--tie-band 0] [--deterministic] --out DIR
 
 Candidates: this script's (`specpilot-chain`: the plugin drafting chains, its n-gram assistance at the default) and
 sglang_plugin_serving.py's SGLang servers (`specpilot`: trees of top-4; SGLang's own `ngram` and `dflash`, forced for
@@ -45,8 +45,11 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tie-band", type=float, default=0.0,
                     help="AR's top-1 minus top-2 logprob at or under which a differing token counts as a tie")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="both servers with SGLang's --enable-deterministic-inference (its batch-invariant kernels)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    extra = " --enable-deterministic-inference" if args.deterministic else ""
     from transformers import AutoTokenizer
 
     out = Path(args.out)
@@ -54,15 +57,16 @@ def main() -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.model_path)
     prompts = [apply_chat_template(tokenizer, p) for p in load_prompts(args.dataset, args.num_prompts)]
     report: dict = {"provenance": provenance.collect(None, None), "dataset": args.dataset,
-                    "max_new_tokens": args.max_new_tokens, "tie_band": args.tie_band, "candidates": {}}
+                    "max_new_tokens": args.max_new_tokens, "tie_band": args.tie_band,
+                    "deterministic": args.deterministic, "candidates": {}}
     failed = []
-    ar = launch(args.model_path, CANDIDATES["ar"], out / "ar.server.log", MEM_FRACTION)
+    ar = launch(args.model_path, CANDIDATES["ar"] + extra, out / "ar.server.log", MEM_FRACTION)
     try:
         reference = sglang_generate(ar.http(), with_margins=True)
         for name in args.candidate:
-            entry = report["candidates"][name] = {"flags": CANDIDATES[name]}
+            entry = report["candidates"][name] = {"flags": CANDIDATES[name] + extra}
             try:
-                server = launch(args.model_path, CANDIDATES[name], out / f"{name}.server.log", MEM_FRACTION)
+                server = launch(args.model_path, entry["flags"], out / f"{name}.server.log", MEM_FRACTION)
             except (RuntimeError, TimeoutError) as err:
                 entry["error"] = str(err)[-3000:]
                 print(f"{name}: did not start: {str(err)[-500:]}", flush=True)
