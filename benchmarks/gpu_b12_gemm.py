@@ -5,8 +5,7 @@ path's) and ``b12_gemm`` on the B12 planes of the same weights in a few launch v
 warps; the plain-integer decode the interpreter tests, instead of the packed PTX one; with ``--tiles``, both
 kernels on other decode tiles, e.g. ``32x4``: 32-row tiles of 4 warps; with ``--cuda-stages``, the CUDA C++ kernel
 of benchmarks/b12_gemv.cu on fragment-order planes at M <= 16, that many chunks in flight, in both forms and the
-8-row form software-pipelined; with ``--split-k``, both Triton kernels on the default tiles with K cut into that many
-slices of whole code blocks, B12 checked against bf16 with the same split), each timed by CUDA-graph
+8-row form software-pipelined), each timed by CUDA-graph
 replay over rotated weight copies (more than twice the L2, so no call finds its weight cached), in
 interleaved rounds; median and spread per cell, the share of the read bandwidth (kernels/stream_read.py's
 probe over 4 GiB) each reaches, the probe itself over the weight's own bytes timed the same way on several grids
@@ -17,7 +16,7 @@ to compile or launch is reported and left out. Weights: Gaussian rows of varied 
 shape of distribution; benchmarks/b12_stats.py has their escape rates).
 
     python benchmarks/gpu_b12_gemm.py [--m 1 16 64] [--shapes qkv o gate_up down lm_head] [--rounds 3]
-        [--tiles 32x4 16x2] [--cuda-stages 8 16] [--split-k 2 4] [--out DIR]
+        [--tiles 32x4 16x2] [--cuda-stages 8 16] [--out DIR]
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ import itertools
 import math
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -40,13 +38,7 @@ from common import out_dir, read_bandwidth, write_json  # noqa: E402
 from specpilot.bench.provenance import collect  # noqa: E402
 from specpilot.formats.b12 import encode  # noqa: E402
 from specpilot.kernels.b12_gemm import b12_gemm  # noqa: E402
-from specpilot.kernels.skinny_gemm import (  # noqa: E402
-    SkinnyConfig,
-    invariant_config,
-    invariant_gemm,
-    rotated_copies,
-    skinny_gemm,
-)
+from specpilot.kernels.skinny_gemm import SkinnyConfig, invariant_gemm, rotated_copies  # noqa: E402
 from specpilot.kernels.stream_read import stream_read_triton  # noqa: E402
 from specpilot.progress import bar  # noqa: E402
 
@@ -87,51 +79,40 @@ def cuda_variants(stages: list[int]) -> dict[str, tuple[int, int, bool]]:
             for rows, pipelined in forms for s in stages}
 
 
-def split_config(x: torch.Tensor, n: int, k: int, split: int) -> SkinnyConfig:
-    """The decode tiles for x's rows, with K cut into `split` slices."""
-    return replace(invariant_config(x.shape[0], n, k)[0], split_k=split)
-
-
 def cuda_gemm(x: torch.Tensor, frags: tuple, stages: int, rows: int, pipelined: bool) -> torch.Tensor:
     if x.shape[0] > 16:
         raise ValueError("the CUDA kernel takes M <= 16")
     return b12_cuda.gemm(x, frags, stages, rows, pipelined=pipelined)
 
 
-def kernels(w: torch.Tensor, planes, dense: list[torch.Tensor], tiles: list[str], stages: list[int],
-            splits: list[int]) -> tuple[dict, dict]:
+def kernels(w: torch.Tensor, planes, dense: list[torch.Tensor], tiles: list[str], stages: list[int]
+            ) -> tuple[dict, dict]:
     """Every kernel variant of a weight: variant -> (its function of x and an operand, the operand of each weight copy
-    in `dense`), and the variants to check: variant -> (function, one operand, the bf16 variant it must equal)."""
+    in `dense`), and the variants to check against the bf16 kernel: variant -> (function, one operand)."""
     packed = [planes] + [planes.map(torch.clone) for _ in dense[1:]]
     bf16_tiles, b12_tiles = tile_variants(tiles)
     fns = {"cublas": (lambda x, w_: F.linear(x, w_), dense), "bf16": (lambda x, w_: invariant_gemm(x, w_), dense)}
     checked = {}  # variant -> (its function on one operand, the operand), each checked against the bf16 kernel
     for variant, kwargs in bf16_tiles.items():
         fns[variant] = (lambda x, w_, kw=kwargs: invariant_gemm(x, w_, **kw), dense)
-        checked[variant] = (fns[variant][0], w, "bf16")
+        checked[variant] = (fns[variant][0], w)
     for variant, kwargs in {**B12_VARIANTS, **b12_tiles}.items():
         fns[variant] = (lambda x, p, kw=kwargs: b12_gemm(x, p, **kw), packed)
-        checked[variant] = (fns[variant][0], planes, "bf16")
-    n, k = w.shape
-    for split in splits:
-        fns[f"bf16_k{split}"] = (lambda x, w_, s=split: skinny_gemm(x, w_, config=split_config(x, n, k, s)), dense)
-        fns[f"b12_k{split}"] = (lambda x, p, s=split: b12_gemm(x, p, config=split_config(x, n, k, s)), packed)
-        checked[f"b12_k{split}"] = (fns[f"b12_k{split}"][0], planes, f"bf16_k{split}")
+        checked[variant] = (fns[variant][0], planes)
     frag_copies = {}
     for variant, (rows, depth, pipelined) in cuda_variants(stages).items():
         if rows not in frag_copies:
             frags = (*b12_cuda.fragments(planes, rows), planes)
             frag_copies[rows] = [frags] + [(frags[0].clone(), frags[1].clone(), p) for p in packed[1:]]
         fns[variant] = (lambda x, f, st=depth, r=rows, pl=pipelined: cuda_gemm(x, f, st, r, pl), frag_copies[rows])
-        checked[variant] = (fns[variant][0], frag_copies[rows][0], "bf16")
+        checked[variant] = (fns[variant][0], frag_copies[rows][0])
     return fns, checked
 
 
-def launch_once(name: str, n: int, k: int, ms: list[int], tiles: list[str], stages: list[int], splits: list[int]
-                ) -> None:
+def launch_once(name: str, n: int, k: int, ms: list[int], tiles: list[str], stages: list[int]) -> None:
     """Each kernel variant launched once per M on one weight, eagerly (after a warm-up launch that compiles it)."""
     w = weights(n, k, seed=n + k)
-    fns, _ = kernels(w, encode(w, name), [w], tiles, stages, splits)
+    fns, _ = kernels(w, encode(w, name), [w], tiles, stages)
     for m in ms:
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         for variant, (fn, operands) in fns.items():
@@ -157,25 +138,25 @@ def read_at_size(dense: list[torch.Tensor], read_bps: float) -> dict:
 
 
 def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: float, tiles: list[str],
-              stages: list[int], splits: list[int]) -> list[dict]:
+              stages: list[int]) -> list[dict]:
     w = weights(n, k, seed=n + k)
     planes = encode(w, name)
     dense = rotated_copies(w)
     copies = len(dense)
-    fns, checked = kernels(w, planes, dense, tiles, stages, splits)
+    fns, checked = kernels(w, planes, dense, tiles, stages)
     read = read_at_size(dense, read_bps)
     stats = planes.stats()
     rows = []
     for m in ms:
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-        expected = {ref: fns[ref][0](x, w).view(torch.int16) for ref in {c[2] for c in checked.values()}}
+        expected = invariant_gemm(x, w).view(torch.int16)
         row = {"shape": name, "n": n, "k": k, "m": m, "weight_copies": copies,
                "bits_per_weight": stats["bits_per_weight"], "escape_rate": stats["escape_rate"],
                "max_block_escapes": planes.max_block_escapes}
-        timed = ["cublas", "bf16", *(f"bf16_k{split}" for split in splits)]
-        for variant, (fn, operand, ref) in checked.items():
+        timed = ["cublas", "bf16"]
+        for variant, (fn, operand) in checked.items():
             try:
-                row[f"{variant}_bitwise_equal"] = torch.equal(fn(x, operand).view(torch.int16), expected[ref])
+                row[f"{variant}_bitwise_equal"] = torch.equal(fn(x, operand).view(torch.int16), expected)
                 timed.append(variant)
             except Exception as exc:  # noqa: BLE001 - a variant that cannot compile or launch is reported, not fatal
                 row[variant] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
@@ -191,7 +172,7 @@ def run_shape(name: str, n: int, k: int, ms: list[int], rounds: int, read_bps: f
                          "read_share": nbytes / (med * 1e-6) / read_bps}
         row["read"] = read
         row["bf16_read_share_at_size"] = read["us"] / row["bf16"]["us"]
-        for variant in (*checked, *(f"bf16_k{split}" for split in splits)):
+        for variant in checked:
             if "us" in row[variant]:
                 row[f"{variant}_over_bf16"] = row[variant]["us"] / row["bf16"]["us"]
         rows.append(row)
@@ -225,8 +206,7 @@ def cell(row: dict, kern: str) -> str:
     entry = row[kern]
     if "us" not in entry:
         return "error"
-    checked = f"{kern}_bitwise_equal"
-    mark = "" if checked not in row else " =" if row[checked] else " !"
+    mark = "" if kern in ("read", "cublas", "bf16") else " =" if row[f"{kern}_bitwise_equal"] else " !"
     return f"{entry['us']:.1f}{mark}"
 
 
@@ -239,8 +219,6 @@ def main() -> None:
                     help="other decode tiles to time both kernels on, e.g. 32x4 16x2")
     ap.add_argument("--cuda-stages", type=int, nargs="*", default=[], choices=[4, 8, 16],
                     help="also the CUDA C++ kernel (benchmarks/b12_gemv.cu) with these chunks in flight, at M <= 16")
-    ap.add_argument("--split-k", type=int, nargs="*", default=[],
-                    help="also both Triton kernels with K cut into this many slices (whole code blocks), e.g. 2 4")
     ap.add_argument("--launch-once", action="store_true",
                     help="launch every kernel once per shape and M, eagerly, and time nothing: a process for Nsight "
                          "Compute to profile (ncu --kernel-name regex:'b12|gemm' ...)")
@@ -248,7 +226,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.launch_once:
         for name in args.shapes:
-            launch_once(name, *SHAPES[name], args.m, args.tiles, args.cuda_stages, args.split_k)
+            launch_once(name, *SHAPES[name], args.m, args.tiles, args.cuda_stages)
         return
     if args.cuda_stages:
         check_cuda_escapes(args.cuda_stages)
@@ -256,12 +234,10 @@ def main() -> None:
     print(f"read bandwidth {read_bps / 1e12:.2f} TB/s ({torch.cuda.get_device_name()})")
     rows: list[dict] = []
     for name in bar(args.shapes, "shapes"):
-        rows += run_shape(name, *SHAPES[name], args.m, args.rounds, read_bps, args.tiles, args.cuda_stages,
-                          args.split_k)
+        rows += run_shape(name, *SHAPES[name], args.m, args.rounds, read_bps, args.tiles, args.cuda_stages)
         torch.cuda.empty_cache()
     bf16_tiles, b12_tiles = tile_variants(args.tiles)
-    split_variants = [f"{kind}_k{split}" for split in args.split_k for kind in ("bf16", "b12")]
-    variants = [*B12_VARIANTS, *b12_tiles, *cuda_variants(args.cuda_stages), *bf16_tiles, *split_variants]
+    variants = [*B12_VARIANTS, *b12_tiles, *cuda_variants(args.cuda_stages), *bf16_tiles]
     for r in rows:
         for variant in variants:
             if "error" in r[variant]:
@@ -279,15 +255,9 @@ def main() -> None:
               + f" {cell(r, 'read'):>9} {r['bf16']['read_share']:>9.1%} {r['bf16_read_share_at_size']:>6.1%}"
               f" {r['b12'].get('read_share', math.nan):>8.1%}"
               f" {best / r['bf16']['us']:>9.3f} {r['bits_per_weight']:.3f}")
-    for split in args.split_k:  # the split-K pair: B12 against bf16 with the same K order, and what it costs bf16
-        for r in rows:
-            if "us" in r[f"b12_k{split}"] and "us" in r[f"bf16_k{split}"]:
-                print(f"split {split}: {r['shape']:>8} M={r['m']:<3} b12_k{split} / bf16_k{split} "
-                      f"{r[f'b12_k{split}']['us'] / r[f'bf16_k{split}']['us']:.3f}, b12_k{split} / bf16 "
-                      f"{r[f'b12_k{split}_over_bf16']:.3f}, bf16_k{split} / bf16 {r[f'bf16_k{split}_over_bf16']:.3f}")
     write_json(out_dir(args.out) / "b12_gemm.json", {"provenance": collect(torch.device("cuda"), "bfloat16"),
                                                      "read_bandwidth_bps": read_bps, "tiles": args.tiles,
-                                                     "cuda_stages": args.cuda_stages, "split_k": args.split_k,
+                                                     "cuda_stages": args.cuda_stages,
                                                      "device": torch.cuda.get_device_name(), "rows": rows})
 
 

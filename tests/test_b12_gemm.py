@@ -2,7 +2,7 @@
 Triton interpreter the kernel gives bitwise skinny_gemm's output on the decoded weights with the same tiles
 (K across a short last block, bias or none, M = 1, 4, 16, K tiles of 128 and 64) whatever the escapes:
 none at all, a few (the patch unrolled), or dense ones (many in one tile and in the short last block, a
-whole row of them, inf and NaN: the patch loop), two escape groups of rows, split-K in whole code blocks; on CUDA it gives invariant_gemm's
+whole row of them, inf and NaN: the patch loop), two escape groups of rows; on CUDA it gives invariant_gemm's
 bits at every M, and its packed PTX decode the plain one's."""
 
 from __future__ import annotations
@@ -22,9 +22,6 @@ CASES = [(1, 40, 600, False, "few"), (4, 40, 600, True, "dense"), (16, 70, 512, 
          (3, 17, 130, True, "dense"), (2, 33, 256, False, "none"), (1, 300, 512, False, "few")]  # 2 row groups
 CONFIG = SkinnyConfig(block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=2)
 CONFIG_K64 = SkinnyConfig(block_n=16, block_k=64, split_k=1, num_warps=4, num_stages=2)  # the prefill tiles' K
-# split-K in slices of whole code blocks: K = 512 in two, K = 600 in three, the last the short block alone
-CONFIG_SPLIT = SkinnyConfig(block_n=32, block_k=128, split_k=3, num_warps=4, num_stages=2)
-SPLIT_CASES = [case for case in CASES if case[2] in (512, 600)]
 
 
 def weights(n: int, k: int, escapes: str, g: torch.Generator) -> torch.Tensor:
@@ -79,8 +76,7 @@ def _triton_results() -> dict[str, bool]:
     out = {}
     for case in CASES:
         x, p, b = make_case(*case)
-        configs = [("", CONFIG), (" k64", CONFIG_K64)] + [(" split", CONFIG_SPLIT)] * (case in SPLIT_CASES)
-        for label, config in configs:
+        for label, config in (("", CONFIG), (" k64", CONFIG_K64)):
             got = b12_gemm(x, p, b, config=config)
             expected = skinny_gemm(x, decode(p), b, config=config)
             out[f"{case}{label}"] = torch.equal(got.view(torch.int16), expected.view(torch.int16))
@@ -90,19 +86,9 @@ def _triton_results() -> dict[str, bool]:
 triton_results = interpreter_fixture(__file__)
 
 
-@pytest.mark.parametrize("case", [str(c) for c in CASES] + [f"{c} k64" for c in CASES]
-                         + [f"{c} split" for c in SPLIT_CASES])
+@pytest.mark.parametrize("case", [str(c) for c in CASES] + [f"{c} k64" for c in CASES])
 def test_triton_equals_the_bf16_kernel_on_the_decoded_weights(triton_results: dict[str, bool], case: str) -> None:
     assert triton_results[case]
-
-
-def test_split_k_only_at_code_blocks():
-    """A split whose slices would cut a code block is refused, naming the slice length."""
-    from specpilot.kernels.b12_gemm import b12_gemm
-
-    x, planes, _ = make_case(1, 40, 600, False, "few")
-    with pytest.raises(ValueError, match="384 long, not a multiple of 256"):
-        b12_gemm(x, planes, config=SkinnyConfig(block_n=32, block_k=128, split_k=2, num_warps=4, num_stages=2))
 
 
 if __name__ == "__main__":

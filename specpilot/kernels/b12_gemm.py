@@ -2,7 +2,7 @@
 in registers tile by tile.
 
 The kernel is invariant_gemm's (one program per ``BLOCK_N`` rows of ``w`` and ``BLOCK_M`` rows of ``x``, K walked
-in ``BLOCK_K`` tiles in order, one fp32 accumulator fed by ``tl.dot``; its tiles by M and N, with two
+in ``BLOCK_K`` tiles in order, one fp32 accumulator fed by ``tl.dot``, no split-K; its tiles by M and N, with two
 warpgroups for tiles of 128 rows or more, each the same 64-row wgmma) with the weight tile's load replaced by
 its decode. A loop iteration takes one 256-column block, i.e. 256 / BLOCK_K tiles: the block's code bytes,
 loaded once, give its first half's codes (low nibbles) and its second half's (high), so every plane byte is
@@ -21,10 +21,7 @@ for few variants), a loop past a bound. A short last block runs peeled, masked, 
 element.
 
 Fed the same tiles, the dot sums the same products in the same order as invariant_gemm on the decoded bf16
-matrix; that the MMA keeps them bitwise equal for register-made operands is what the CUDA test checks. A config
-with ``split_k > 1`` (the engine's tiles have none) cuts K as skinny_gemm does, into slices of whole code blocks,
-each program writing its slice's fp32 partial, summed in slice order by skinny_gemm's reduce: bitwise
-skinny_gemm with that config (more programs in flight for a narrow matrix, at the price of one K order per split).
+matrix; that the MMA keeps them bitwise equal for register-made operands is what the CUDA test checks.
 
 Entry points: ``b12_decode_reference`` (the planes back to bf16, plain torch; formats.b12.decode),
 ``b12_gemm_reference`` (decode, then skinny_gemm_reference), ``b12_gemm`` (Triton). Nothing syncs and the grid
@@ -42,9 +39,7 @@ from specpilot.kernels.skinny_gemm import (
     SkinnyConfig,
     block_m_for,
     invariant_config,
-    reduce_split_k,
     skinny_gemm_reference,
-    split_slices,
 )
 from specpilot.kernels.triton_support import HAS_TRITON, require_triton, tl, triton
 
@@ -231,16 +226,12 @@ if HAS_TRITON:
     @triton.jit
     def _b12_gemm_kernel(
         x_ptr, sm_ptr, code_ptr, base_ptr, alt_ptr, exc_off_ptr, exc_ptr, bias_ptr, out_ptr,
-        M, N, K, stride_xm, stride_code, stride_om, stride_os, num_blocks, tail_half, split_blocks,
+        M, N, K, stride_xm, stride_code, stride_om, num_blocks, tail_half,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCKS_P2: tl.constexpr,
         TAIL: tl.constexpr, PATCHES: tl.constexpr, PACKED: tl.constexpr, HAS_BIAS: tl.constexpr,
-        SPLIT_K: tl.constexpr,
     ):
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
-        pid_k = tl.program_id(2)  # this program's K slice: split_blocks code blocks from first_block
-        first_block = pid_k * split_blocks
-        last_slice = pid_k == SPLIT_K - 1
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rows = tl.minimum(offs_n, N - 1).to(tl.int64)  # rows past N re-read row N - 1; their stores drop
@@ -260,9 +251,9 @@ if HAS_TRITON:
             first_v = tl.load(exc_ptr + lo_v, mask=hi_v > lo_v, other=0)
             bit = tl.full([BLOCKS_P2], 1, tl.int64) << tl.minimum(blocks, 63).to(tl.int64)  # 63: the rest
             flagged = tl.reduce(tl.where(hi_v > lo_v, bit, 0), 0, _or)
-        alt_next = tl.load(alt_ptr + first_block * N + rows).to(tl.int32)  # a block's alts load an iteration ahead
+        alt_next = tl.load(alt_ptr + rows).to(tl.int32)  # a block's alts load an iteration ahead
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        for block in range(first_block, tl.minimum(first_block + split_blocks, num_blocks - TAIL)):
+        for block in range(0, num_blocks - TAIL):
             alt = alt_next
             alt_next = tl.load(alt_ptr + tl.minimum(block + 1, num_blocks - 1) * N + rows).to(tl.int32)
             patch = ((flagged >> tl.minimum(block, 63).to(tl.int64)) & 1) != 0
@@ -272,23 +263,19 @@ if HAS_TRITON:
                             stride_code, block, codes, tail_half, patch, blocks, lo_v, hi_v, first_v, row0,
                             j, BLOCK_N, BLOCK_K, False, PATCHES, PACKED)
         if TAIL:
-            if last_slice:  # the short block ends K, so the last slice
-                block = num_blocks - 1
-                patch = ((flagged >> tl.minimum(block, 63).to(tl.int64)) & 1) != 0
-                for j in tl.static_range(256 // BLOCK_K):
-                    if block * 256 + j * BLOCK_K < K:  # the bf16 kernel has no tile past K either
-                        acc = _tile(acc, x_ptr, sm_ptr, code_ptr, exc_ptr, rows, offs_m, m_ok, base, alt_next, K,
-                                    stride_xm, stride_code, block, 0, tail_half, patch, blocks, lo_v, hi_v, first_v,
-                                    row0, j, BLOCK_N, BLOCK_K, True, PATCHES, PACKED)
+            block = num_blocks - 1
+            patch = ((flagged >> tl.minimum(block, 63).to(tl.int64)) & 1) != 0
+            for j in tl.static_range(256 // BLOCK_K):
+                if block * 256 + j * BLOCK_K < K:  # the bf16 kernel has no tile past K either
+                    acc = _tile(acc, x_ptr, sm_ptr, code_ptr, exc_ptr, rows, offs_m, m_ok, base, alt_next, K,
+                                stride_xm, stride_code, block, 0, tail_half, patch, blocks, lo_v, hi_v, first_v, row0,
+                                j, BLOCK_N, BLOCK_K, True, PATCHES, PACKED)
 
         n_ok = offs_n < N
-        out_ptrs = out_ptr + pid_k * stride_os + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
-        if SPLIT_K == 1:
-            if HAS_BIAS:
-                acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
-        else:  # the slice's fp32 partial; skinny_gemm's reduce sums the slices in order, as for the bf16 kernel
-            tl.store(out_ptrs, acc, mask=n_ok[:, None] & m_ok[None, :])
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        out_ptrs = out_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
 
 def _patches(most: int) -> int:
@@ -331,26 +318,20 @@ def b12_gemm(x: torch.Tensor, w: B12Tensor, bias: torch.Tensor | None = None, *,
     if config is None:
         config, chosen = invariant_config(m, n, k)
         block_m = block_m or chosen
+    if config.split_k != 1:
+        raise ValueError("b12_gemm takes split_k=1 (one K order, as invariant_gemm)")
     if (BLOCK // 2) % config.block_k or GROUP % config.block_n or config.block_n % SEGMENT_ROWS:
         raise ValueError(f"b12_gemm's tiles must divide a half block and an escape group into segments, got {config}")
     block_m = block_m or block_m_for(m)
     full, half = halves(k)
     blocks = full + (half > 0)
-    split, k_span = split_slices(k, config)
-    if split > 1 and k_span % BLOCK:
-        raise ValueError(f"b12_gemm splits K only at code blocks: {config.split_k} slices of K = {k} are {k_span} long, "
-                         f"not a multiple of {BLOCK}")
-    dest = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
-    grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, block_m), split)
+    grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, block_m))
     _b12_gemm_kernel[grid](
         x, w.sm, w.code, w.base, w.alt, w.exc_off, w.exc if w.exc.numel() else w.exc_off,
-        bias if bias is not None else x, dest, m, n, k, x.stride(0), w.code.stride(0), dest.stride(-2),
-        dest.stride(0) if split > 1 else 0, blocks, half, k_span // BLOCK if split > 1 else blocks,
+        bias if bias is not None else x, out, m, n, k, x.stride(0), w.code.stride(0), out.stride(0), blocks, half,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCKS_P2=triton.next_power_of_2(blocks),
         TAIL=half > 0, PATCHES=_patches(w.max_block_escapes), PACKED=x.is_cuda if packed is None else packed,
-        HAS_BIAS=bias is not None, SPLIT_K=split, num_warps=num_warps or b12_warps(config),
+        HAS_BIAS=bias is not None, num_warps=num_warps or b12_warps(config),
         num_stages=num_stages or b12_stages(config, block_m),
     )
-    if split > 1:
-        reduce_split_k(dest, bias, out)
     return out

@@ -320,7 +320,10 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, config:
         config = default_config(m, n, k)
 
     block_m = block_m or block_m_for(m)
-    split, k_span = split_slices(k, config)
+    k_tiles = triton.cdiv(k, config.block_k)
+    split = min(config.split_k, k_tiles)  # more splits than tiles would only add empty programs
+    k_span = triton.cdiv(k_tiles, split) * config.block_k
+    split = triton.cdiv(k, k_span)  # e.g. 5 tiles over 4 splits -> spans of 2 tiles -> 3 splits
     if split > 1:
         dest = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     else:
@@ -352,24 +355,19 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, config:
         num_stages=fit_stages(config, block_m, x.element_size()),
     )
     if split > 1:
-        reduce_split_k(dest, bias, out)
+        block = 1024
+        _split_k_reduce_kernel[(triton.cdiv(m * n, block),)](
+            dest,
+            bias if bias is not None else x,
+            out,
+            m * n,
+            n,
+            SPLIT_K=split,
+            HAS_BIAS=bias is not None,
+            BLOCK=block,
+            num_warps=4,
+        )
     return out
-
-
-def split_slices(k: int, config: SkinnyConfig) -> tuple[int, int]:
-    """(slices, K elements per slice) of config's split-K over K: whole tiles a slice, and no empty slice."""
-    k_tiles = triton.cdiv(k, config.block_k)
-    split = min(config.split_k, k_tiles)  # more splits than tiles would only add empty programs
-    k_span = triton.cdiv(k_tiles, split) * config.block_k
-    return triton.cdiv(k, k_span), k_span  # e.g. 5 tiles over 4 splits -> spans of 2 tiles -> 3 splits
-
-
-def reduce_split_k(partials: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
-    """out = the fp32 partials [S, M, N] summed slice by slice in order (+ bias), in out's dtype."""
-    (split, m, n), block = partials.shape, 1024
-    _split_k_reduce_kernel[(triton.cdiv(m * n, block),)](
-        partials, bias if bias is not None else partials, out, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None,
-        BLOCK=block, num_warps=4)
 
 
 # --------------------------------------------------------------------------------------------------------------------
