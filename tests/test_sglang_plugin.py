@@ -15,6 +15,7 @@ skip when that directory is missing.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import subprocess
@@ -290,6 +291,44 @@ def _graph_capture_results(runner_class: type, unhooked: Any, algo: Any) -> dict
     return out
 
 
+def _seeded_sampling_results() -> dict[str, Any]:
+    """Deterministic inference: a decode batch's SamplingBatchInfo (SGLang's own dataclass) as its verify pass's
+    rows, and SGLang's seeded draws (its sampler's functions, after its temperature and softmax) on those rows
+    against each row drawn alone, as that request's decode at the row's position draws it."""
+    from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    from specpilot.sglang_ext.accept import ROW_FIELDS, rows_sampling_info
+
+    vocab, rows = 50, 3
+    info = SamplingBatchInfo(
+        temperatures=torch.tensor([[0.7], [1.0]]), top_ps=torch.tensor([0.9, 1.0]), top_ks=torch.tensor([20, 1 << 30]),
+        min_ps=torch.zeros(2), is_all_greedy=False, is_any_greedy=False, need_top_p_sampling=True,
+        need_top_k_sampling=True, need_min_p_sampling=False, vocab_size=vocab, sampling_seed=torch.tensor([7, 42]),
+        device="cpu")
+    expanded = rows_sampling_info(info, rows)
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2 * rows, vocab, generator=g) * 3
+    positions = torch.tensor([40, 41, 41, 17, 18, 19])  # the rows' input positions (a tree repeats a depth)
+
+    def draw(row_info: Any, row_logits: torch.Tensor, row_positions: torch.Tensor) -> list[int]:
+        probs = torch.softmax(row_logits / row_info.temperatures, dim=-1)  # the sampler's scaling and softmax
+        with torch.compiler.set_stance("force_eager"):  # its seeded draw is compiled on a GPU
+            return top_k_top_p_min_p_sampling_from_probs_torch(
+                probs, row_info.top_ks, row_info.top_ps, row_info.min_ps, row_info.need_min_p_sampling,
+                row_info.sampling_seed, row_positions).tolist()
+
+    alone = []
+    for r in range(2 * rows):
+        one = dataclasses.replace(expanded, **{name: getattr(expanded, name)[r : r + 1] for name in ROW_FIELDS})
+        alone += draw(one, logits[r : r + 1], positions[r : r + 1])
+    return {"temperatures": expanded.temperatures.flatten().tolist(), "seeds": expanded.sampling_seed.tolist(),
+            "top_ks": expanded.top_ks.tolist(), "flags": [expanded.is_all_greedy, expanded.need_top_p_sampling,
+                                                          expanded.need_top_k_sampling, expanded.need_min_p_sampling],
+            "verify_rows": draw(expanded, logits, positions), "each_alone": alone,
+            "other_positions": draw(expanded, logits, positions + 1)}
+
+
 def _under_sglang() -> dict[str, Any]:
     from importlib.metadata import entry_points
 
@@ -339,6 +378,7 @@ def _under_sglang() -> dict[str, Any]:
                                          verify.retrieve_index, verify.retrieve_next_token,
                                          verify.retrieve_next_sibling)],
     }
+    report["seeded_sampling"] = _seeded_sampling_results()
     report["sampling"] = {}
     for name, kwargs in {"greedy": {"temperature": 0.0}, "default": {},
                          "sampled": {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "sampling_seed": 7}
@@ -447,6 +487,17 @@ def test_verify_input_is_sglangs_tree_verify_input(sglang: dict[str, Any]) -> No
     assert verify["tensors"] == [t.tolist() for t in (ours.draft_token, ours.custom_mask, ours.positions,
                                                       ours.retrieve_index, ours.retrieve_next_token,
                                                       ours.retrieve_next_sibling)]
+
+
+def test_deterministic_inference_samples_each_verify_row_as_sglangs_decode_would(sglang: dict[str, Any]) -> None:
+    """The verify rows' sampling info repeats each request's parameters and seed for its rows and keeps the batch's
+    flags; SGLang's seeded draw of a row is the row's own (whatever the other rows) and moves with its position."""
+    seeded = sglang["seeded_sampling"]
+    assert seeded["temperatures"] == pytest.approx([0.7] * 3 + [1.0] * 3)
+    assert seeded["seeds"] == [7] * 3 + [42] * 3 and seeded["top_ks"] == [20] * 3 + [1 << 30] * 3
+    assert seeded["flags"] == [False, True, True, False]
+    assert seeded["verify_rows"] == seeded["each_alone"]
+    assert seeded["other_positions"] != seeded["verify_rows"]
 
 
 def test_sglangs_sampling_params_become_ours(sglang: dict[str, Any]) -> None:

@@ -7,10 +7,15 @@ not depend on the drafts, the batch or the tensor-parallel rank. The verifier's 
 then commits the drafted path that matches the decisions and the decision after it. `to_sglang` hands the
 result back in the layout of SGLang's eagle_utils.eagle_sample, which SGLang's KV bookkeeping and
 GenerationBatchResult read.
+
+Under SGLang's deterministic inference its own sampler draws a request's token keyed by the request's seed and
+the position of the token it reads, the same function of the logits in a decode step as in a verify row; there
+the worker hands every verify row to SGLang's sampler (`rows_sampling_info`), so sampled output is SGLang AR's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -55,6 +60,18 @@ def row_decisions(logits: torch.Tensor, params: Sequence[SamplingParams], seeds:
                                              [seeds[i] for i in sampled for _ in range(d)],
                                              positions.flatten()).view(-1, d)
     return decisions
+
+
+# SamplingBatchInfo's per-request tensors (the sampler reads these; the refused features' lists stay None)
+ROW_FIELDS = ("temperatures", "top_ps", "top_ks", "min_ps", "sampling_seed")
+
+
+def rows_sampling_info(info: Any, rows: int) -> Any:
+    """SGLang's SamplingBatchInfo of a decode batch for its verify pass of `rows` rows a request: each request's
+    tensors repeated for its rows, the batch-wide flags kept (SGLang's sampler picks its path by them, as it does
+    for that batch's decode)."""
+    return dataclasses.replace(info, **{name: getattr(info, name).repeat_interleave(rows, dim=0)
+                                        for name in ROW_FIELDS if getattr(info, name) is not None})
 
 
 def to_sglang(accepted: Accepted) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -40,6 +40,9 @@ class Settings:
     block_size: int  # verify width: the newest committed token and block_size - 1 drafts
     topk: int  # 1: a chain; more: a draft tree of block_size - 1 nodes from each slot's top-k
     ngram_assist: int
+    # SGLang's --enable-deterministic-inference: its sampler draws keyed by each request's seed and position, so
+    # the worker samples every verify row with it (sampled output SGLang AR's); else our keyed sampling
+    deterministic: bool = False
 
 
 def resolve(server_args: Any) -> Settings:
@@ -58,7 +61,8 @@ def resolve(server_args: Any) -> Settings:
         raise ValueError("SPECPILOT drafts its whole block in one pass: leave --speculative-num-steps unset, "
                          f"got {server_args.speculative_num_steps}")
     _check_parallelism_and_backends(server_args, topk)
-    return Settings(draft_path, drafter, block, topk, _ngram_assist())
+    return Settings(draft_path, drafter, block, topk, _ngram_assist(),
+                    bool(getattr(server_args, "enable_deterministic_inference", False)))
 
 
 def validate(server_args: Any) -> None:

@@ -16,6 +16,9 @@ A prefill (extend) is SGLang's own target pass; its taps become the drafter's co
 5. SGLang's KV bookkeeping keeps the accepted rows' K/V, the session commits the path (the drafter's next
    context), and a GenerationBatchResult hands the tokens to the scheduler - as in SGLang's NGRAMWorker.
 
+Sampled rows: our keyed sampling (accept.row_decisions), or under SGLang's deterministic inference its own
+sampler on every row (`_sglang_decisions`), so that sampled output is SGLang AR's too.
+
 Not carried over: logprobs, grammars, penalties, logit bias and custom logit processors (a batch asking for
 any of them gets an error); the drafter runs eagerly (no CUDA graphs of its own yet).
 """
@@ -26,6 +29,7 @@ from typing import Any
 
 import torch
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
@@ -117,11 +121,14 @@ class SpecPilotWorker(BaseSpecWorker):
         result = self._target_worker.forward_batch_generation(batch, is_verify=True,
                                                               capture_hidden_mode=CaptureHiddenMode.FULL)
         out = result.logits_output
-        depths = tensors.positions.view(bs, d) - batch.seq_lens[:, None]
-        params = [accept.sampling_params(r.sampling_params) for r in reqs]
-        seeds = [accept.keyed_seed(r.rid, p.seed) for r, p in zip(reqs, params)]
-        output_lens = torch.tensor([len(r.output_ids) for r in reqs])
-        decisions = accept.row_decisions(out.next_token_logits, params, seeds, output_lens, depths)
+        if self.settings.deterministic:
+            decisions = self._sglang_decisions(batch.sampling_info, out.next_token_logits, tensors.positions, d)
+        else:
+            depths = tensors.positions.view(bs, d) - batch.seq_lens[:, None]
+            params = [accept.sampling_params(r.sampling_params) for r in reqs]
+            seeds = [accept.keyed_seed(r.rid, p.seed) for r, p in zip(reqs, params)]
+            output_lens = torch.tensor([len(r.output_ids) for r in reqs])
+            decisions = accept.row_decisions(out.next_token_logits, params, seeds, output_lens, depths)
         accepted = Verifier().greedy(decisions, draft.tokens, batch.seq_lens, draft.tree)
         predict, accept_index, accept_lens = accept.to_sglang(accepted)
         self.session.commit(rids, accepted, out.hidden_states)
@@ -133,6 +140,14 @@ class SpecPilotWorker(BaseSpecWorker):
         batch.forward_mode = ForwardMode.DECODE
         accept_tokens = predict[accept_index].flatten()  # rows past a request's count: ignored by accept_lens
         return self._result(result, accept_tokens, accept_tokens, accept_lens, new_seq_lens)
+
+    def _sglang_decisions(self, sampling_info: Any, logits: torch.Tensor, positions: torch.Tensor,
+                          d: int) -> torch.Tensor:
+        """[bs, D] SGLang's own sampler's token at every verify row, keyed (deterministic inference) by the
+        request's seed and the row's input position, as in SGLang's decode of that token."""
+        rows = LogitsProcessorOutput(next_token_logits=logits.clone())  # the sampler scales and softmaxes in place
+        tokens = self.model_runner.sampler(rows, accept.rows_sampling_info(sampling_info, d), False, [], [], positions)
+        return tokens.view(-1, d)
 
     def _reach(self, reqs: list[Any]) -> list[int]:
         """The positions each request may reach: its prompt, its new tokens and a verify block."""
