@@ -5,7 +5,8 @@ same input at every segment, one request at a time — with a tie band of 0 by d
 candidate's token differs from AR's fails, whatever AR's margin there (reported beside).
 
     python benchmarks/sglang_force.py --model-path /tmp/smollm2 [--candidate specpilot specpilot-chain ngram dflash]
-        [--dataset humaneval] [--num-prompts 8] [--max-new-tokens 128] [--tie-band 0] [--deterministic] --out DIR
+        [--dataset humaneval] [--num-prompts 8] [--max-new-tokens 128] [--tie-band 0] [--deterministic]
+        [--temperature 0.8 --top-p 0.95 --sampling-seed 1] --out DIR
 
 Candidates: this script's (`specpilot-chain`: the plugin drafting chains, its n-gram assistance at the default) and
 sglang_plugin_serving.py's SGLang servers (`specpilot`: trees of top-4; SGLang's own `ngram` and `dflash`, forced for
@@ -45,11 +46,19 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tie-band", type=float, default=0.0,
                     help="AR's top-1 minus top-2 logprob at or under which a differing token counts as a tie")
+    ap.add_argument("--temperature", type=float, default=0.0, help="above 0: sampled, with --sampling-seed")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--sampling-seed", type=int, default=1,
+                    help="the requests' seed where sampled (SGLang draws keyed by it under --deterministic)")
     ap.add_argument("--deterministic", action="store_true",
                     help="both servers with SGLang's --enable-deterministic-inference (its batch-invariant kernels)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     extra = " --enable-deterministic-inference" if args.deterministic else ""
+    # seeded draws need SGLang's torch sampling backend (its FlashInfer one refuses a seed)
+    extra += " --sampling-backend pytorch" if args.temperature > 0 else ""
+    sampling = ({"temperature": args.temperature, "top_p": args.top_p, "sampling_seed": args.sampling_seed}
+                if args.temperature > 0 else None)
     from transformers import AutoTokenizer
 
     out = Path(args.out)
@@ -58,11 +67,11 @@ def main() -> int:
     prompts = [apply_chat_template(tokenizer, p) for p in load_prompts(args.dataset, args.num_prompts)]
     report: dict = {"provenance": provenance.collect(None, None), "dataset": args.dataset,
                     "max_new_tokens": args.max_new_tokens, "tie_band": args.tie_band,
-                    "deterministic": args.deterministic, "candidates": {}}
+                    "deterministic": args.deterministic, "sampling": sampling, "candidates": {}}
     failed = []
     ar = launch(args.model_path, CANDIDATES["ar"] + extra, out / "ar.server.log", MEM_FRACTION)
     try:
-        reference = sglang_generate(ar.http(), with_margins=True)
+        reference = sglang_generate(ar.http(), with_margins=True, sampling=sampling)
         for name in args.candidate:
             entry = report["candidates"][name] = {"flags": CANDIDATES[name] + extra}
             try:
@@ -73,8 +82,8 @@ def main() -> int:
                 failed += [name] if "SPECPILOT" in CANDIDATES[name] else []
                 continue
             try:
-                verdict = force_served(reference, sglang_generate(server.http(), with_margins=False), prompts,
-                                       args.max_new_tokens, args.tie_band)
+                candidate = sglang_generate(server.http(), with_margins=False, sampling=sampling)
+                verdict = force_served(reference, candidate, prompts, args.max_new_tokens, args.tie_band)
             finally:
                 server.close()
             entry["verdict"] = verdict.as_dict()

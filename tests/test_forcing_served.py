@@ -32,19 +32,21 @@ def reference(tiny_dir, tmp_path_factory):
     server.close()
 
 
-def _force(reference: Server, flags: list[str], log) -> dict:
+def _force(reference: Server, flags: list[str], log, sampling: dict | None = None) -> dict:
     candidate = Server.launch(flags, log).ready()
     try:
-        return force_served(sglang_generate(reference.http(), with_margins=True),
-                            sglang_generate(candidate.http(), with_margins=False), _prompts(4), NEW_TOKENS,
-                            tie_band=NEAR_TIE).as_dict()
+        return force_served(sglang_generate(reference.http(), with_margins=True, sampling=sampling),
+                            sglang_generate(candidate.http(), with_margins=False, sampling=sampling), _prompts(4),
+                            NEW_TOKENS, tie_band=NEAR_TIE).as_dict()
     finally:
         candidate.close()
 
 
-def test_speculation_served_passes_forcing_against_served_ar(reference, tiny_dir, tmp_path):
+@pytest.mark.parametrize("sampling", [None, {"temperature": 0.8, "top_p": 0.95, "sampling_seed": 5}],
+                         ids=["greedy", "seeded"])
+def test_speculation_served_passes_forcing_against_served_ar(reference, tiny_dir, tmp_path, sampling):
     verdict = _force(reference, ["--model-path", str(tiny_dir), "--device", "cpu", "--speculative-algorithm", "ngram",
-                                 "--speculative-num-draft-tokens", "4"], tmp_path / "spec.log")
+                                 "--speculative-num-draft-tokens", "4"], tmp_path / "spec.log", sampling)
     assert verdict["passed"], verdict
     assert verdict["positions_checked"] == 4 * NEW_TOKENS and verdict["non_tie_mismatches"] == 0
 

@@ -1,8 +1,9 @@
 """Token forcing between two running servers that speak SGLang's /generate API (SGLang itself with and without a
-speculative algorithm, or `specpilot serve`): the candidate must produce the reference's greedy tokens.
+speculative algorithm, or `specpilot serve`): the candidate must produce the reference's tokens, greedy or drawn
+with a seed.
 
 Each prompt is decoded in segments. Both servers continue the same input (the prompt, then the reference's tokens
-so far) greedily to the end; where the candidate's first token differs from the reference's, that position is a
+so far) to the end; where the candidate's first token differs from the reference's, that position is a
 divergence, judged by the reference's top-1 minus top-2 logprob there (a tie within the band may flip under float
 reordering; beyond it, the candidate is wrong), and the next segment starts one past it with the reference's token
 forced. Every output position is checked, not only those before the first difference, and both servers always see
@@ -52,12 +53,14 @@ class ServedVerdict:
                                "passed": self.passed}
 
 
-def sglang_generate(client: httpx.Client, with_margins: bool) -> Generate:
-    """A Generate over `client` (its base_url a server's): /generate on input ids, greedy, EOS ignored; the
-    margins from the top-2 logprobs of each output position where asked."""
+def sglang_generate(client: httpx.Client, with_margins: bool, sampling: dict[str, Any] | None = None) -> Generate:
+    """A Generate over `client` (its base_url a server's): /generate on input ids, EOS ignored, greedy unless
+    `sampling` (SGLang's sampling_params, e.g. temperature and sampling_seed: a seeded draw is keyed by the seed and
+    the position, so both servers draw alike from the same input); the margins from the top-2 logprobs of each
+    output position where asked."""
     def generate(input_ids: list[int], new_tokens: int) -> tuple[list[int], list[float]]:
-        body: dict[str, Any] = {"input_ids": input_ids,
-                                "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}}
+        params = {"temperature": 0} | (sampling or {}) | {"max_new_tokens": new_tokens, "ignore_eos": True}
+        body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": params}
         if with_margins:
             body |= {"return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": -1}
         response = client.post("/generate", json=body)
