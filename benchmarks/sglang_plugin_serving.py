@@ -106,8 +106,8 @@ def main() -> int:
                     help="an SGLang server: a name and its launch_server flags, or a default's name alone (default: "
                          "ar, specpilot, ngram, dflash; 'none': no such)")
     ap.add_argument("--ours", action="append", default=None, metavar="NAME=FLAGS",
-                    help="a `specpilot serve` server: a name and its flags, or a default's name alone (default: serve on "
-                         "CUDA; 'none': no such)")
+                    help="a `specpilot serve` server: a name and its flags, or a default's name alone (default: "
+                         "serve on CUDA; 'none': no such)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=256)
