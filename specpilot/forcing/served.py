@@ -21,7 +21,7 @@ import httpx
 
 from specpilot.forcing.forcing import Divergence
 
-# input ids, tokens to generate -> (greedy output ids, each position's top-1 minus top-2 logprob, or [] unasked)
+# input ids, tokens to generate -> (output ids, each position's top-1 minus top-2 logprob, or [] unasked)
 Generate = Callable[[list[int], int], tuple[list[int], list[float]]]
 
 
@@ -82,7 +82,7 @@ def first_difference(expected: Sequence[int], got: Sequence[int]) -> int | None:
 
 def force_served(reference: Generate, candidate: Generate, prompts: Sequence[list[int]], max_new_tokens: int,
                  tie_band: float = 0.0) -> ServedVerdict:
-    """The candidate forced along the reference's greedy tokens on every prompt (see the module's docstring)."""
+    """The candidate forced along the reference's tokens on every prompt (see the module's docstring)."""
     verdict = ServedVerdict(len(prompts), max_new_tokens, tie_band)
     for index, prompt in enumerate(prompts):
         forced: list[int] = []
