@@ -32,21 +32,24 @@ def reference(tiny_dir, tmp_path_factory):
     server.close()
 
 
-def _force(reference: Server, flags: list[str], log, sampling: dict | None = None) -> dict:
-    candidate = Server.launch(flags, log).ready()
-    try:
-        return force_served(sglang_generate(reference.http(), with_margins=True, sampling=sampling),
-                            sglang_generate(candidate.http(), with_margins=False, sampling=sampling), _prompts(4),
-                            NEW_TOKENS, tie_band=NEAR_TIE).as_dict()
-    finally:
-        candidate.close()
+@pytest.fixture(scope="module")
+def speculative(tiny_dir, tmp_path_factory):
+    server = Server.launch(["--model-path", str(tiny_dir), "--device", "cpu", "--speculative-algorithm", "ngram",
+                            "--speculative-num-draft-tokens", "4"], tmp_path_factory.mktemp("spec") / "spec.log").ready()
+    yield server
+    server.close()
+
+
+def _force(reference: Server, candidate: Server, sampling: dict | None = None) -> dict:
+    return force_served(sglang_generate(reference.http(), with_margins=True, sampling=sampling),
+                        sglang_generate(candidate.http(), with_margins=False, sampling=sampling), _prompts(4),
+                        NEW_TOKENS, tie_band=NEAR_TIE).as_dict()
 
 
 @pytest.mark.parametrize("sampling", [None, {"temperature": 0.8, "top_p": 0.95, "sampling_seed": 5}],
                          ids=["greedy", "seeded"])
-def test_speculation_served_passes_forcing_against_served_ar(reference, tiny_dir, tmp_path, sampling):
-    verdict = _force(reference, ["--model-path", str(tiny_dir), "--device", "cpu", "--speculative-algorithm", "ngram",
-                                 "--speculative-num-draft-tokens", "4"], tmp_path / "spec.log", sampling)
+def test_speculation_served_passes_forcing_against_served_ar(reference, speculative, sampling):
+    verdict = _force(reference, speculative, sampling)
     assert verdict["passed"], verdict
     assert verdict["positions_checked"] == 4 * NEW_TOKENS and verdict["non_tie_mismatches"] == 0
 
@@ -57,7 +60,11 @@ def test_a_server_with_perturbed_weights_fails_forcing(reference, tiny_dir, tmp_
     name = next(n for n in weights if "layers.0.mlp.down_proj" in n)
     weights[name] = weights[name] * 1.5  # some tokens flip, not all
     save_file(weights, planted / "model.safetensors", metadata={"format": "pt"})
-    verdict = _force(reference, ["--model-path", str(planted), "--device", "cpu"], tmp_path / "planted.log")
+    candidate = Server.launch(["--model-path", str(planted), "--device", "cpu"], tmp_path / "planted.log").ready()
+    try:
+        verdict = _force(reference, candidate)
+    finally:
+        candidate.close()
     assert not verdict["passed"] and 0 < verdict["non_tie_mismatches"] < 4 * NEW_TOKENS, verdict
     assert verdict["positions_checked"] == 4 * NEW_TOKENS  # forced past every divergence to the end
 
