@@ -188,6 +188,15 @@ def build_parser() -> argparse.ArgumentParser:
     _dataset_args(force, default_prompts=8, default_tokens=64)
     _engine_args(force)
     _sampling_args(force, with_length=False)
+    g = force.add_argument_group(
+        "between two running servers (SGLang's /generate: SGLang with and without a speculative algorithm, or "
+        "`specpilot serve`; no engine is built here)")
+    g.add_argument("--reference-url", default=None, metavar="URL", help="the reference server, e.g. SGLang AR")
+    g.add_argument("--candidate-url", default=None, metavar="URL", help="the server forced along the reference")
+    g.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="the prompts' tokenizer: a .gguf or a Hugging Face directory (default: --model-path's)")
+    g.add_argument("--tie-band", type=float, default=0.0,
+                   help="reference top-1 minus top-2 logprob at or under which a differing token is a tie (default 0)")
     force.set_defaults(func=_cmd_force)
 
     bench = sub.add_parser("bench", help="speedup over AR, tau and acceptance per dataset (JSON + PNG)")
@@ -455,6 +464,8 @@ def _dataset_args(p: argparse.ArgumentParser, default_prompts: int | None, defau
 
 
 def _cmd_force(args: argparse.Namespace) -> int:
+    if args.reference_url or args.candidate_url:
+        return _force_servers(args)
     from dataclasses import replace
 
     from specpilot.bench.datasets import apply_chat_template, load_prompts
@@ -474,6 +485,33 @@ def _cmd_force(args: argparse.Namespace) -> int:
     with progress_bars() as progress:
         verdict = run_forcing(stock, candidate, prompts, params, config.speculative_algorithm or "none",
                               progress=progress)
+    print(json.dumps(verdict.as_dict(), indent=2))
+    return 0 if verdict.passed else 1
+
+
+def _force_servers(args: argparse.Namespace) -> int:
+    """`force` between two running servers (forcing/served.py): greedy, or seeded sampling at --temperature."""
+    import httpx
+
+    from specpilot.bench.datasets import apply_chat_template, load_prompts
+    from specpilot.forcing.served import force_served, sglang_generate
+    from specpilot.models.checkpoint import load_tokenizer
+
+    if not (args.reference_url and args.candidate_url):
+        raise SystemExit("specpilot force: --reference-url and --candidate-url go together")
+    try:
+        tokenizer = load_tokenizer(args.tokenizer or args.model_path)
+    except ValueError as err:
+        raise SystemExit(f"specpilot force: --tokenizer: {err}") from None
+    prompts = [apply_chat_template(tokenizer, p) for p in load_prompts(args.dataset, args.num_prompts)]
+    sampling = None if args.temperature <= 0 else {
+        "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p,
+        "sampling_seed": 0 if args.seed is None else args.seed}
+    with (httpx.Client(base_url=args.reference_url, timeout=600, trust_env=False) as reference,
+          httpx.Client(base_url=args.candidate_url, timeout=600, trust_env=False) as candidate):
+        verdict = force_served(sglang_generate(reference, with_margins=True, sampling=sampling),
+                               sglang_generate(candidate, with_margins=False, sampling=sampling), prompts,
+                               args.max_new_tokens, args.tie_band)
     print(json.dumps(verdict.as_dict(), indent=2))
     return 0 if verdict.passed else 1
 

@@ -1,16 +1,19 @@
-"""Token forcing between two running servers (specpilot/forcing/served.py) on CPU: two real `specpilot serve`
-processes over the tiny model — AR against n-gram speculation passes; a candidate serving subtly wrong weights (what
-a broken weight decode would serve) fails with mismatches beyond the tie band; and the segment logic, which forces
-the reference's token past each divergence, checks every position."""
+"""Token forcing between two running servers (specpilot/forcing/served.py, `specpilot force --reference-url
+--candidate-url`) on CPU: two real `specpilot serve` processes over the tiny model — AR against n-gram speculation
+passes, greedy and seeded; a candidate serving subtly wrong weights (what a broken weight decode would serve) fails
+with mismatches beyond the tie band; and the segment logic, which forces the reference's token past each
+divergence, checks every position."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from specpilot.cli import main
 from specpilot.forcing.forcing import NEAR_TIE
 from specpilot.forcing.served import first_difference, force_served, sglang_generate
 from specpilot.optimizer.remote import Server
@@ -89,3 +92,17 @@ def test_segments_force_the_references_token_past_each_divergence():
     assert verdict.positions_checked == 20 and verdict.requests == 6 and verdict.identical_unforced == 0
     assert not verdict.passed and verdict.non_tie_mismatches == 4
     assert first_difference([1, 2, 3], [1, 2]) == 2 and first_difference([1, 2], [1, 2, 3]) is None
+
+
+def test_the_cli_forces_one_running_server_against_another(reference, speculative, tiny_dir, capsys):
+    url = "http://127.0.0.1:{}".format
+    rc = main(["force", "--reference-url", url(reference.port), "--candidate-url", url(speculative.port),
+               "--tokenizer", str(tiny_dir), "--dataset", "math", "--num-prompts", "2", "--max-new-tokens", "8",
+               "--tie-band", str(NEAR_TIE)])
+    verdict = json.loads(capsys.readouterr().out)
+    assert rc == 0 and verdict["passed"] and verdict["positions_checked"] == 16
+    with pytest.raises(SystemExit, match="--reference-url and --candidate-url go together"):
+        main(["force", "--reference-url", url(reference.port)])
+    with pytest.raises(SystemExit, match="--tokenizer"):
+        main(["force", "--reference-url", url(reference.port), "--candidate-url", url(speculative.port),
+              "--tokenizer", str(tiny_dir / "missing")])

@@ -62,9 +62,9 @@ def test_embedded_tokenizer_from_the_cache_matches_the_conversion(smollm: Checkp
     """The first load converts the GGUF's tokenizer and keeps it; later loads read the kept one."""
     monkeypatch.setenv("SPECPILOT_CACHE_DIR", str(tmp_path))
     path = embedded_default_path()
-    converted = gguf_loader._load_tokenizer(path)
+    converted = gguf_loader.gguf_tokenizer(path)
     assert (gguf_loader.tokenizer_cache_dir(path) / "tokenizer.json").is_file()
-    cached = gguf_loader._load_tokenizer(path)
+    cached = gguf_loader.gguf_tokenizer(path)
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <|im_end|>\n\n  é 中"}]
     for tok in (cached, smollm.tokenizer):
         assert tok.apply_chat_template(chat, add_generation_prompt=True, return_dict=False) == \

@@ -72,6 +72,22 @@ def load_checkpoint(path: str | os.PathLike | None, dtype: torch.dtype = torch.f
     )
 
 
+def load_tokenizer(path: str | os.PathLike | None) -> transformers.PreTrainedTokenizerBase:
+    """The tokenizer of a checkpoint load_checkpoint takes (None: the embedded model's), without its weights."""
+    resolved = embedded_default_path() if path is None else pathlib.Path(path).expanduser()
+    if resolved.is_file() and resolved.suffix.lower() == ".gguf":
+        from specpilot.models.gguf_loader import gguf_tokenizer
+
+        return gguf_tokenizer(resolved)
+    if resolved.is_dir():
+        try:
+            return transformers.AutoTokenizer.from_pretrained(str(resolved))
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{str(resolved)!r} holds no tokenizer transformers can load: {err}") from None
+    raise ValueError(f"cannot load a tokenizer from {str(resolved)!r}: expected a .gguf file or a Hugging Face "
+                     "model directory")
+
+
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every state-dict key (Hugging Face naming) the model needs, with its shape."""
     h, inter = config.hidden_size, config.intermediate_size

@@ -55,7 +55,7 @@ def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Ch
             f"GGUF {source!r} has unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     tensors = {t.name: t for t in reader.tensors}
-    tokenizer = _load_tokenizer(path) if "tokenizer.ggml.model" in reader.fields else None
+    tokenizer = gguf_tokenizer(path) if "tokenizer.ggml.model" in reader.fields else None
     config = _build_config(reader, arch, tensors, tokenizer, source)
     # rope_freqs is folded into config.rope_scaling above.
     weights = [t for t in reader.tensors if t.name != _ROPE_FREQS]
@@ -100,7 +100,7 @@ def _to_torch(tensor: gguf.ReaderTensor, dtype: torch.dtype, source: str) -> tor
     return torch.from_numpy(values).to(dtype)
 
 
-def _load_tokenizer(path: pathlib.Path) -> transformers.PreTrainedTokenizerBase:
+def gguf_tokenizer(path: pathlib.Path) -> transformers.PreTrainedTokenizerBase:
     """transformers rebuilds a fast tokenizer from the GGUF metadata (no hub access involved), which
     takes most of a small model's load time; the result is kept in the user's cache for the next start."""
     cached = tokenizer_cache_dir(path)
