@@ -27,7 +27,8 @@ from sglang_plugin_serving import SERVERS, launch  # noqa: E402
 from specpilot.bench import provenance  # noqa: E402
 from specpilot.bench.datasets import DATASETS, apply_chat_template, load_prompts  # noqa: E402
 from specpilot.drafters import EMBEDDED_DRAFTER  # noqa: E402
-from specpilot.forcing.served import force_served, sglang_generate  # noqa: E402
+from specpilot.forcing.served import force_served, remembered, sglang_generate  # noqa: E402
+from specpilot.models.checkpoint import load_tokenizer  # noqa: E402
 
 CANDIDATES = SERVERS | {
     "specpilot-chain": f"--attention-backend triton --speculative-algorithm SPECPILOT --speculative-draft-model-path "
@@ -59,11 +60,9 @@ def main() -> int:
     extra += " --sampling-backend pytorch" if args.temperature > 0 else ""
     sampling = ({"temperature": args.temperature, "top_p": args.top_p, "sampling_seed": args.sampling_seed}
                 if args.temperature > 0 else None)
-    from transformers import AutoTokenizer
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(args.model_path)
+    tokenizer = load_tokenizer(args.model_path)
     prompts = [apply_chat_template(tokenizer, p) for p in load_prompts(args.dataset, args.num_prompts)]
     report: dict = {"provenance": provenance.collect(None, None), "dataset": args.dataset,
                     "max_new_tokens": args.max_new_tokens, "tie_band": args.tie_band,
@@ -71,15 +70,17 @@ def main() -> int:
     failed = []
     ar = launch(args.model_path, CANDIDATES["ar"] + extra, out / "ar.server.log", MEM_FRACTION)
     try:
-        reference = sglang_generate(ar.http(), with_margins=True, sampling=sampling)
+        reference = remembered(sglang_generate(ar.http(), with_margins=True, sampling=sampling))
         for name in args.candidate:
+            ours = "SPECPILOT" in CANDIDATES[name]  # SGLang's own are forced for comparison, not held to pass
             entry = report["candidates"][name] = {"flags": CANDIDATES[name] + extra}
             try:
                 server = launch(args.model_path, entry["flags"], out / f"{name}.server.log", MEM_FRACTION)
             except (RuntimeError, TimeoutError) as err:
                 entry["error"] = str(err)[-3000:]
                 print(f"{name}: did not start: {str(err)[-500:]}", flush=True)
-                failed += [name] if "SPECPILOT" in CANDIDATES[name] else []
+                if ours:
+                    failed.append(name)
                 continue
             try:
                 candidate = sglang_generate(server.http(), with_margins=False, sampling=sampling)
@@ -87,7 +88,7 @@ def main() -> int:
             finally:
                 server.close()
             entry["verdict"] = verdict.as_dict()
-            if not verdict.passed and "SPECPILOT" in CANDIDATES[name]:
+            if not verdict.passed and ours:
                 failed.append(name)
             print(f"{name}: {'passed' if verdict.passed else 'FAILED'} — {verdict.positions_checked} positions, "
                   f"{verdict.non_tie_mismatches} mismatches beyond the band, {verdict.tie_mismatches} within it, "

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from specpilot.cli import main
 from specpilot.forcing.forcing import NEAR_TIE
-from specpilot.forcing.served import first_difference, force_served, sglang_generate
+from specpilot.forcing.served import first_difference, force_served, remembered, sglang_generate
 from specpilot.optimizer.remote import Server
 
 NEW_TOKENS = 24
@@ -106,3 +106,16 @@ def test_the_cli_forces_one_running_server_against_another(reference, speculativ
     with pytest.raises(SystemExit, match="--tokenizer"):
         main(["force", "--reference-url", url(reference.port), "--candidate-url", url(speculative.port),
               "--tokenizer", str(tiny_dir / "missing")])
+
+
+def test_a_remembered_reference_decodes_each_input_once():
+    calls = []
+
+    def reference(ids: list[int], n: int) -> tuple[list[int], list[float]]:
+        calls.append((tuple(ids), n))
+        return [7] * n, [1.0] * n
+
+    recall = remembered(reference)
+    assert recall([1, 2], 3) == recall([1, 2], 3) == ([7, 7, 7], [1.0, 1.0, 1.0])
+    recall([1, 2, 7], 2)
+    assert calls == [((1, 2), 3), ((1, 2, 7), 2)]

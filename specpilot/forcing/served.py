@@ -72,6 +72,19 @@ def sglang_generate(client: httpx.Client, with_margins: bool, sampling: dict[str
     return generate
 
 
+def remembered(generate: Generate) -> Generate:
+    """`generate`, answering an input it has seen from memory: a reference forced against several candidates
+    decodes each segment once (greedy and seeded answers are functions of the input)."""
+    answers: dict[tuple[tuple[int, ...], int], tuple[list[int], list[float]]] = {}
+
+    def recall(input_ids: list[int], new_tokens: int) -> tuple[list[int], list[float]]:
+        key = (tuple(input_ids), new_tokens)
+        if key not in answers:
+            answers[key] = generate(input_ids, new_tokens)
+        return answers[key]
+    return recall
+
+
 def first_difference(expected: Sequence[int], got: Sequence[int]) -> int | None:
     """The first position where `got` differs from `expected` (a shorter `got` differs where it ends), or None."""
     for i, token in enumerate(expected):
