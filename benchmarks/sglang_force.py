@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sglang_plugin_serving import SERVERS, launch  # noqa: E402
+from sglang_plugin_serving import BASE, SERVERS, launch  # noqa: E402
 
 from specpilot.bench import provenance  # noqa: E402
 from specpilot.bench.datasets import DATASETS, apply_chat_template, load_prompts  # noqa: E402
@@ -31,8 +31,7 @@ from specpilot.forcing.served import force_served, remembered, sglang_generate  
 from specpilot.models.checkpoint import load_tokenizer  # noqa: E402
 
 CANDIDATES = SERVERS | {
-    "specpilot-chain": f"--attention-backend triton --speculative-algorithm SPECPILOT --speculative-draft-model-path "
-                       f"{EMBEDDED_DRAFTER}",
+    "specpilot-chain": f"{BASE} --speculative-algorithm SPECPILOT --speculative-draft-model-path {EMBEDDED_DRAFTER}",
 }
 MEM_FRACTION = 0.35  # two servers side by side
 

@@ -291,6 +291,22 @@ def _graph_capture_results(runner_class: type, unhooked: Any, algo: Any) -> dict
     return out
 
 
+def _draft_kv_pool_results(algo: Any) -> dict[str, Any]:
+    """SGLang's kv_cache_builder.get_draft_kv_pool, which its scheduler calls at start for every speculative
+    worker, on a worker of ours (no SGLang draft worker inside) and on an EAGLE-like one (a draft runner's pool)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache import kv_cache_builder
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    server_args = SimpleNamespace(enable_multi_layer_eagle=False)
+    eagle = SimpleNamespace(draft_worker=SimpleNamespace(draft_runner=SimpleNamespace(token_to_kv_pool="eagle pool")))
+    return {"specpilot": kv_cache_builder.get_draft_kv_pool(draft_worker=SimpleNamespace(draft_worker=None),
+                                                            spec_algorithm=algo, server_args=server_args),
+            "eagle": kv_cache_builder.get_draft_kv_pool(draft_worker=eagle, server_args=server_args,
+                                                        spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE"))}
+
+
 def _seeded_sampling_results() -> dict[str, Any]:
     """Deterministic inference: a decode batch's SamplingBatchInfo (SGLang's own dataclass) as its verify pass's
     rows, and SGLang's seeded draws (its sampler's functions, after its temperature and softmax) on those rows
@@ -347,6 +363,7 @@ def _under_sglang() -> dict[str, Any]:
     load_plugins()  # SGLANG_PLUGINS=specpilot: ours is selected by its entry point's name
     algo = SpeculativeAlgorithm.from_string("specpilot")
     report["graph_capture"] = _graph_capture_results(DecodeCudaGraphRunner, unhooked, algo)
+    report["draft_kv_pool"] = _draft_kv_pool_results(algo)
     report["algorithm"] = {"repr": repr(algo), "class": type(algo).__name__, "has_draft_kv": algo.has_draft_kv(),
                            "supports_overlap": algo.supports_overlap,
                            "validator": f"{algo.validate_server_args.__module__}.{algo.validate_server_args.__name__}"}
@@ -414,6 +431,12 @@ def test_the_targets_verify_graphs_are_captured_with_our_verify_input(sglang: di
         "hooked": True, "unhooked": None, "none": None,
         "specpilot": {"type": "NgramVerifyInput", "mask_is_the_buffer": True, "draft_token_num": 16,
                       "capture_hidden_mode": "FULL"}}
+
+
+def test_the_scheduler_finds_no_sglang_draft_kv_pool_for_ours(sglang: dict[str, Any]) -> None:
+    """SGLang's scheduler reaches into any speculative worker but NGRAM's for an SGLang draft runner's K/V pool as it
+    starts (it failed the first GPU launch); ours has none, and another algorithm's lookup is untouched."""
+    assert sglang["draft_kv_pool"] == {"specpilot": None, "eagle": "eagle pool"}
 
 
 def test_valid_arguments_are_resolved_for_sglang(sglang: dict[str, Any]) -> None:

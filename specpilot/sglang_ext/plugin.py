@@ -1,6 +1,7 @@
 """SGLang's entry point: `register` (group sglang.srt.plugins in pyproject.toml) adds the speculative
 algorithm SPECPILOT to SGLang's registry (speculative/spec_info.py SpeculativeAlgorithm.register), and hooks
-the verify input SGLang's CUDA-graph runner captures the target's verify graphs with (`capture_verify_input`).
+the verify input SGLang's CUDA-graph runner captures the target's verify graphs with (`capture_verify_input`), and
+answers SGLang's scheduler's question for the drafter's K/V pool (`no_draft_kv_pool`).
 
 SGLang's load_plugins() calls it once in every process and logs and swallows what it raises, so a broken
 plugin shows as `Unknown speculative algorithm name: SPECPILOT`, with the cause earlier in the log.
@@ -17,6 +18,7 @@ from specpilot.sglang_ext import args
 
 NAME = "SPECPILOT"
 GRAPH_VERIFY_INPUT = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
+DRAFT_KV_POOL = "sglang.srt.mem_cache.kv_cache_builder.get_draft_kv_pool"
 
 
 class SpecPilotAlgorithm(CustomSpecAlgo):
@@ -34,6 +36,16 @@ def register() -> None:
     SpeculativeAlgorithm.register(NAME, supports_overlap=False, validate_server_args=args.validate,
                                   spec_class=SpecPilotAlgorithm)(_worker_class)
     HookRegistry.register(GRAPH_VERIFY_INPUT, capture_verify_input, HookType.AROUND)
+    HookRegistry.register(DRAFT_KV_POOL, no_draft_kv_pool, HookType.AROUND)
+
+
+def no_draft_kv_pool(get_draft_kv_pool: Any, **kwargs: Any) -> Any:
+    """SGLang's scheduler asks every speculative worker but NGRAM's for its drafter's K/V pool (for disaggregation
+    and the hierarchical cache) by reaching into an SGLang draft worker's runner; ours has no SGLang draft worker
+    and keeps its drafter's K/V in its own cache, so, as for NGRAM, there is none to hand over."""
+    if isinstance(kwargs.get("spec_algorithm"), SpecPilotAlgorithm):
+        return None
+    return get_draft_kv_pool(**kwargs)
 
 
 def capture_verify_input(get_spec_info: Any, runner: Any, num_tokens: int) -> Any:
