@@ -25,9 +25,23 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=T
 
 
 @pytest.fixture(scope="module")
-def prompts(hf_smollm) -> list[list[int]]:
-    engine = Engine.from_config(EngineConfig(device="cpu", max_running_requests=2, context_length=512))
-    return [apply_chat_template(engine.tokenizer, p) for p in load_prompts("humaneval", 2)]
+def target() -> Engine:
+    """Our engine of the embedded model, no drafter: the prompts' tokenizer, and the weights engine_tau's
+    engines share (one load for the module)."""
+    return Engine.from_config(EngineConfig(device="cpu", max_running_requests=2, context_length=512))
+
+
+@pytest.fixture(scope="module")
+def prompts(target) -> list[list[int]]:
+    return [apply_chat_template(target.tokenizer, p) for p in load_prompts("humaneval", 2)]
+
+
+@pytest.fixture(scope="module")
+def targets_greedy(hf_smollm, prompts) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt: what every session's output must be (made once)."""
+    with torch.no_grad():
+        return [hf_smollm.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(p):].tolist()
+                for p in prompts]
 
 
 def _pass(model, tokens: list[int], positions: list[int], mask: torch.Tensor,
@@ -83,15 +97,17 @@ def _drive(model, session: DraftSession, prompts: list[list[int]], chunk: int) -
 
 
 @pytest.fixture(scope="module")
-def engine_tau(prompts):
+def engine_tau(target, prompts):
     """Mean tokens per verify of our own engine with the same drafter on the same prompts, by tree top-k."""
     taus: dict[tuple[int, int], float] = {}
 
     def tau(topk: int, assist: int = 0) -> float:
         if (topk, assist) not in taus:
-            engine = Engine.from_config(EngineConfig(device="cpu", max_running_requests=2, context_length=512,
-                                                     speculative_algorithm="dflash", speculative_num_draft_tokens=16,
-                                                     speculative_eagle_topk=topk, speculative_ngram_assist=assist))
+            engine = Engine(target.checkpoint, EngineConfig(device="cpu", max_running_requests=2, context_length=512,
+                                                            speculative_algorithm="dflash",
+                                                            speculative_num_draft_tokens=16,
+                                                            speculative_eagle_topk=topk,
+                                                            speculative_ngram_assist=assist), model=target.model)
             lengths = [n for r in engine.generate(prompts, GREEDY) for n in r.accept_lengths]
             taus[topk, assist] = sum(lengths) / len(lengths)
         return taus[topk, assist]
@@ -106,15 +122,12 @@ def _session(model, topk: int, assist: int = 0) -> DraftSession:
 
 
 @pytest.mark.parametrize("topk,assist", [(1, 0), (4, 0), (4, 2)], ids=["chain", "tree", "tree+assist"])
-def test_session_drafts_as_in_our_engine_and_output_is_the_targets(hf_smollm, prompts, engine_tau,
+def test_session_drafts_as_in_our_engine_and_output_is_the_targets(hf_smollm, prompts, targets_greedy, engine_tau,
                                                                     topk: int, assist: int) -> None:
     """Tree + assist is the plugin's default (prompt lookup on the device, synced from SGLang's token lists)."""
     session = _session(hf_smollm, topk, assist)
     outputs, committed = _drive(hf_smollm, session, prompts, chunk=37)
-    with torch.no_grad():
-        for prompt, output in zip(prompts, outputs):
-            want = hf_smollm.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)
-            assert output == want[0, len(prompt):].tolist()
+    assert outputs == targets_greedy
     tau = sum(committed) / len(committed)
     # a context written at the wrong positions (or from the wrong rows) drafts near-random tokens: tau ~1
     assert tau >= 0.85 * engine_tau(topk, assist), tau
