@@ -108,8 +108,10 @@ def test_embedded_forcing_with_the_shipped_drafter(smol, monkeypatch):
     for assist, topk, graphs in ((0, 1, False), (2, 1, False), (2, 4, True)):
         if graphs:
             monkeypatch.setattr(GraphBackend, "capture", staticmethod(eager_capture))
+        # The prompts' prefill (8 prompts, 329 tokens) replays the (8, 512) prefill graph, as at the default 2048
+        # tokens; the larger buckets would never replay, and each costs a whole eager pass to capture on CPU.
         candidate = engine(ckpt, speculative_algorithm="dflash", speculative_num_draft_tokens=16,
-                           speculative_ngram_assist=assist, speculative_eagle_topk=topk)
+                           speculative_ngram_assist=assist, speculative_eagle_topk=topk, prefill_graph_tokens=512)
         assert bool(candidate.runner.graphs) == graphs
         verdict = run_forcing(stock_engine, candidate, prompts, PARAMS, candidate.drafter.name, stock=stock)
         print(verdict.as_dict())
