@@ -6,21 +6,22 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 
 import pytest
 import torch
 from invariance_cases import attention_report, gemm_report
-from triton_interpret import interpreter_fixture, patch_dot
+from triton_interpret import interpreter_fixture, patch_dot, share
 
 DTYPES = ("float32", "bfloat16")
 
 
-def _accuracy(device: str) -> dict[str, float]:
+def _accuracy(device: str, dtypes: Sequence[str]) -> dict[str, float]:
     """Max |invariant - reference| over a mixed batch (decode, verify, prefill rows; GQA 3), per dtype."""
     from specpilot.kernels.slot_attention import slot_attention_invariant, slot_attention_reference
 
     errors = {}
-    for dtype in DTYPES:
+    for dtype in dtypes:
         g = torch.Generator().manual_seed(5)
         dt = getattr(torch, dtype)
         k = torch.randn(3, 420, 2, 64, generator=g).to(dt).to(device)
@@ -37,16 +38,16 @@ def _accuracy(device: str) -> dict[str, float]:
     return errors
 
 
-def _reports(device: str) -> dict:
-    out = {"accuracy": _accuracy(device)}
-    for dtype in DTYPES:
+def _reports(device: str, dtypes: Sequence[str] = DTYPES) -> dict:
+    out = {"accuracy": _accuracy(device, dtypes)}
+    for dtype in dtypes:
         dt = getattr(torch, dtype)
         out[f"attention {dtype}"] = attention_report(device, dt)
         out[f"gemm {dtype}"] = gemm_report(device, dt, pinned=device != "cuda")
     return out
 
 
-triton_results = interpreter_fixture(__file__)
+triton_results = interpreter_fixture(__file__, parts=len(DTYPES))  # a dtype each
 
 
 def _check(results: dict) -> None:
@@ -87,4 +88,4 @@ def test_gemm_tiles_do_not_change_a_row(dtype: str) -> None:
 
 if __name__ == "__main__":
     patch_dot()
-    print(json.dumps(_reports("cpu")))
+    print(json.dumps(_reports("cpu", share(DTYPES))))

@@ -8,12 +8,13 @@ so it must be set before anything imports the kernel module.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
 import pytest
 import torch
-from triton_interpret import interpreter_fixture
+from triton_interpret import interpreter_fixture, share
 
 from specpilot.drafters import draft_tree
 from specpilot.drafters.draft_tree import TreeBuilder
@@ -135,12 +136,12 @@ def test_build_merged_checks_shapes() -> None:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _triton_results() -> dict[str, list]:
+def _triton_results(cases: Sequence[Case]) -> dict[str, list]:
     return {case.name: [t.tolist() for t in vars(builder(case).build_merged(
-        *make_inputs(case), LOOKUP_PROB, backend="triton")).values()] for case in CASES}
+        *make_inputs(case), LOOKUP_PROB, backend="triton")).values()] for case in cases}
 
 
-triton_results = interpreter_fixture(__file__)
+triton_results = interpreter_fixture(__file__, parts=2)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if not c.ties], ids=lambda c: c.name)
@@ -160,4 +161,4 @@ def test_triton_takes_lower_ids_among_ties(triton_results: dict[str, list], case
 
 
 if __name__ == "__main__":
-    print(json.dumps(_triton_results()))
+    print(json.dumps(_triton_results(share(CASES))))

@@ -2,41 +2,65 @@
 
 Each kernel test module runs its Triton cases in a subprocess of itself, so TRITON_INTERPRET=1 is set
 before triton is first imported whatever other tests imported, and reports one JSON object on its last
-line. The interpreter's bf16 handling differs from the GPU's in two places; the patches below make it
-compute what the GPU computes.
+line. A module with many cases may run as several such processes at once, each taking its share of them:
+the interpreter keeps a process to one core, and the test process only waits. The interpreter's bf16
+handling differs from the GPU's in two places; the patches below make it compute what the GPU computes.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def interpreter_fixture(module_file: str) -> Any:
+T = TypeVar("T")
+
+
+def interpreter_fixture(module_file: str, parts: int = 1) -> Any:
     """A module-scoped fixture holding what `module_file` reports when run under the interpreter (its
-    tests skip without triton): `triton_results = interpreter_fixture(__file__)`."""
+    tests skip without triton): `triton_results = interpreter_fixture(__file__)`. With `parts` > 1 it runs
+    as that many processes at once, `python module_file PART PARTS`, whose reports (dicts, each of its
+    `share` of the cases) the fixture holds as one."""
 
     @pytest.fixture(scope="module")
     def results() -> Any:
         pytest.importorskip("triton")
-        return run_module(module_file)
+        if parts == 1:
+            return run_module(module_file)
+        with ThreadPoolExecutor(parts) as pool:
+            reports = pool.map(lambda part: run_module(module_file, str(part), str(parts)), range(parts))
+            return functools.reduce(_union, reports)
 
     return results
 
 
-def run_module(path: str, timeout: int = 600) -> Any:
-    """Run `python path` in the interpreter; returns the JSON its last output line holds."""
+def share(items: Sequence[T]) -> Sequence[T]:
+    """In a module run in parts by its fixture: the items this part takes (all of them run alone)."""
+    part, parts = map(int, sys.argv[1:3]) if len(sys.argv) > 2 else (0, 1)
+    return items[part::parts]
+
+
+def _union(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two parts' reports as one; a key both report holds the union of their dicts."""
+    return a | b | {key: a[key] | b[key] for key in a.keys() & b.keys()}
+
+
+def run_module(path: str, *args: str, timeout: int = 600) -> Any:
+    """Run `python path ARGS` in the interpreter; returns the JSON its last output line holds."""
     pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": pythonpath}
-    proc = subprocess.run([sys.executable, path], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, path, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
