@@ -19,6 +19,15 @@ def spelled_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def embedded_checkpoint():
+    """The embedded SmolLM2 as load_checkpoint(None) gives it, decoded from its GGUF once (seconds each time):
+    the modules that build engines of it or check the loader share it, and none changes it."""
+    from specpilot.models.checkpoint import load_checkpoint
+
+    return load_checkpoint(None)
+
+
+@pytest.fixture(scope="session")
 def hf_smollm():
     """transformers' own load of the embedded GGUF (it dequantizes and un-permutes itself), in float32: the
     reference the engine's and the loader's tests compare with, loaded once (it takes half a minute)."""

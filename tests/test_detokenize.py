@@ -12,8 +12,9 @@ from specpilot.server.detokenize import IncrementalText
 
 
 @pytest.fixture(scope="module")
-def tokenizers(tiny_dir):
-    return {"embedded (byte-level BPE)": load_checkpoint(None).tokenizer, "word-level": load_checkpoint(tiny_dir).tokenizer}
+def tokenizers(tiny_dir, embedded_checkpoint):
+    return {"embedded (byte-level BPE)": embedded_checkpoint.tokenizer,
+            "word-level": load_checkpoint(tiny_dir).tokenizer}
 
 
 def _check(tokenizer, ids: list[int], cuts: list[int]) -> None:

@@ -101,8 +101,8 @@ def test_stop_token_and_min_new_tokens(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def smollm(hf_smollm):
-    engine = Engine(load_checkpoint(None), EngineConfig(device="cpu", max_running_requests=8, context_length=512))
+def smollm(hf_smollm, embedded_checkpoint):
+    engine = Engine(embedded_checkpoint, EngineConfig(device="cpu", max_running_requests=8, context_length=512))
     return hf_smollm, engine
 
 

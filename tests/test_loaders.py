@@ -30,8 +30,8 @@ ARCH_TIED = [(arch, tied) for arch in TINY_ARCHS for tied in (False, True)]
 
 
 @pytest.fixture(scope="module")
-def smollm() -> Checkpoint:
-    return load_checkpoint(None)
+def smollm(embedded_checkpoint) -> Checkpoint:
+    return embedded_checkpoint
 
 
 def test_embedded_default_path_points_at_packaged_gguf() -> None:

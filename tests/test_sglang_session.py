@@ -25,10 +25,10 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=T
 
 
 @pytest.fixture(scope="module")
-def target() -> Engine:
+def target(embedded_checkpoint) -> Engine:
     """Our engine of the embedded model, no drafter: the prompts' tokenizer, and the weights engine_tau's
-    engines share (one load for the module)."""
-    return Engine.from_config(EngineConfig(device="cpu", max_running_requests=2, context_length=512))
+    engines share (one build for the module)."""
+    return Engine(embedded_checkpoint, EngineConfig(device="cpu", max_running_requests=2, context_length=512))
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from specpilot.drafters import DFLASH_CPU_BLOCK
 from specpilot.engine.engine import Engine, EngineConfig
 from specpilot.forcing import run_forcing, run_stock
 from specpilot.forcing.forcing import NEAR_TIE
-from specpilot.models.checkpoint import load_checkpoint
 from specpilot.state.graphs import GraphBackend, eager_capture
 
 PROMPTS = [
@@ -29,9 +28,9 @@ PARAMS = SamplingParams(max_new_tokens=32)
 
 
 @pytest.fixture(scope="module")
-def smol():
+def smol(embedded_checkpoint):
     """The checkpoint, the prompts, a stock engine and one stock run every candidate is forced against."""
-    ckpt = load_checkpoint(None)
+    ckpt = embedded_checkpoint
     tok = ckpt.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=True, add_generation_prompt=True,
                                        return_dict=False) for p in PROMPTS]
