@@ -13,8 +13,8 @@
 
 Default SGLang servers: `ar` (no speculation), SGLang's built-in `ngram` and `dflash` (its DFlash worker on the
 shipped drafter) and `specpilot` (--speculative-algorithm SPECPILOT with the shipped drafter, trees of top-4), all on
-the triton attention backend, which takes a tree mask, without prefill CUDA graphs (BASE); default `specpilot serve`: `serve` (the embedded model, the
-shipped profile, on CUDA). A server that cannot start on the model is reported with its log's tail, and the rest
+the triton attention backend, which takes a tree mask (BASE); default `specpilot serve`: `serve` (the embedded
+model, the shipped profile, on CUDA). A server that cannot start on the model is reported with its log's tail, and the rest
 run. Each server's log and SGLang's JSON lines go to DIR; the summary to DIR/sglang_plugin.json.
 """
 
@@ -34,9 +34,7 @@ from specpilot.optimizer.remote import Server, free_port
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Write a haiku about the sea.",
            "import numpy as np\n\ndef softmax(x):", "Explain what a hash table is.", "1, 1, 2, 3, 5, 8,",
            "SELECT name FROM users WHERE", "Once upon a time"]
-# Every SGLang server alike: triton attention (it takes a tree mask); no prefill CUDA graphs, whose capture up to
-# 8,192 tokens takes ~80 s a launch on an H100 (decode and verify graphs stay).
-BASE = "--attention-backend triton --disable-prefill-cuda-graph"
+BASE = "--attention-backend triton"  # every SGLang server alike: the backend takes a tree mask
 SERVERS = {  # the plugin right after AR: a run cut by its time bound still has the comparison that matters
     "ar": BASE,
     "specpilot": f"{BASE} --speculative-algorithm SPECPILOT --speculative-draft-model-path {EMBEDDED_DRAFTER} "
