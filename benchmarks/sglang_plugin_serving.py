@@ -14,8 +14,8 @@
 Default SGLang servers: `ar` (no speculation), SGLang's built-in `ngram` and `dflash` (its DFlash worker on the
 shipped drafter) and `specpilot` (--speculative-algorithm SPECPILOT with the shipped drafter, trees of top-4), all on
 the triton attention backend, which takes a tree mask (BASE); default `specpilot serve`: `serve` (the embedded
-model, the shipped profile, on CUDA). A server that cannot start on the model is reported with its log's tail, and the rest
-run. Each server's log and SGLang's JSON lines go to DIR; the summary to DIR/sglang_plugin.json.
+model, the shipped profile, on CUDA). A server that cannot start on the model is reported with its log's tail, and
+the rest run. Each server's log and SGLang's JSON lines go to DIR; the summary to DIR/sglang_plugin.json.
 """
 
 from __future__ import annotations
