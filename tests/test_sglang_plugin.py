@@ -23,6 +23,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -273,8 +274,6 @@ def _graph_capture_results(runner_class: type, unhooked: Any, algo: Any) -> dict
     """SGLang's graph runner's get_spec_info, as load_plugins() left it, on a target runner of ours and of no
     speculation: the verify input each captures its TARGET_VERIFY graphs with (the runner stands in for the GPU
     object with the four attributes the method reads)."""
-    from types import SimpleNamespace
-
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     mask = torch.ones(64, dtype=torch.bool)
@@ -294,8 +293,6 @@ def _graph_capture_results(runner_class: type, unhooked: Any, algo: Any) -> dict
 def _draft_kv_pool_results(algo: Any) -> dict[str, Any]:
     """SGLang's kv_cache_builder.get_draft_kv_pool, which its scheduler calls at start for every speculative
     worker, on a worker of ours (no SGLang draft worker inside) and on an EAGLE-like one (a draft runner's pool)."""
-    from types import SimpleNamespace
-
     from sglang.srt.mem_cache import kv_cache_builder
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -305,6 +302,47 @@ def _draft_kv_pool_results(algo: Any) -> dict[str, Any]:
                                                             spec_algorithm=algo, server_args=server_args),
             "eagle": kv_cache_builder.get_draft_kv_pool(draft_worker=eagle, server_args=server_args,
                                                         spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE"))}
+
+
+def _algorithm_results(algo: Any) -> dict[str, Any]:
+    """Every method of SGLang's algorithm enum (which its scheduler calls on any algorithm) on ours, and what the
+    three that SGLang's CustomSpecAlgo lacks answer."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    methods = [name for name, value in vars(SpeculativeAlgorithm).items()
+               if callable(value) and not name.startswith("_") and name not in ("from_string", "register")]
+    pool = SimpleNamespace(req_to_token=torch.zeros(4, 8, dtype=torch.int32))
+    future_map = algo.create_future_map(torch.device("cpu"), pool, needs_cpu_seq_lens=False)
+    return {"missing": [name for name in methods if not hasattr(algo, name)],
+            "carries_draft_hidden_states": algo.carries_draft_hidden_states(), "need_topk": algo.need_topk(),
+            "future_map": [type(future_map).__name__, future_map.spec_algo is algo, future_map.needs_cpu_seq_lens]}
+
+
+def _admission_results(algo: Any) -> dict[str, Any]:
+    """SGLang's Scheduler._add_request_to_queue as load_plugins() left it, on SGLang's own Req for each request
+    feature our worker does not serve, for a SPECPILOT scheduler and one without speculation (stand-ins with the
+    two attributes the method reads before queueing; their priority check stops it there)."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.sampling.sampling_params import SamplingParams as SGLangSamplingParams
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    features = {"plain": ({}, {}), "sampled": ({"temperature": 0.7, "top_p": 0.9, "sampling_seed": 3}, {}),
+                "logprobs": ({}, {"return_logprob": True}), "hidden states": ({}, {"return_hidden_states": True}),
+                "json schema": ({"json_schema": '{"type": "object"}'}, {}), "logit bias": ({"logit_bias": {"5": 1.0}}, {}),
+                "custom processor": ({}, {"custom_logit_processor": "serialized"}),
+                "repetition penalty": ({"repetition_penalty": 1.2}, {}), "min new tokens": ({"min_new_tokens": 4}, {})}
+    out: dict[str, Any] = {"hooked": hasattr(Scheduler._add_request_to_queue, "__wrapped__")}
+    for server, spec_algorithm in (("specpilot", algo), ("none", SpeculativeAlgorithm.from_string(None))):
+        scheduler = SimpleNamespace(spec_algorithm=spec_algorithm, _set_or_validate_priority=lambda req: False)
+        for name, (params, kwargs) in features.items():
+            req = Req(f"r-{name}", "text", [1, 2, 3], SGLangSamplingParams(**params), vocab_size=50, **kwargs)
+            with get_parallel().override(tp_rank=0):  # an abort logs on rank 0: a scheduler's, no process group here
+                Scheduler._add_request_to_queue(scheduler, req)
+            out[f"{server} {name}"] = None if req.to_finish is None else [req.to_finish.message,
+                                                                          int(req.to_finish.status_code)]
+    return out
 
 
 def _seeded_sampling_results() -> dict[str, Any]:
@@ -364,6 +402,8 @@ def _under_sglang() -> dict[str, Any]:
     algo = SpeculativeAlgorithm.from_string("specpilot")
     report["graph_capture"] = _graph_capture_results(DecodeCudaGraphRunner, unhooked, algo)
     report["draft_kv_pool"] = _draft_kv_pool_results(algo)
+    report["algorithm_methods"] = _algorithm_results(algo)
+    report["admission"] = _admission_results(algo)
     report["algorithm"] = {"repr": repr(algo), "class": type(algo).__name__, "has_draft_kv": algo.has_draft_kv(),
                            "supports_overlap": algo.supports_overlap,
                            "validator": f"{algo.validate_server_args.__module__}.{algo.validate_server_args.__name__}"}
@@ -380,11 +420,15 @@ def _under_sglang() -> dict[str, Any]:
         report["arguments"], accepted = _argument_results(dirs)
         valid = accepted["chain"]
         worker = algo.create_worker(valid)
+        target = SimpleNamespace(update_weights_from_tensor=lambda recv_req: (True, f"target took {recv_req}"))
+        ours = SimpleNamespace(_target_worker=target)  # the one attribute the weight updates read
         report["worker"] = {"class": f"{worker.__module__}.{worker.__name__}",
                             "is_base_spec_worker": issubclass(worker, BaseSpecWorker),
                             "overrides": sorted(name for name in ("forward_batch_generation", "alloc_memory_pool",
                                                                   "note_request_finished", "clear_cache_pool")
-                                                if name in vars(worker))}
+                                                if name in vars(worker)),
+                            "weight_updates": {kind: getattr(worker, f"update_weights_from_{kind}")(ours, "update")
+                                               for kind in ("disk", "ipc", "tensor")}}
 
     report["kernels"] = {case.name: _kernel_results(case) for case in CASES}
     verify = to_verify_input(layout_of(CASES[1], full=True))
@@ -475,6 +519,38 @@ def test_the_worker_is_sglangs_and_takes_the_steps_the_scheduler_hands_it(sglang
     worker = sglang["worker"]
     assert worker["class"] == "specpilot.sglang_ext.worker.SpecPilotWorker" and worker["is_base_spec_worker"]
     assert worker["overrides"] == ["alloc_memory_pool", "forward_batch_generation", "note_request_finished"]
+
+
+def test_weight_updates_reach_the_target_and_leave_the_drafter(sglang: dict[str, Any]) -> None:
+    """SGLang updates the target itself from disk or IPC, then asks the draft worker (BaseSpecWorker's walk of
+    SGLang draft runners would fail on ours); a tensor update goes to the draft worker instead of the target."""
+    kept = [True, "updated the target's weights; the SPECPILOT drafter keeps its own"]
+    assert sglang["worker"]["weight_updates"] == {"disk": kept, "ipc": kept, "tensor": [True, "target took update"]}
+
+
+def test_ours_answers_every_method_sglangs_scheduler_asks_of_an_algorithm(sglang: dict[str, Any]) -> None:
+    """SGLang 0.5.17's CustomSpecAlgo lacks carries_draft_hidden_states, create_future_map and need_topk, which its
+    scheduler calls at start on any algorithm; ours has them all, and keeps the host's sequence lengths relayed
+    (the worker sizes its tree mask from them)."""
+    assert sglang["algorithm_methods"] == {"missing": [], "carries_draft_hidden_states": False, "need_topk": False,
+                                           "future_map": ["FutureMap", True, True]}
+
+
+REFUSED = {"logprobs": "logprobs", "hidden states": "hidden states", "json schema": "a grammar (json_schema, regex",
+           "logit bias": "logit_bias", "custom processor": "a custom logit processor",
+           "repetition penalty": "frequency, presence or repetition penalties", "min new tokens": "min_new_tokens"}
+
+
+def test_requests_ours_cannot_serve_are_refused_at_admission_with_400(sglang: dict[str, Any]) -> None:
+    """Aborted as they arrive (the worker raising inside SGLang's event loop would stop the server); plain and
+    sampled requests pass, and a server without SPECPILOT is untouched."""
+    admission = sglang["admission"]
+    assert admission["hooked"]
+    assert admission["specpilot plain"] is None and admission["specpilot sampled"] is None
+    for name, says in REFUSED.items():
+        message, status = admission[f"specpilot {name}"]
+        assert status == 400 and says in message and "SPECPILOT" in message, (name, message)
+    assert all(value is None for key, value in admission.items() if key.startswith("none "))
 
 
 @pytest.mark.parametrize("full", [True, False], ids=["FULL_MASK", "QLEN_ONLY"])

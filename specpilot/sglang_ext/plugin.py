@@ -1,7 +1,8 @@
 """SGLang's entry point: `register` (group sglang.srt.plugins in pyproject.toml) adds the speculative
 algorithm SPECPILOT to SGLang's registry (speculative/spec_info.py SpeculativeAlgorithm.register), and hooks
-the verify input SGLang's CUDA-graph runner captures the target's verify graphs with (`capture_verify_input`), and
-answers SGLang's scheduler's question for the drafter's K/V pool (`no_draft_kv_pool`).
+the verify input SGLang's CUDA-graph runner captures the target's verify graphs with (`capture_verify_input`),
+answers SGLang's scheduler's question for the drafter's K/V pool (`no_draft_kv_pool`), and aborts at admission the
+requests our worker cannot serve (`refuse_unsupported`).
 
 SGLang's load_plugins() calls it once in every process and logs and swallows what it raises, so a broken
 plugin shows as `Unknown speculative algorithm name: SPECPILOT`, with the cause earlier in the log.
@@ -14,19 +15,36 @@ from typing import Any
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.speculative.spec_info import CustomSpecAlgo, SpeculativeAlgorithm
 
-from specpilot.sglang_ext import args
+from specpilot.sglang_ext import admission, args
 
 NAME = "SPECPILOT"
 GRAPH_VERIFY_INPUT = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
 DRAFT_KV_POOL = "sglang.srt.mem_cache.kv_cache_builder.get_draft_kv_pool"
+ADMISSION = "sglang.srt.managers.scheduler.Scheduler._add_request_to_queue"
 
 
 class SpecPilotAlgorithm(CustomSpecAlgo):
-    """What SGLang's scheduler and KV accounting ask of an algorithm, answered for ours."""
+    """What SGLang's scheduler and KV accounting ask of an algorithm, answered for ours — including three methods
+    of SGLang's algorithm enum that its CustomSpecAlgo lacks (0.5.17) and its scheduler calls at start."""
 
     def has_draft_kv(self) -> bool:
         # our drafter's K/V live in its own cache: SGLang's pool holds only the verify block, as for NGRAM
         return False
+
+    def carries_draft_hidden_states(self) -> bool:
+        # nothing of the drafter's travels from a prefill server to a decode server
+        return False
+
+    def need_topk(self) -> bool:
+        # no EAGLE top-k tensors relayed between steps
+        return False
+
+    def create_future_map(self, device: Any, req_to_token_pool: Any, needs_cpu_seq_lens: bool = True,
+                          needs_confidence_relay: bool = False) -> Any:
+        from sglang.srt.managers.overlap_utils import FutureMap
+
+        # the host's sequence lengths always: the worker sizes its full tree mask from them, as NGRAM's verify does
+        return FutureMap(device, self, req_to_token_pool, True, needs_confidence_relay)
 
     def handle_server_args(self, server_args: Any) -> None:
         args.apply(server_args)
@@ -37,6 +55,18 @@ def register() -> None:
                                   spec_class=SpecPilotAlgorithm)(_worker_class)
     HookRegistry.register(GRAPH_VERIFY_INPUT, capture_verify_input, HookType.AROUND)
     HookRegistry.register(DRAFT_KV_POOL, no_draft_kv_pool, HookType.AROUND)
+    HookRegistry.register(ADMISSION, refuse_unsupported, HookType.AROUND)
+
+
+def refuse_unsupported(add_request_to_queue: Any, scheduler: Any, req: Any, is_retracted: bool = False) -> Any:
+    """A new request a SPECPILOT server cannot serve (admission.refusal) finishes at once with HTTP 400 and the
+    reason, as SGLang aborts requests at admission (a one-token prefill, then the error), instead of reaching the
+    worker, whose exception would stop the server."""
+    if isinstance(scheduler.spec_algorithm, SpecPilotAlgorithm) and not is_retracted and req.to_finish is None:
+        reason = admission.refusal(req)
+        if reason is not None:
+            req.set_finish_with_abort(reason)
+    return add_request_to_queue(scheduler, req, is_retracted=is_retracted)
 
 
 def no_draft_kv_pool(get_draft_kv_pool: Any, **kwargs: Any) -> Any:

@@ -19,8 +19,10 @@ A prefill (extend) is SGLang's own target pass; its taps become the drafter's co
 Sampled rows: our keyed sampling (accept.row_decisions), or under SGLang's deterministic inference its own
 sampler on every row (`_sglang_decisions`), so that sampled output is SGLang AR's too.
 
-Not carried over: logprobs, grammars, penalties, logit bias and custom logit processors (a batch asking for
-any of them gets an error); the drafter runs eagerly (no CUDA graphs of its own yet).
+Not carried over: logprobs, hidden states, grammars, penalties, logit bias and custom logit processors (such a
+request is aborted at admission with HTTP 400: admission.py); the drafter runs eagerly (no CUDA graphs of its own
+yet). The target's weights are SGLang's to update; the drafter keeps its own (a changed target lowers acceptance,
+never the tokens).
 """
 
 from __future__ import annotations
@@ -74,12 +76,17 @@ class SpecPilotWorker(BaseSpecWorker):
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self.session.release(rid)
 
+    # SGLang updates the target before asking the draft worker; BaseSpecWorker's versions walk SGLang draft runners
+    def update_weights_from_disk(self, recv_req: Any) -> tuple[bool, str]:
+        return True, "updated the target's weights; the SPECPILOT drafter keeps its own"
+
+    update_weights_from_ipc = update_weights_from_disk
+
+    def update_weights_from_tensor(self, recv_req: Any) -> tuple[bool, str]:
+        # SGLang hands tensor updates to the draft worker instead of the target when there is one
+        return self._target_worker.update_weights_from_tensor(recv_req)
+
     def forward_batch_generation(self, batch: Any, on_publish: Any = None, **_: Any) -> GenerationBatchResult:
-        info = batch.sampling_info
-        if (batch.return_logprob or batch.has_grammar or info.logit_bias is not None or info.has_custom_logit_processor
-                or (info.penalizer_orchestrator is not None and info.penalizer_orchestrator.is_required)):
-            raise ValueError("SPECPILOT decides tokens from the target's plain distribution: it does not return "
-                             "logprobs or take grammars, penalties, logit bias or custom logit processors yet")
         if batch.forward_mode.is_extend():
             return self._prefill(batch, on_publish)
         if not batch.forward_mode.is_decode():  # an idle batch
@@ -103,6 +110,10 @@ class SpecPilotWorker(BaseSpecWorker):
         return self._result(result, result.next_token_ids, accept_tokens.flatten(), accept_lens, new_seq_lens)
 
     def _verify(self, batch: Any, on_publish: Any) -> GenerationBatchResult:
+        info = batch.sampling_info
+        # admission refuses these (plugin.refuse_unsupported); a prefill may still carry an aborted one's
+        if batch.return_logprob or batch.has_grammar or info.logit_bias is not None or info.has_custom_logit_processor:
+            raise RuntimeError("a request SPECPILOT does not serve reached its verify (admission.refusal)")
         reqs = batch.reqs
         rids = [r.rid for r in reqs]
         draft = self.session.propose(rids, [r.origin_input_ids for r in reqs], [r.output_ids for r in reqs],
