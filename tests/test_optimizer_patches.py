@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import difflib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -17,7 +19,7 @@ from specpilot.engine.config import EngineConfig
 from specpilot.memory import Memory
 from specpilot.optimizer import llm_agent, patched
 from specpilot.optimizer.evaluator import evaluate
-from specpilot.optimizer.remote import Server, imported_from
+from specpilot.optimizer.remote import Server, close_all, imported_from
 from specpilot.optimizer.sandbox import PatchError, check_patch, installed_package, make_sandbox
 from specpilot.optimizer.verdicts import Request
 
@@ -62,6 +64,21 @@ def _scripted(answers: list[str]) -> tuple[httpx.MockTransport, list[dict]]:
         return httpx.Response(200, json={"choices": [{"message": {"content": answers[len(seen) - 1]}}]})
 
     return httpx.MockTransport(reply), seen
+
+
+def test_close_all_asks_every_server_before_waiting_for_any(tmp_path):
+    """An evaluation's three servers shut down together: each gets SIGTERM before the first is waited for."""
+    events: list[tuple[str, int]] = []
+    servers = []
+    for i in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        terminate, wait = proc.terminate, proc.wait
+        proc.terminate = lambda i=i, terminate=terminate: (events.append(("terminate", i)), terminate())[1]
+        proc.wait = lambda timeout=None, i=i, wait=wait: (events.append(("wait", i)), wait(timeout))[1]
+        servers.append(Server(proc, 0, tmp_path / f"{i}.log"))
+    close_all(servers)
+    assert events[:3] == [("terminate", 0), ("terminate", 1), ("terminate", 2)]
+    assert ("wait", 0) in events and all(s.proc.returncode is not None for s in servers)
 
 
 def test_llm_agent_asks_again_with_the_error_until_its_patch_applies(tmp_path):

@@ -28,7 +28,7 @@ from specpilot.costmodel.measure import speedup_ceiling
 from specpilot.engine.config import EngineConfig
 from specpilot.engine.engine import Engine
 from specpilot.engine.registry import Profile, ar_changes
-from specpilot.optimizer.remote import Server, imported_from
+from specpilot.optimizer.remote import Server, close_all, imported_from
 from specpilot.optimizer.sandbox import installed_package, make_sandbox
 from specpilot.optimizer.verdicts import Guard, Request, Verdict, decide
 
@@ -126,8 +126,7 @@ def evaluate_patch(request: Request) -> Verdict:
     except (Rejected, RuntimeError, TimeoutError) as err:
         return _reject(_tampered(guard) or str(err), start, forcing)
     finally:
-        for server in servers.values():
-            server.close()
+        close_all(servers.values())
     if tampered := _tampered(guard):
         return _reject(tampered, start, forcing)
     context = int(statistics.mean(map(len, ar_prompts)) + request.max_new_tokens / 2)

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,13 +110,27 @@ class Server:
         response.raise_for_status()
         return response.json()["output_ids"], seconds
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Asks the server to shut down (SIGTERM) without waiting for it."""
         if self.client is not None:
             self.client.close()
         if self.proc.poll() is None:
             self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+
+    def close(self) -> None:
+        """Shuts the server down and waits for it (a minute, then SIGKILL)."""
+        self.stop()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def close_all(servers: Iterable[Server]) -> None:
+    """Shuts several servers down at once: each is asked before any is waited for, so their shutdowns overlap."""
+    servers = list(servers)
+    for server in servers:
+        server.stop()
+    for server in servers:
+        server.close()
