@@ -12,6 +12,7 @@
 #   and:                                 bash benchmarks/sglang_ferry.sh run 'CMD'      (SGLang, the plugin and the
 #                                        embedded model's HF directory at /tmp/smollm2; the main ferry's packages too
 #                                        where benchmarks/gpu_ferry.sh installed them)
+#   or both in one bounded call:         bash benchmarks/sglang_round.sh                (forcing and serving)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FERRY=.ferry/sglang

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue 23's device round in one call, after benchmarks/sglang_ferry.sh's stages on the same machine (carry
+# .ferry/sglang/manifest.json): `install`, then token forcing of SPECPILOT against SGLang AR
+# (benchmarks/sglang_force.py) and the serving comparison (benchmarks/sglang_plugin_serving.py), each bounded so
+# that the call ends within LIMIT_S seconds with everything in $OUT/sglang_round.tgz (a device call returns 8 files).
+#
+#   bash benchmarks/sglang_round.sh [LIMIT_S]        (default 560; the forcing gets 45% of what is left)
+#   FORCE_ARGS="--deterministic"  SERVE_ARGS="--server ngram --server dflash --ours serve"   choose the runs
+#   SKIP_INSTALL=1                                    a later round on the same machine
+set -uo pipefail
+cd "$(dirname "$0")/.."
+limit=${1:-560}
+start=$(date +%s)
+left() { echo $(( start + limit - $(date +%s) )); }
+[ -n "${SKIP_INSTALL:-}" ] || bash benchmarks/sglang_ferry.sh install 2>&1 | tail -3
+rm -rf "$OUT/round" && mkdir -p "$OUT/round"
+# SIGINT: the scripts' finally blocks close the servers they started
+bash benchmarks/sglang_ferry.sh run "timeout -s INT -k 15 $(( $(left) * 45 / 100 )) python3 benchmarks/sglang_force.py \
+    --model-path /tmp/smollm2 ${FORCE_ARGS:-} --out $OUT/round/force"
+echo "forcing: exit $?"
+pkill -f sglang.launch_server; sleep 3
+bash benchmarks/sglang_ferry.sh run "timeout -s INT -k 15 $(( $(left) - 30 )) python3 benchmarks/sglang_plugin_serving.py \
+    --model-path /tmp/smollm2 ${SERVE_ARGS:---server ar --server specpilot --ours none} --concurrency 1 8 32 \
+    --min-prompts 16 --out $OUT/round/serving"
+echo "serving: exit $?"
+pkill -f sglang.launch_server
+tar czf "$OUT/sglang_round.tgz" -C "$OUT" round && rm -rf "$OUT/round"
+ls -la "$OUT"
