@@ -45,8 +45,8 @@ generate: install
 
 # the suite, then the import layers (pyproject.toml's import-linter contracts). The suite runs in one worker per
 # core (pytest-xdist, up to 4; a test module stays in one worker, its module fixtures with it), each torch on one
-# thread: most tests are small tensors and Python, so two workers of one thread beat one of two (CPU, 2 cores:
-# 563 s against 1,026 s; two workers of two threads oversubscribe the cores and gain nothing).
+# thread: most tests are small tensors and Python, so two workers of one thread beat one of two, and two of two
+# oversubscribe the cores (docs/RESULTS.md, thirty-seventh session).
 test: install
 	OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 	$(dir $(PYTHON))lint-imports

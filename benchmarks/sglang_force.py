@@ -54,7 +54,7 @@ def main() -> int:
                     help="both servers with SGLang's --enable-deterministic-inference (its batch-invariant kernels)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    # without prefill CUDA graphs: the first launch on a machine compiles their kernels (83 s on an H100), and
+    # without prefill CUDA graphs: the first launch on a machine spends minutes compiling their kernels, and
     # forcing checks tokens, not prefill speed (both servers alike)
     extra = " --disable-prefill-cuda-graph" + (" --enable-deterministic-inference" if args.deterministic else "")
     # seeded draws need SGLang's torch sampling backend (its FlashInfer one refuses a seed)

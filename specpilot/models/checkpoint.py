@@ -47,11 +47,15 @@ def embedded_default_path() -> pathlib.Path:
     )
 
 
+def _resolve(path: str | os.PathLike | None) -> pathlib.Path:
+    return embedded_default_path() if path is None else pathlib.Path(path).expanduser()
+
+
 def load_checkpoint(path: str | os.PathLike | None, dtype: torch.dtype = torch.float32) -> Checkpoint:
     """Load a GGUF file or a Hugging Face model directory; None loads the embedded SmolLM2 GGUF."""
     if not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating point torch dtype, got {dtype}")
-    resolved = embedded_default_path() if path is None else pathlib.Path(path).expanduser()
+    resolved = _resolve(path)
     if not resolved.exists():
         raise FileNotFoundError(
             f"checkpoint path {str(resolved)!r} does not exist; expected a .gguf file or a Hugging Face model directory"
@@ -74,7 +78,7 @@ def load_checkpoint(path: str | os.PathLike | None, dtype: torch.dtype = torch.f
 
 def load_tokenizer(path: str | os.PathLike | None) -> transformers.PreTrainedTokenizerBase:
     """The tokenizer of a checkpoint load_checkpoint takes (None: the embedded model's), without its weights."""
-    resolved = embedded_default_path() if path is None else pathlib.Path(path).expanduser()
+    resolved = _resolve(path)
     if resolved.is_file() and resolved.suffix.lower() == ".gguf":
         from specpilot.models.gguf_loader import gguf_tokenizer
 
