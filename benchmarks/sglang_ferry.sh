@@ -24,6 +24,9 @@ prepare)
     grep -qx "/.ferry/" .git/info/exclude 2>/dev/null || echo "/.ferry/" >> .git/info/exclude
     rm -rf "$FERRY"
     "${PYTHON:-.venv/bin/python}" benchmarks/sglang_wheels.py prepare --out "$FERRY"
+    # ShareGPT text for SGLang's benchmark client, which would download it (benchmarks/sglang_round.sh carries it)
+    "${PYTHON:-.venv/bin/python}" scripts/export_sharegpt_first_turns.py --first-exchanges \
+        --out "$FERRY/sharegpt_first_exchanges.json.gz"
     ;;
 stage)
     mkdir -p "$STAGED"

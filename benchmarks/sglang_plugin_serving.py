@@ -5,10 +5,11 @@
    SGLang server's output ids must equal SGLang AR's, prompt by prompt (greedy decoding is deterministic in SGLang,
    so a difference is the speculation's); `specpilot serve` runs other kernels, so its ids are reported beside them,
    not held to SGLang's;
-2. throughput: `sglang.bench_serving` (random prompts of fixed lengths, ignore-EOS) at each concurrency, against
-   each server alike.
+2. throughput: `sglang.bench_serving` (random prompts of fixed lengths cut from ShareGPT text, ignore-EOS) at each
+   concurrency, against each server alike.
 
-    python benchmarks/sglang_plugin_serving.py --model-path /tmp/smollm2 --concurrency 1 8 32 --out DIR \
+    python benchmarks/sglang_plugin_serving.py --model-path /tmp/smollm2 --dataset-path sharegpt.json \
+        --concurrency 1 8 32 --out DIR \
         [--server NAME="extra launch_server flags" ...] [--ours NAME="specpilot serve flags" ...]
 
 Default SGLang servers: `ar` (no speculation), SGLang's built-in `ngram` and `dflash` (its DFlash worker on the
@@ -62,7 +63,8 @@ def greedy_ids(server: Server, new_tokens: int) -> list[list[int]]:
 def bench(server: Server, model_path: str, concurrency: int, args: argparse.Namespace, out_file: Path) -> dict:
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang",
            "--base-url", f"http://127.0.0.1:{server.port}",
-           "--dataset-name", "random", "--random-input-len", str(args.input_len), "--random-output-len",
+           "--dataset-name", "random", "--dataset-path", args.dataset_path,
+           "--random-input-len", str(args.input_len), "--random-output-len",
            str(args.output_len), "--random-range-ratio", "1", "--tokenizer", model_path,
            "--num-prompts", str(max(args.min_prompts, 2 * concurrency)), "--max-concurrency", str(concurrency),
            "--output-file", str(out_file), "--seed", "1", "--disable-tqdm"]
@@ -109,6 +111,9 @@ def main() -> int:
                     help="a `specpilot serve` server: a name and its flags, or a default's name alone (default: "
                          "serve on CUDA; 'none': no such)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--dataset-path", required=True,
+                    help="a ShareGPT JSON, the text SGLang's random prompts are cut from (it would download one "
+                         "otherwise): scripts/export_sharegpt_first_turns.py --first-exchanges, gunzipped")
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--min-prompts", type=int, default=32)

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Issue 23's device round in one call, after benchmarks/sglang_ferry.sh's stages on the same machine (carry
-# .ferry/sglang/manifest.json): `install`, then token forcing of SPECPILOT against SGLang AR
-# (benchmarks/sglang_force.py) and the serving comparison (benchmarks/sglang_plugin_serving.py), each bounded so
-# that the call ends within LIMIT_S seconds with everything in $OUT/sglang_round.tgz (a device call returns 8 files).
+# .ferry/sglang/manifest.json and .ferry/sglang/sharegpt_first_exchanges.json.gz): `install`, then token forcing of
+# SPECPILOT against SGLang AR (benchmarks/sglang_force.py, bounded by FORCE_S seconds) and the serving comparison
+# (benchmarks/sglang_plugin_serving.py, the rest), so that the call ends within LIMIT_S seconds with everything in
+# $OUT/sglang_round.tgz (a device call returns 8 files).
 #
-#   bash benchmarks/sglang_round.sh [LIMIT_S]        (default 560; the forcing gets 45% of what is left)
-#   FORCE_ARGS="--deterministic"  SERVE_ARGS="--server ngram --server dflash --ours serve"   choose the runs
-#   SKIP_INSTALL=1                                    a later round on the same machine
+#   bash benchmarks/sglang_round.sh [LIMIT_S]        (default 560)
+#   FORCE_S=240  FORCE_ARGS="--candidate specpilot --deterministic"   the forcing's bound (0: none) and its runs
+#   SERVE_ARGS="--server none --ours serve"                           the serving's runs (default: the script's)
+#   SKIP_INSTALL=1                                                    a later round on the same machine
 set -uo pipefail
 cd "$(dirname "$0")/.."
 limit=${1:-560}
@@ -14,14 +16,18 @@ start=$(date +%s)
 left() { echo $(( start + limit - $(date +%s) )); }
 [ -n "${SKIP_INSTALL:-}" ] || bash benchmarks/sglang_ferry.sh install 2>&1 | tail -3
 rm -rf "$OUT/round" && mkdir -p "$OUT/round"
+# the text SGLang's random prompts are cut from: without one, its client downloads ShareGPT
+gunzip -c .ferry/sglang/sharegpt_first_exchanges.json.gz > /tmp/sharegpt_first_exchanges.json
 # SIGINT: the scripts' finally blocks close the servers they started
-bash benchmarks/sglang_ferry.sh run "timeout -s INT -k 15 $(( $(left) * 45 / 100 )) python3 benchmarks/sglang_force.py \
-    --model-path /tmp/smollm2 ${FORCE_ARGS:-} --out $OUT/round/force"
-echo "forcing: exit $?"
-pkill -f sglang.launch_server; sleep 3
+if (( ${FORCE_S:-240} > 0 )); then
+    bash benchmarks/sglang_ferry.sh run "timeout -s INT -k 15 ${FORCE_S:-240} python3 benchmarks/sglang_force.py \
+        --model-path /tmp/smollm2 ${FORCE_ARGS:-} --out $OUT/round/force"
+    echo "forcing: exit $?"
+    pkill -f sglang.launch_server; sleep 3
+fi
 bash benchmarks/sglang_ferry.sh run "timeout -s INT -k 15 $(( $(left) - 30 )) python3 benchmarks/sglang_plugin_serving.py \
-    --model-path /tmp/smollm2 ${SERVE_ARGS:---server ar --server specpilot --ours none} --concurrency 1 8 32 \
-    --min-prompts 16 --out $OUT/round/serving"
+    --model-path /tmp/smollm2 --dataset-path /tmp/sharegpt_first_exchanges.json ${SERVE_ARGS:-} \
+    --concurrency 1 8 32 --min-prompts 16 --out $OUT/round/serving"
 echo "serving: exit $?"
 pkill -f sglang.launch_server
 tar czf "$OUT/sglang_round.tgz" -C "$OUT" round && rm -rf "$OUT/round"

@@ -8,6 +8,8 @@ our own engine (its context written at the right positions), and the output must
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 import torch
 
@@ -22,6 +24,11 @@ from specpilot.sglang_ext.session import DraftSession, TargetHead
 
 NEW_TOKENS = 24
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+
+
+def sglang_ids(ids: list[int]) -> array:
+    """Token ids as SGLang's Req holds them (origin_input_ids, output_ids)."""
+    return array("q", ids)
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +74,14 @@ def _drive(model, session: DraftSession, prompts: list[list[int]], chunk: int,
         outputs[i].append(int(logits[-1].argmax()))
         for start in range(0, n, chunk):  # SGLang's chunked prefill: a chunk's taps from its first position
             end = min(start + chunk, n)
-            session.prefill([rids[i]], [prompt], [outputs[i][:1] if end == n else []], [start], [end - start],
-                            prompt_taps[start:end], [n + NEW_TOKENS + 16])
+            session.prefill([rids[i]], [sglang_ids(prompt)], [sglang_ids(outputs[i][:1] if end == n else [])],
+                            [start], [end - start], prompt_taps[start:end], [n + NEW_TOKENS + 16])
     committed: list[int] = []
     steps = 0
     while min(len(o) for o in outputs) < NEW_TOKENS and steps != max_steps:
         steps += 1
-        draft = session.propose(rids, prompts, outputs, [len(p) + NEW_TOKENS + 16 for p in prompts])
+        draft = session.propose(rids, [sglang_ids(p) for p in prompts], [sglang_ids(o) for o in outputs],
+                                [len(p) + NEW_TOKENS + 16 for p in prompts])
         seq_lens = torch.tensor([len(p) + len(o) - 1 for p, o in zip(prompts, outputs)])
         newest = torch.tensor([o[-1] for o in outputs])
         layout = verify_tensors(newest, draft.tokens, draft.tree, seq_lens)

@@ -145,8 +145,9 @@ class DraftSession:
             idle = [r for r in self.requests if r not in busy]
             while not self.pages.can_hold(reach) and idle:
                 self.release(idle.pop(0))
-            req = self.requests[rid] = Request(prompt_ids=prompt, params=SamplingParams(), rid=rid,
+            # SGLang's Req holds its ids as array("q"): the mirror keeps lists, which the drafters concatenate
+            req = self.requests[rid] = Request(prompt_ids=list(prompt), params=SamplingParams(), rid=rid,
                                                slot=self.pages.allocate(reach))
         self.requests.move_to_end(rid)
-        req.prompt_ids, req.output_ids = prompt, output
+        req.output_ids = list(output)
         return req
