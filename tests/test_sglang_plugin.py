@@ -235,6 +235,23 @@ def _kernel_results(case: Case) -> dict[str, Any]:
     return result
 
 
+def _drafter_graph_results(worker: type) -> dict[str, Any]:
+    """What the worker's init_cuda_graphs asks of its drafter: per target (verify graphs for 1, 2, 4 and 8
+    requests, or none) and tensor-parallel size, ("capture", batch sizes) or ("warm", up to how many requests)."""
+    asked = {}
+    for name, graph_runner, tp_size in (("graphs", SimpleNamespace(capture_bs=[1, 2, 4, 8]), 1), ("none", None, 1),
+                                        ("graphs, tp 2", SimpleNamespace(capture_bs=[1, 2, 4, 8]), 2)):
+        seen: list = []
+        drafter = SimpleNamespace(capture=lambda sizes, sources: seen.append(["capture", list(sizes), sources]),
+                                  warm=lambda most: seen.append(["warm", most]))
+        ours = SimpleNamespace(server_args=SimpleNamespace(tp_size=tp_size), session=SimpleNamespace(drafter=drafter),
+                               model_runner=SimpleNamespace(decode_cuda_graph_runner=graph_runner,
+                                                            max_running_requests=12))
+        worker.init_cuda_graphs(ours)
+        asked[name] = seen
+    return asked
+
+
 def _argument_results(model_dirs: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(per case the error or the resolved fields, the ServerArgs of the cases SGLang accepted)."""
     from sglang.srt.server_args import prepare_server_args
@@ -425,8 +442,10 @@ def _under_sglang() -> dict[str, Any]:
         report["worker"] = {"class": f"{worker.__module__}.{worker.__name__}",
                             "is_base_spec_worker": issubclass(worker, BaseSpecWorker),
                             "overrides": sorted(name for name in ("forward_batch_generation", "alloc_memory_pool",
-                                                                  "note_request_finished", "clear_cache_pool")
+                                                                  "init_cuda_graphs", "note_request_finished",
+                                                                  "clear_cache_pool")
                                                 if name in vars(worker)),
+                            "drafter_graphs": _drafter_graph_results(worker),
                             "weight_updates": {kind: getattr(worker, f"update_weights_from_{kind}")(ours, "update")
                                                for kind in ("disk", "ipc", "tensor")}}
 
@@ -518,7 +537,15 @@ def test_the_worker_is_sglangs_and_takes_the_steps_the_scheduler_hands_it(sglang
     sgl-kernel or vLLM), so its drafting is tested apart (test_sglang_session.py)."""
     worker = sglang["worker"]
     assert worker["class"] == "specpilot.sglang_ext.worker.SpecPilotWorker" and worker["is_base_spec_worker"]
-    assert worker["overrides"] == ["alloc_memory_pool", "forward_batch_generation", "note_request_finished"]
+    assert worker["overrides"] == ["alloc_memory_pool", "forward_batch_generation", "init_cuda_graphs",
+                                   "note_request_finished"]
+
+
+def test_the_drafters_graphs_follow_the_targets_verify_graphs(sglang: dict[str, Any]) -> None:
+    """Captured for the batch sizes of the target's verify graphs; eager but compiled up to the running requests
+    where the target has no graphs, or across tensor-parallel ranks."""
+    assert sglang["worker"]["drafter_graphs"] == {"graphs": [["capture", [1, 2, 4, 8], {}]],
+                                                  "none": [["warm", 12]], "graphs, tp 2": [["warm", 12]]}
 
 
 def test_weight_updates_reach_the_target_and_leave_the_drafter(sglang: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ from specpilot.engine.verify import Verifier
 from specpilot.sglang_ext.accept import row_decisions
 from specpilot.sglang_ext.layout import verify_tensors
 from specpilot.sglang_ext.session import DraftSession, TargetHead
+from specpilot.state.graphs import GraphBackend, eager_capture
 
 NEW_TOKENS = 24
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True)
@@ -143,6 +144,21 @@ def test_session_drafts_as_in_our_engine_and_output_is_the_targets(hf_smollm, pr
     # a context written at the wrong positions (or from the wrong rows) drafts near-random tokens: tau ~1
     assert tau >= 0.85 * engine_tau(topk, assist), tau
     assert tau > 1.5
+
+
+@pytest.mark.parametrize("topk,assist", [(1, 0), (4, 2)], ids=["chain", "tree+assist"])
+def test_the_drafters_graphs_draft_as_its_eager_passes(hf_smollm, prompts, monkeypatch, topk: int,
+                                                        assist: int) -> None:
+    """The drafter's graphs as the worker captures them (on CPU, each replay reruns the captured pass into its
+    static outputs: the graph path's plumbing - buckets, padding rows on the scratch slot, outputs overwritten
+    by the next replay): drafts, and so every verify's acceptance, are the eager session's, step by step."""
+    eager = _session(hf_smollm, topk, assist)
+    eager.drafter.warm(4)
+    monkeypatch.setattr(GraphBackend, "capture", staticmethod(eager_capture))
+    graphed = _session(hf_smollm, topk, assist)
+    graphed.drafter.capture((1, 4), {})  # two requests: a bucket of 4, two padding rows
+    assert set(graphed.dflash.graphs) == {1, 4}
+    assert _drive(hf_smollm, graphed, prompts, chunk=37) == _drive(hf_smollm, eager, prompts, chunk=37)
 
 
 def test_slots_and_pages_go_back_and_the_least_recent_requests_yield_theirs(hf_smollm) -> None:

@@ -20,8 +20,8 @@ Sampled rows: our keyed sampling (accept.row_decisions), or under SGLang's deter
 sampler on every row (`_sglang_decisions`), so that sampled output is SGLang AR's too.
 
 Not carried over: logprobs, hidden states, grammars, penalties, logit bias and custom logit processors (such a
-request is aborted at admission with HTTP 400: admission.py); the drafter runs eagerly (no CUDA graphs of its own
-yet). The target's weights are SGLang's to update; the drafter keeps its own (a changed target lowers acceptance,
+request is aborted at admission with HTTP 400: admission.py). The drafter's passes run as CUDA graphs of their own
+per SGLang decode batch size (`init_cuda_graphs`). The target's weights are SGLang's to update; the drafter keeps its own (a changed target lowers acceptance,
 never the tokens).
 """
 
@@ -72,6 +72,19 @@ class SpecPilotWorker(BaseSpecWorker):
         self.session = DraftSession.load(s.draft_path, self.head, requests, self.context_len, self.device,
                                          self.head.lm_head_weight.dtype, s.block_size, s.topk, s.ngram_assist,
                                          pool_tokens=runner.max_total_num_tokens + requests * 2 * s.block_size)
+
+    def init_cuda_graphs(self) -> None:
+        """After the target's graphs (SGLang's order): the drafter's, for the batch sizes of the target's verify
+        graphs; where the target has none, or across tensor-parallel ranks (a graph would hold the vocabulary
+        gather's collective), eager passes with their kernels compiled now for every batch size. Either way no
+        request's step pays for a Triton compile (~1 s a kernel variant, at its first launch)."""
+        runner = self.model_runner
+        target_graphs = getattr(runner, "decode_cuda_graph_runner", None)
+        if target_graphs is not None and self.server_args.tp_size == 1:
+            # no engine verify graphs here for an early launch to read: the graphs lay out nothing ahead
+            self.session.drafter.capture(tuple(target_graphs.capture_bs), {})
+        else:
+            self.session.drafter.warm(runner.max_running_requests)
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self.session.release(rid)
