@@ -67,7 +67,9 @@ def bench(server: Server, model_path: str, concurrency: int, args: argparse.Name
            "--random-input-len", str(args.input_len), "--random-output-len",
            str(args.output_len), "--random-range-ratio", "1", "--tokenizer", model_path,
            "--num-prompts", str(max(args.min_prompts, 2 * concurrency)), "--max-concurrency", str(concurrency),
-           "--output-file", str(out_file), "--seed", "1", "--disable-tqdm"]
+           "--output-file", str(out_file), "--seed", "1", "--disable-tqdm",
+           # a first wave at the run's concurrency, not measured: every server meets its batch sizes before the run
+           "--warmup-requests", str(concurrency)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     lines = out_file.read_text().splitlines() if out_file.is_file() else []
     return {"concurrency": concurrency, "returncode": done.returncode,
