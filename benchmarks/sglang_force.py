@@ -6,6 +6,7 @@ candidate's token differs from AR's fails, whatever AR's margin there (reported 
 
     python benchmarks/sglang_force.py --model-path /tmp/smollm2 [--candidate specpilot specpilot-chain ngram dflash]
         [--dataset humaneval] [--num-prompts 8] [--max-new-tokens 128] [--tie-band 0] [--deterministic]
+        [--attention-backend triton|flashinfer]
         [--temperature 0.8 --top-p 0.95 --sampling-seed 1] --out DIR
 
 Candidates: this script's (`specpilot-chain`: the plugin drafting chains, its n-gram assistance at the default) and
@@ -52,6 +53,8 @@ def main() -> int:
                     help="the requests' seed where sampled (SGLang draws keyed by it under --deterministic)")
     ap.add_argument("--deterministic", action="store_true",
                     help="both servers with SGLang's --enable-deterministic-inference (its batch-invariant kernels)")
+    ap.add_argument("--attention-backend", default="triton", choices=["triton", "flashinfer"],
+                    help="SGLang's attention backend for AR and the candidates alike (the plugin verifies on either)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     # without prefill CUDA graphs: the first launch on a machine spends minutes compiling their kernels, and
@@ -69,12 +72,14 @@ def main() -> int:
                     "max_new_tokens": args.max_new_tokens, "tie_band": args.tie_band,
                     "deterministic": args.deterministic, "sampling": sampling, "candidates": {}}
     failed = []
-    ar = launch(args.model_path, CANDIDATES["ar"] + extra, out / "ar.server.log", MEM_FRACTION)
+    flags = {name: f.replace(BASE, f"--attention-backend {args.attention_backend}") + extra  # AR's backend too
+             for name, f in CANDIDATES.items()}
+    ar = launch(args.model_path, flags["ar"], out / "ar.server.log", MEM_FRACTION)
     try:
         reference = remembered(sglang_generate(ar.http(), with_margins=True, sampling=sampling))
         for name in args.candidate:
             ours = "SPECPILOT" in CANDIDATES[name]  # SGLang's own are forced for comparison, not held to pass
-            entry = report["candidates"][name] = {"flags": CANDIDATES[name] + extra}
+            entry = report["candidates"][name] = {"flags": flags[name]}
             try:
                 server = launch(args.model_path, entry["flags"], out / f"{name}.server.log", MEM_FRACTION)
             except (RuntimeError, TimeoutError) as err:
