@@ -4,7 +4,7 @@ That engine owns the requests, the target and the target's KV cache. Per step it
 by request id, what it needs:
 
 - after a prefill (or a chunk of one): the target's taps of the tokens it ran, and the position they start at;
-- before a verify: each request's tokens so far (the engine's own lists, read in place, never changed);
+- before a verify: each request's tokens so far (the engine's own, copied into the request's mirror, never changed);
 - after the verify: the acceptance over the verify's rows (state.draft.Accepted) and those rows' taps.
 
 The drafter keeps its context K/V in a slot of its own page table per request, with pages for as many positions

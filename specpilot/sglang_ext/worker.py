@@ -21,8 +21,8 @@ sampler on every row (`_sglang_decisions`), so that sampled output is SGLang AR'
 
 Not carried over: logprobs, hidden states, grammars, penalties, logit bias and custom logit processors (such a
 request is aborted at admission with HTTP 400: admission.py). The drafter's passes run as CUDA graphs of their own
-per SGLang decode batch size (`init_cuda_graphs`). The target's weights are SGLang's to update; the drafter keeps its own (a changed target lowers acceptance,
-never the tokens).
+per batch size of the target's verify graphs (`init_cuda_graphs`). The target's weights are SGLang's to update; the
+drafter keeps its own (a changed target lowers acceptance, never the tokens).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class SpecPilotWorker(BaseSpecWorker):
         """After the target's graphs (SGLang's order): the drafter's, for the batch sizes of the target's verify
         graphs; where the target has none, or across tensor-parallel ranks (a graph would hold the vocabulary
         gather's collective), eager passes with their kernels compiled now for every batch size. Either way no
-        request's step pays for a Triton compile (~1 s a kernel variant, at its first launch)."""
+        request's step pays for a Triton compile (a kernel variant compiles at its first launch)."""
         runner = self.model_runner
         target_graphs = getattr(runner, "decode_cuda_graph_runner", None)
         if target_graphs is not None and self.server_args.tp_size == 1:
