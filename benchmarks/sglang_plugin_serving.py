@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from specpilot.bench import provenance
+from specpilot.bench.charts import plt, save
 from specpilot.drafters import EMBEDDED_DRAFTER
 from specpilot.optimizer.remote import Server, free_port
 
@@ -103,6 +104,28 @@ def compare_to_ar(report: dict) -> None:
             entry["identical_to_ar"] = [a == b for a, b in zip(entry["ids"], want)]
 
 
+def chart(report: dict, path: Path) -> Path:
+    """Output throughput and p99 TPOT by concurrency, a line per server that ran."""
+    fig, (rate, tail) = plt.subplots(1, 2, figsize=(11, 4))
+    levels: set[int] = set()
+    for name, entry in report["servers"].items():
+        runs = [r for r in entry.get("runs", []) if r["sglang"]]
+        if runs:
+            concurrency = [r["concurrency"] for r in runs]
+            levels.update(concurrency)
+            rate.plot(concurrency, [r["sglang"]["output_throughput"] for r in runs], marker="o", label=name)
+            tail.plot(concurrency, [r["sglang"]["p99_tpot_ms"] for r in runs], marker="o", label=name)
+    for ax, label in ((rate, "output tok/s"), (tail, "p99 TPOT (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(levels), [str(c) for c in sorted(levels)])
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(label)
+        ax.legend()
+    rate.set_title("sglang.bench_serving, random 256/256, ignore-EOS")
+    p = report["provenance"]
+    return save(fig, path, f"{p['device']}, {p['utc']}, {p['argv'][0]} (SGLang servers: triton attention)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", required=True, help="a Hugging Face model directory SGLang loads")
@@ -157,6 +180,7 @@ def main() -> int:
             print(f"{name}: output ids equal SGLang AR's on {sum(entry['identical_to_ar'])} of "
                   f"{len(entry['identical_to_ar'])} prompts{held}")
     (out / "sglang_plugin.json").write_text(json.dumps(report, indent=2))
+    print(f"chart: {chart(report, out / 'sglang_plugin.png')}")
     return 0
 
 
