@@ -14,7 +14,7 @@
 
 Default SGLang servers: `ar` (no speculation), SGLang's built-in `ngram` and `dflash` (its DFlash worker on the
 shipped drafter) and `specpilot` (--speculative-algorithm SPECPILOT with the shipped drafter, trees of top-4), all on
-the triton attention backend, which takes a tree mask (BASE); default `specpilot serve`: `serve` (the embedded
+the triton attention backend, which takes a tree mask, in bf16 (BASE); default `specpilot serve`: `serve` (the embedded
 model, the shipped profile, on CUDA). A server that cannot start on the model is reported with its log's tail, and
 the rest run. Each server's log and SGLang's JSON lines go to DIR; the summary to DIR/sglang_plugin.json.
 """
@@ -36,7 +36,8 @@ from specpilot.optimizer.remote import Server, free_port
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Write a haiku about the sea.",
            "import numpy as np\n\ndef softmax(x):", "Explain what a hash table is.", "1, 1, 2, 3, 5, 8,",
            "SELECT name FROM users WHERE", "Once upon a time"]
-BASE = "--attention-backend triton"  # every SGLang server alike: the backend takes a tree mask
+BACKEND = "--attention-backend triton"  # a backend that takes a tree mask
+BASE = f"{BACKEND} --dtype bfloat16"  # every SGLang server alike, in bf16 as ours (the directory's config says fp16)
 SERVERS = {  # the plugin right after AR: a run cut by its time bound still has the comparison that matters
     "ar": BASE,
     "specpilot": f"{BASE} --speculative-algorithm SPECPILOT --speculative-draft-model-path {EMBEDDED_DRAFTER} "
@@ -123,7 +124,7 @@ def chart(report: dict, path: Path) -> Path:
         ax.legend()
     rate.set_title("sglang.bench_serving, random 256/256, ignore-EOS")
     p = report["provenance"]
-    return save(fig, path, f"{p['device']}, {p['utc']}, {p['argv'][0]} (SGLang servers: triton attention)")
+    return save(fig, path, f"{p['device']}, {p['utc']}, {p['argv'][0]}")
 
 
 def main() -> int:
