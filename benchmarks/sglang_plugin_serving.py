@@ -123,8 +123,7 @@ def chart(report: dict, path: Path) -> Path:
         ax.set_ylabel(label)
         ax.legend()
     rate.set_title("sglang.bench_serving, random 256/256, ignore-EOS")
-    p = report["provenance"]
-    return save(fig, path, f"{p['device']}, {p['utc']}, {p['argv'][0]}")
+    return save(fig, path, provenance.label(report["provenance"]))
 
 
 def main() -> int:

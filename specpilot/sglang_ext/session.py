@@ -127,7 +127,7 @@ class DraftSession:
         ordered = verify_taps.index_select(0, order.to(verify_taps.device)).view(n, rows, -1)
         reqs = [self.requests[rid] for rid in rids]
         for req, new in zip(reqs, tokens):
-            req.output_ids = req.output_ids + new  # a list of its own: the engine's is appended after the step
+            req.output_ids.extend(new)  # the mirror's own copy (_request): SGLang appends to its ids after the step
         self.drafter.commit(reqs, counts, list(ordered.unbind(0)))
         return tokens
 
