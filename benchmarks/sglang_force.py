@@ -34,7 +34,6 @@ from specpilot.models.checkpoint import load_tokenizer  # noqa: E402
 CANDIDATES = SERVERS | {
     "specpilot-chain": f"{BASE} --speculative-algorithm SPECPILOT --speculative-draft-model-path {EMBEDDED_DRAFTER}",
 }
-MEM_FRACTION = 0.35  # two servers side by side
 
 
 def main() -> int:
@@ -55,6 +54,8 @@ def main() -> int:
                     help="both servers with SGLang's --enable-deterministic-inference (its batch-invariant kernels)")
     ap.add_argument("--attention-backend", default="triton", choices=["triton", "flashinfer"],
                     help="SGLang's attention backend for AR and the candidates alike (the plugin verifies on either)")
+    ap.add_argument("--mem-fraction-static", type=float, default=0.35,
+                    help="each server's share of GPU memory (two run side by side; less leaves room for other work)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     # without prefill CUDA graphs: the first launch on a machine spends minutes compiling their kernels, and
@@ -74,14 +75,15 @@ def main() -> int:
     failed = []
     flags = {name: f.replace(BACKEND, f"--attention-backend {args.attention_backend}") + extra  # AR's backend too
              for name, f in CANDIDATES.items()}
-    ar = launch(args.model_path, flags["ar"], out / "ar.server.log", MEM_FRACTION)
+    ar = launch(args.model_path, flags["ar"], out / "ar.server.log", args.mem_fraction_static)
     try:
         reference = remembered(sglang_generate(ar.http(), with_margins=True, sampling=sampling))
         for name in args.candidate:
             ours = "SPECPILOT" in CANDIDATES[name]  # SGLang's own are forced for comparison, not held to pass
             entry = report["candidates"][name] = {"flags": flags[name]}
             try:
-                server = launch(args.model_path, entry["flags"], out / f"{name}.server.log", MEM_FRACTION)
+                server = launch(args.model_path, entry["flags"], out / f"{name}.server.log",
+                                args.mem_fraction_static)
             except (RuntimeError, TimeoutError) as err:
                 entry["error"] = str(err)[-3000:]
                 print(f"{name}: did not start: {str(err)[-500:]}", flush=True)
