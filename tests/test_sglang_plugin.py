@@ -468,15 +468,20 @@ def _under_sglang() -> dict[str, Any]:
     return report
 
 
-@pytest.fixture(scope="module")
-def sglang() -> dict[str, Any]:
+def report_under_sglang(module: str) -> dict[str, Any]:
+    """The JSON report `module` prints when it reruns itself under SGLang's CPU test set (skips without it)."""
     if not SGLANG_DIR.is_dir():
         pytest.skip(f"SGLang's CPU test set is not installed at {SGLANG_DIR} (make install)")
     env = {**os.environ, "PYTHONPATH": str(SGLANG_DIR), "TRITON_INTERPRET": "1", "SGLANG_PLUGINS": "specpilot"}
-    proc = subprocess.run([sys.executable, __file__], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, module], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def sglang() -> dict[str, Any]:
+    return report_under_sglang(__file__)
 
 
 def test_load_plugins_finds_our_entry_point_and_registers_specpilot(sglang: dict[str, Any]) -> None:

@@ -12,6 +12,9 @@ build_tree_kernel_efficient, ngram_worker.py, ngram_info.py):
 - retrieve_next_token / retrieve_next_sibling [bs, D]: a node's first child and its next younger sibling
   (-1: none), children in node order: the links SGLang's verify kernels walk.
 
+Beside them, for verifying with decode rows (decode_rows.py): each node's depth [bs, D] and whether a node is
+a row's ancestor or the row itself [bs, D, D].
+
 seq_len is what SGLang's batch.seq_lens holds at a decode step: the tokens already in the target's cache,
 all but the newest committed one, which the block's row 0 writes. Our TreeLayout (state/tree.py) holds the
 same tree as parents, depths and ancestor bit sets with node 0 the newest committed token, so the
@@ -35,6 +38,8 @@ class VerifyTensors:
     retrieve_index: torch.Tensor
     retrieve_next_token: torch.Tensor
     retrieve_next_sibling: torch.Tensor
+    depths: torch.Tensor
+    ancestors: torch.Tensor
 
     @property
     def draft_token_num(self) -> int:
@@ -62,6 +67,8 @@ def verify_tensors(newest: torch.Tensor, drafts: torch.Tensor, tree: TreeLayout 
         retrieve_index=torch.arange(bs * d, device=device).view(bs, d),
         retrieve_next_token=next_token,
         retrieve_next_sibling=next_sibling,
+        depths=depths,
+        ancestors=block,
     )
 
 

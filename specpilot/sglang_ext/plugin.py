@@ -1,8 +1,9 @@
 """SGLang's entry point: `register` (group sglang.srt.plugins in pyproject.toml) adds the speculative
 algorithm SPECPILOT to SGLang's registry (speculative/spec_info.py SpeculativeAlgorithm.register), and hooks
 the verify input SGLang's CUDA-graph runner captures the target's verify graphs with (`capture_verify_input`),
-answers SGLang's scheduler's question for the drafter's K/V pool (`no_draft_kv_pool`), and aborts at admission the
-requests our worker cannot serve (`refuse_unsupported`).
+answers SGLang's scheduler's question for the drafter's K/V pool (`no_draft_kv_pool`), aborts at admission the
+requests our worker cannot serve (`refuse_unsupported`), and, under deterministic inference, has the target's Triton
+attention verify with decode rows (`attention_backend_init`, decode_rows.py), so that verify logits are AR's.
 
 SGLang's load_plugins() calls it once in every process and logs and swallows what it raises, so a broken
 plugin shows as `Unknown speculative algorithm name: SPECPILOT`, with the cause earlier in the log.
@@ -10,12 +11,16 @@ plugin shows as `Unknown speculative algorithm name: SPECPILOT`, with the cause 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import torch
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.speculative.spec_info import CustomSpecAlgo, SpeculativeAlgorithm
 
-from specpilot.sglang_ext import admission, args
+from specpilot.sglang_ext import admission, args, decode_rows
+
+logger = logging.getLogger(__name__)
 
 NAME = "SPECPILOT"
 GRAPH_VERIFY_INPUT = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
@@ -56,6 +61,22 @@ def register() -> None:
     HookRegistry.register(GRAPH_VERIFY_INPUT, capture_verify_input, HookType.AROUND)
     HookRegistry.register(DRAFT_KV_POOL, no_draft_kv_pool, HookType.AROUND)
     HookRegistry.register(ADMISSION, refuse_unsupported, HookType.AROUND)
+    HookRegistry.register(f"{decode_rows.BACKEND}.__init__", attention_backend_init, HookType.AROUND)
+    for target, hook in decode_rows.HOOKS.items():
+        HookRegistry.register(target, hook, HookType.AROUND)
+
+
+def attention_backend_init(init: Any, backend: Any, model_runner: Any, *rest: Any, **kwargs: Any) -> None:
+    """Marks the target's Triton backend of a SPECPILOT server under deterministic inference for decode-row
+    verification (decode_rows.py) — or says why its verify logits may differ from AR's by a rounding step."""
+    init(backend, model_runner, *rest, **kwargs)
+    ours = (isinstance(getattr(model_runner, "spec_algorithm", None), SpecPilotAlgorithm)
+            and not model_runner.is_draft_worker)
+    why_not = decode_rows.supported(backend) if ours else "not SPECPILOT's target"
+    setattr(backend, decode_rows.ROWS, why_not is None)
+    if ours and why_not is not None and backend.enable_deterministic:
+        logger.warning("SPECPILOT verifies with SGLang's extend kernel (%s): its tokens can differ from SGLang AR's "
+                       "at near-ties", why_not)
 
 
 def refuse_unsupported(add_request_to_queue: Any, scheduler: Any, req: Any, is_retracted: bool = False) -> Any:
@@ -96,6 +117,11 @@ def capture_verify_input(get_spec_info: Any, runner: Any, num_tokens: int) -> An
                                  retrieve_index=None, retrieve_next_token=None, retrieve_next_sibling=None,
                                  draft_token_num=runner.captured_req_width)
     spec_info.capture_hidden_mode = CaptureHiddenMode.FULL
+    # a chain for the decode rows' capture (decode_rows.py); replays read the live block's tree
+    d = runner.captured_req_width
+    device = runner.buffers.custom_mask.device
+    spec_info.row_depths = torch.arange(d, device=device).expand(num_tokens // d, d)
+    spec_info.row_ancestors = torch.ones(d, d, dtype=torch.bool, device=device).tril().expand(num_tokens // d, d, d)
     return spec_info
 
 

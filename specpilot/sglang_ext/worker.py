@@ -200,9 +200,12 @@ def _vocab_gather(tp_size: int) -> Any:
 
 
 def to_verify_input(tensors: VerifyTensors) -> NgramVerifyInput:
-    """SGLang's tree-verify input (the one its attention backends take a custom mask from) for a block."""
-    return NgramVerifyInput(draft_token=tensors.draft_token, custom_mask=tensors.custom_mask,
-                            positions=tensors.positions, retrieve_index=tensors.retrieve_index,
-                            retrieve_next_token=tensors.retrieve_next_token,
-                            retrieve_next_sibling=tensors.retrieve_next_sibling,
-                            draft_token_num=tensors.draft_token_num)
+    """SGLang's tree-verify input (the one its attention backends take a custom mask from) for a block, with
+    the tree's depths and ancestors for the Triton backend's decode rows (decode_rows.py)."""
+    spec_info = NgramVerifyInput(draft_token=tensors.draft_token, custom_mask=tensors.custom_mask,
+                                 positions=tensors.positions, retrieve_index=tensors.retrieve_index,
+                                 retrieve_next_token=tensors.retrieve_next_token,
+                                 retrieve_next_sibling=tensors.retrieve_next_sibling,
+                                 draft_token_num=tensors.draft_token_num)
+    spec_info.row_depths, spec_info.row_ancestors = tensors.depths, tensors.ancestors
+    return spec_info
