@@ -1,15 +1,15 @@
 """SPECPILOT inside SGLang against SGLang's own AR and NGRAM, and `specpilot serve`, on one model (inside
 `benchmarks/sglang_ferry.sh run`):
 
-1. identity: each server (one at a time) answers the same prompts greedily through its native /generate; every
-   SGLang server's output ids must equal SGLang AR's, prompt by prompt (greedy decoding is deterministic in SGLang,
-   so a difference is the speculation's); `specpilot serve` runs other kernels, so its ids are reported beside them,
-   not held to SGLang's;
+1. identity: each server (one at a time) answers the same prompts greedily through its native /generate; each
+   SGLang server's output ids are compared with SGLang AR's, prompt by prompt (in bf16 SGLang's verify and decode
+   attention round differently, so only SPECPILOT under --deterministic, verifying with decode rows, is meant to
+   equal it); `specpilot serve` runs other kernels, so its ids are reported beside them;
 2. throughput: `sglang.bench_serving` (random prompts of fixed lengths cut from ShareGPT text, ignore-EOS) at each
    concurrency, against each server alike.
 
     python benchmarks/sglang_plugin_serving.py --model-path /tmp/smollm2 --dataset-path sharegpt.json \
-        --concurrency 1 8 32 --out DIR \
+        --concurrency 1 8 32 --out DIR [--deterministic] \
         [--server NAME="extra launch_server flags" ...] [--ours NAME="specpilot serve flags" ...]
 
 Default SGLang servers: `ar` (no speculation), SGLang's built-in `ngram` and `dflash` (its DFlash worker on the
@@ -143,11 +143,15 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--min-prompts", type=int, default=32)
     ap.add_argument("--identity-tokens", type=int, default=128)
+    ap.add_argument("--deterministic", action="store_true",
+                    help="every SGLang server with --enable-deterministic-inference (SPECPILOT's exact verify: its "
+                         "decode rows), to price it against AR under the same kernels")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    servers = {name: ("sglang", flags) for name, flags in named(args.server, SERVERS).items()}
+    exact = " --enable-deterministic-inference" if args.deterministic else ""
+    servers = {name: ("sglang", flags + exact) for name, flags in named(args.server, SERVERS).items()}
     servers |= {name: ("specpilot", flags) for name, flags in named(args.ours, OURS).items()}
     report: dict = {"provenance": provenance.collect(None, None), "prompts": PROMPTS, "servers": {}}
     for name, (kind, flags) in servers.items():
