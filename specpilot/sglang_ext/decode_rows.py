@@ -81,6 +81,7 @@ def graph_state(init_cuda_graph_state: Any, backend: Any, max_bs: int, max_num_t
 
 
 def eager_metadata(init_forward_metadata: Any, backend: Any, forward_batch: Any) -> Any:
+    """An eager verify pass's rows in buffers of its own, replacing SGLang's extend layout."""
     result = init_forward_metadata(backend, forward_batch)
     if getattr(backend, ROWS, False) and forward_batch.forward_mode.is_target_verify():
         bs, d = _tree(forward_batch.spec_info)[0].shape
