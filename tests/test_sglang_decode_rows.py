@@ -4,14 +4,17 @@ SGLang's own decode kernel (decode_attention_fwd, in Triton's CPU interpreter, f
 run its bf16 path) computes every verify row of a tree block laid out by `build_rows`; each row's output must
 be, bit for bit, what the same kernel gives AR decode of that row's sequence alone (its request's cached
 positions, then its path, a batch of one) — across a split-tile boundary (contexts of 37 and 300 positions at
-SGLang's deterministic tile of 256). Also: the layout against a plain listing of each row's keys, a CUDA graph's
-padded batch, the backends the rows refuse, and the hooks SGLang's load_plugins() installs.
+SGLang's deterministic tile of 256) — and one attention layer end to end through SGLang's own backend code and
+KV pool: the hooked forward_extend of a TARGET_VERIFY pass against forward_decode of each row alone. Also: the
+layout against a plain listing of each row's keys, a CUDA graph's padded batch, the hooks' eager, capture and
+replay paths, the backends the rows refuse, and the hooks SGLang's load_plugins() installs.
 
 The module reruns itself with SGLang's CPU test set on the path (test_sglang_plugin.py says why it lives apart).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -140,6 +143,7 @@ def _under_sglang() -> dict[str, Any]:
                         "padding_lengths": torch.diff(padded_indptr)[n:].tolist(),
                         "padding_splits": padded_splits[n:].tolist()}
     report["hooks"] = _hook_results(tensors, req_to_token, req_pool_indices, out_cache_loc, built)
+    report["layer"] = _layer_results(tensors, req_to_token, req_pool_indices, out_cache_loc, listed)
     report["refused"] = {name: decode_rows.supported(SimpleNamespace(**{**_SUPPORTED, **change}))
                          for name, change in {"supported": {}, "nondeterministic": {"enable_deterministic": False},
                                               "paged": {"page_size": 16}, "window": {"sliding_window_size": 4096},
@@ -206,6 +210,69 @@ def _hook_results(tensors: Any, req_to_token: torch.Tensor, req_pool_indices: to
     return result
 
 
+def _layer_results(tensors: Any, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
+                   out_cache_loc: torch.Tensor, listed: list[list[int]]) -> dict[str, Any]:
+    """One attention layer end to end through SGLang's own code: the hooked forward_extend of a TARGET_VERIFY pass
+    (its K/V written into SGLang's KV pool, then its decode rows) against forward_decode of each row alone, as
+    AR decodes that token with its path's K/V already cached."""
+    from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+    from sglang.srt.layers.attention.triton_backend import ForwardMetadata, TritonAttnBackend
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from specpilot.sglang_ext import decode_rows
+
+    bs, d = tensors.depths.shape
+    n, max_splits = bs * d, 2
+    layer = RadixAttention(HEADS, HEAD_DIM, HEAD_DIM ** -0.5, KV_HEADS, 0)
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(n, HEADS * HEAD_DIM, generator=g)  # as RadixAttention hands them to the backend
+    k, v = (torch.randn(n, KV_HEADS, HEAD_DIM, generator=g) for _ in range(2))
+    context = (torch.randn(SLOTS, KV_HEADS, HEAD_DIM, generator=g), torch.randn(SLOTS, KV_HEADS, HEAD_DIM, generator=g))
+
+    def backend_on(pool: Any) -> Any:
+        backend = _backend(req_to_token)
+        backend.token_to_kv_pool, backend.decode_attention_fwd = pool, decode_attention_fwd
+        backend.use_mla, backend.dcp_size, backend.use_pdl, backend.page_size = False, 1, False, 1
+        backend.swa_v_head_dim, backend.max_kv_splits, backend.device = None, max_splits, "cpu"
+        backend.num_head, backend.v_head_dim, backend.max_context_len = HEADS, HEAD_DIM, req_to_token.shape[1]
+        return backend
+
+    def pool_with_context() -> Any:
+        pool = MHATokenToKVPool(SLOTS, 1, torch.float32, KV_HEADS, HEAD_DIM, 1, "cpu", False, enable_alt_stream=False)
+        pool.get_key_buffer(0)[:SLOTS].copy_(context[0])
+        pool.get_value_buffer(0)[:SLOTS].copy_(context[1])
+        return pool
+
+    verifier = backend_on(pool_with_context())
+    setattr(verifier, decode_rows.ROWS, True)
+    fb = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, req_pool_indices=req_pool_indices,
+                         seq_lens=torch.tensor(SEQ_LENS), seq_lens_cpu=torch.tensor(SEQ_LENS),
+                         out_cache_loc=out_cache_loc, positions=None,
+                         spec_info=SimpleNamespace(row_depths=tensors.depths, row_ancestors=tensors.ancestors))
+    blank = ForwardMetadata(*[None] * 13)
+    decode_rows.eager_metadata(lambda b, _: setattr(b, "forward_metadata", blank), verifier, fb)
+    verified = TritonAttnBackend.forward_extend(verifier, q, k, v, layer, fb)
+
+    ar_pool = pool_with_context()  # the block's K/V cached as the earlier AR steps wrote them
+    ar_pool.get_key_buffer(0)[out_cache_loc] = k
+    ar_pool.get_value_buffer(0)[out_cache_loc] = v
+    ar = backend_on(ar_pool)
+    decoded = []
+    for r, keys in enumerate(listed):
+        splits = torch.empty(1, dtype=torch.int32)
+        ar.get_num_kv_splits(splits, torch.tensor([len(keys)]))
+        ar.forward_metadata = dataclasses.replace(
+            blank, kv_indptr=torch.tensor([0, len(keys)], dtype=torch.int32), kv_indices=torch.tensor(keys),
+            num_kv_splits=splits, attn_logits=torch.zeros(1, HEADS, max_splits, HEAD_DIM),
+            attn_lse=torch.zeros(1, HEADS, max_splits))
+        row = SimpleNamespace(forward_mode=ForwardMode.DECODE, out_cache_loc=out_cache_loc[r:r + 1], positions=None)
+        decoded.append(ar.forward_decode(q[r:r + 1], k[r:r + 1], v[r:r + 1], layer, row))
+    return {"verify_is_ar_decode": torch.equal(verified, torch.cat(decoded)),
+            "pools_equal": torch.equal(verifier.token_to_kv_pool.get_key_buffer(0), ar_pool.get_key_buffer(0))}
+
+
 _SUPPORTED = {"enable_deterministic": True, "page_size": 1, "sliding_window_size": None, "use_mla": False,
               "dcp_size": 1, "_translate_kv_loc": None}
 
@@ -250,6 +317,12 @@ def test_the_hooks_lay_rows_out_eagerly_and_into_a_graphs_buffers(rows: dict[str
     assert hooks["capture_on_graph_buffers"] and hooks["capture_rows"]
     assert hooks["replay_refills_in_place"]  # a chain's last row: the whole block, in the captured buffers
     assert hooks["routes"] == ["decode", "extend"]  # only TARGET_VERIFY passes run the decode path
+
+
+def test_a_verify_layer_through_sglangs_code_is_ar_decode_bit_for_bit(rows: dict[str, Any]) -> None:
+    """The hooked forward_extend writes the block's K/V into SGLang's pool, then attends each row as
+    forward_decode attends that token alone."""
+    assert rows["layer"] == {"verify_is_ar_decode": True, "pools_equal": True}
 
 
 def test_backends_the_rows_cannot_serve_say_why(rows: dict[str, Any]) -> None:
