@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -161,6 +162,8 @@ TRITON = ["--speculative-draft-model-path", "DRAFT", "--attention-backend", "tri
 ARG_CASES: dict[str, tuple[list[str], str | None]] = {
     "chain": (TRITON, None),
     "tree": ([*TRITON, "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"], None),
+    "deterministic-triton": ([*TRITON, "--enable-deterministic-inference"], None),
+    "deterministic-flashinfer": ([*TRITON[:-1], "flashinfer", "--enable-deterministic-inference"], None),
     "no-draft": ([], None),
     "not-dflash": (["--speculative-draft-model-path", "TARGET"], None),
     "other-target": ([*TRITON, "--model-path", "SMALL"], None),
@@ -260,7 +263,12 @@ def _argument_results(model_dirs: dict[str, str]) -> tuple[dict[str, Any], dict[
 
     out: dict[str, Any] = {}
     accepted: dict[str, Any] = {}
+    warnings: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger(args.__name__).addHandler(handler)
     for name, (flags, assist) in ARG_CASES.items():
+        warnings.clear()
         argv = ["--model-path", model_dirs["TARGET"], "--device", "cpu", "--skip-tokenizer-init",
                 "--speculative-algorithm", "specpilot", *(model_dirs.get(f, f) for f in flags)]
         if assist is not None:
@@ -276,6 +284,8 @@ def _argument_results(model_dirs: dict[str, str]) -> tuple[dict[str, Any], dict[
                                                   "speculative_eagle_topk", "speculative_num_steps",
                                                   "disable_overlap_schedule", "enable_mixed_chunk",
                                                   "disable_radix_cache", "max_running_requests")}
+        if name.startswith("deterministic"):
+            out[name] = {"warned_not_exact": any("bit for bit" in w for w in warnings)}
         accepted[name] = sa
     for name, path in PATH_CASES.items():
         sa = copy.deepcopy(accepted["chain"])
@@ -284,6 +294,7 @@ def _argument_results(model_dirs: dict[str, str]) -> tuple[dict[str, Any], dict[
             args.validate(sa)
         except ValueError as err:
             out[name] = {"error": str(err)}
+    logging.getLogger(args.__name__).removeHandler(handler)
     return out, accepted
 
 
@@ -505,6 +516,12 @@ def test_the_scheduler_finds_no_sglang_draft_kv_pool_for_ours(sglang: dict[str, 
     """SGLang's scheduler reaches into any speculative worker but NGRAM's for an SGLang draft runner's K/V pool as it
     starts (it failed the first GPU launch); ours has none, and another algorithm's lookup is untouched."""
     assert sglang["draft_kv_pool"] == {"specpilot": None, "eagle": "eagle pool"}
+
+
+def test_deterministic_inference_off_triton_warns_that_rows_can_differ_from_ar(sglang: dict[str, Any]) -> None:
+    """Only the Triton backend verifies with decode rows (decode_rows.py); elsewhere the server says so."""
+    assert sglang["arguments"]["deterministic-triton"] == {"warned_not_exact": False}
+    assert sglang["arguments"]["deterministic-flashinfer"] == {"warned_not_exact": True}
 
 
 def test_valid_arguments_are_resolved_for_sglang(sglang: dict[str, Any]) -> None:

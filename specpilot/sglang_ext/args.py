@@ -89,6 +89,12 @@ def apply(server_args: Any) -> None:
         logger.warning("Mixed chunked prefill is disabled because of SPECPILOT speculative decoding.")
     if server_args.max_running_requests is None:
         server_args.max_running_requests = MAX_RUNNING_REQUESTS
+    verify, flag = _verify_backend(server_args)
+    if settings.deterministic and verify != "triton":
+        # decode_rows.py: only the Triton backend verifies each row as SGLang's decode computes it
+        logger.warning("SPECPILOT matches SGLang AR bit for bit under --enable-deterministic-inference only with "
+                       "%s triton; with %s its verify rows can round differently from decode at near-ties.", flag,
+                       verify)
 
 
 def _drafter(server_args: Any) -> tuple[Path, DFlashConfig]:
@@ -145,19 +151,24 @@ def _check_parallelism_and_backends(server_args: Any, topk: int) -> None:
         raise ValueError(f"SPECPILOT supports --pp-size 1 only, got {server_args.pp_size}")
     if view.enable_dp_attention:
         raise ValueError("SPECPILOT does not support --enable-dp-attention")
-    prefill, decode = attention_backends_of(view)
-    # SGLang's verify pass takes the decode backend under --speculative-attention-mode decode, else the prefill one
-    phase = "decode" if view.speculative_attention_mode == "decode" else "prefill"
-    verify = decode if phase == "decode" else prefill
+    verify, flag = _verify_backend(server_args)
     if verify not in VERIFY_BACKENDS:
-        split = getattr(view, f"{phase}_attention_backend")
-        flag = f"--{phase}-attention-backend" if split else "--attention-backend"
         raise ValueError(f"SPECPILOT verifies with a tree mask: set {flag} to one of {', '.join(VERIFY_BACKENDS)} "
                          f"(the verify pass's backend is {verify!r})")
     if topk > 1 and (view.page_size or 1) > 1 and verify != "flashinfer":
         # SGLang's paged backends other than flashinfer mis-verify trees (its NGRAM check, speculative_hook.py)
         raise ValueError(f"draft trees (--speculative-eagle-topk {topk}) with --page-size {view.page_size} need the "
                          f"flashinfer attention backend, not {verify!r}; or use --page-size 1")
+
+
+def _verify_backend(server_args: Any) -> tuple[str, str]:
+    """(the attention backend of SGLang's verify pass, the flag that sets it)."""
+    view = resolved_view(server_args)
+    prefill, decode = attention_backends_of(view)
+    # SGLang's verify pass takes the decode backend under --speculative-attention-mode decode, else the prefill one
+    phase = "decode" if view.speculative_attention_mode == "decode" else "prefill"
+    flag = f"--{phase}-attention-backend" if getattr(view, f"{phase}_attention_backend") else "--attention-backend"
+    return (decode if phase == "decode" else prefill), flag
 
 
 def _ngram_assist() -> int:
