@@ -15,12 +15,12 @@
 #       Reproducibility: the same command and seed again, from RUN's data, for STEPS steps in RUN.repro;
 #       prints the largest loss difference against RUN's first STEPS steps.
 #   benchmarks/gpu_drafter.sh ship RUN OUT [FILE...]      then, next session:   benchmarks/gpu_drafter.sh land PARTS DIR
-#       RUN's FILEs (default: the generated responses, data.pt with 16-bit tokens, and validation.pt) in OUT, each
-#       over 15 MiB split into parts of 15 MiB, which a call brings back (at most 8 files a call: ship a training
-#       run's state, `ship RUN OUT trainer_state.pt best.pt training.json`, in a call of its own); carried to a later
-#       machine (e.g. .ferry/data), `land` joins the parts into DIR (and copies the rest): data.pt there is the DATA
-#       of `train` or `variants`, so that session skips regenerating them, and trainer_state.pt lets `train DIR`
-#       resume the run where the earlier session stopped it.
+#       RUN's FILEs (default: the generated responses, data.pt with 16-bit tokens, and validation.pt) as one tar in
+#       OUT, split into parts of 15 MiB, which a call brings back (at most 8 files of 16 MiB a call: 120 MiB; a
+#       training run's state, `ship RUN OUT trainer_state.pt best.pt training.json`, ~105 MB, in a call of its own);
+#       carried to a later machine (e.g. .ferry/data), `land` joins and unpacks the parts into DIR: data.pt there is
+#       the DATA of `train` or `variants`, so that session skips regenerating them, and trainer_state.pt lets
+#       `train DIR` resume the run where the earlier session stopped it.
 #   benchmarks/gpu_drafter.sh eval RUN OUT
 #       tau and speedup over AR (B=1, CUDA graphs, block 16) on the four datasets, alone and with
 #       --speculative-ngram-assist 2, token forcing against
@@ -124,31 +124,24 @@ eval_drafter() {
 ship() {
     local run=$1 out=$2
     shift 2
-    local files=("$@")
+    local files=("$@") present=() name
     (( ${#files[@]} )) || files=(data.pt validation.pt)
-    mkdir -p "$out"
     for name in "${files[@]}"; do
-        [[ -f $run/$name ]] || continue
-        if (( $(stat -c %s "$run/$name") > 15 * 1024 * 1024 )); then
-            split -b 15m -d -a 1 "$run/$name" "$out/$name.part"
-        else
-            cp "$run/$name" "$out/"
-        fi
+        [[ -f $run/$name ]] && present+=("$name")
     done
+    (( ${#present[@]} )) || { echo "ship: none of ${files[*]} in $run" >&2; return 1; }
+    mkdir -p "$out"
+    # One tar, cut at 15 MiB: the files fill the call's eight returns with no part left half empty
+    tar -C "$run" -cf - "${present[@]}" | split -b 15m -d -a 1 - "$out/ship.tar.part"
+    local parts=("$out"/ship.tar.part*)
+    (( ${#parts[@]} <= 8 )) || { echo "ship: ${#parts[@]} parts, more than a call returns (8)" >&2; return 1; }
     ls -l "$out"
 }
 
 land() {
-    local parts=$1 dir=$2 path name
+    local parts=$1 dir=$2
     mkdir -p "$dir"
-    for path in "$parts"/*; do
-        name=$(basename "$path")
-        case $name in
-            *.part0) cat "$parts/${name%.part0}".part[0-9] > "$dir/${name%.part0}" ;;
-            *.part[1-9]) ;;
-            *) cp "$path" "$dir/" ;;
-        esac
-    done
+    cat "$parts"/ship.tar.part[0-9] | tar -C "$dir" -xf -
     if [[ -f $dir/data.pt ]]; then
         python3 -c "import sys, torch; d = torch.load(sys.argv[1], weights_only=True); print(sys.argv[1], d['meta'], d['stats'])" \
             "$dir/data.pt"
