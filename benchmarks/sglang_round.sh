@@ -9,6 +9,8 @@
 #   FORCE_S=240  FORCE_ARGS="--candidate specpilot --deterministic"   the forcing's bound (0: none) and its runs
 #   SERVE_ARGS="--server none --ours serve"                           the serving's runs (default: the script's)
 #   SKIP_INSTALL=1                                                    a later round on the same machine
+#   PROFILE_ARGS="--concurrency 1 32 --steps 60"     then benchmarks/sglang_plugin_profile.py (SGLang's profiler;
+#                                                    the summaries and logs come back, the traces stay)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 limit=${1:-560}
@@ -30,5 +32,13 @@ bash benchmarks/sglang_ferry.sh run "timeout -s INT -k 15 $(( $(left) - 30 )) py
     --concurrency 1 8 32 --min-prompts 16 --out $OUT/round/serving"
 echo "serving: exit $?"
 pkill -f sglang.launch_server
-tar czf "$OUT/sglang_round.tgz" -C "$OUT" round && rm -rf "$OUT/round"
+if [ -n "${PROFILE_ARGS:-}" ] && (( $(left) > 90 )); then
+    sleep 3
+    bash benchmarks/sglang_ferry.sh run "timeout -s INT -k 15 $(( $(left) - 20 )) python3 \
+        benchmarks/sglang_plugin_profile.py --model-path /tmp/smollm2 \
+        --dataset-path /tmp/sharegpt_first_exchanges.json $PROFILE_ARGS --out $OUT/round/profile"
+    echo "profile: exit $?"
+    pkill -f sglang.launch_server
+fi
+tar czf "$OUT/sglang_round.tgz" --exclude='*.json.gz' -C "$OUT" round && rm -rf "$OUT/round"
 ls -la "$OUT"
