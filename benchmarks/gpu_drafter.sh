@@ -9,8 +9,9 @@
 #       Recipe variants on the same data, each in DIR/NAME with --patience ${PATIENCE:-3} (stop once that many
 #       validations fail to beat the best top-4 tree tau; export the best): $VARIANTS (default "hard distill
 #       rank": the recipe as it is, + --distill 0.5, + --rank-loss 0.5; shapes: deep wide taps8), in order, until DEADLINE_S seconds are
-#       spent; calling it again resumes. The first variant's responses (or DATA) serve the others. Then
-#       DIR/curves/training_curves.{png,json}: every variant's validation curves side by side.
+#       spent; calling it again resumes. The first variant's responses (or DATA) serve the others; with
+#       PARALLEL=N (default 1), N variants train at once on the GPU once those exist, each logging to DIR/NAME.log.
+#       Then DIR/curves/training_curves.{png,json}: every variant's validation curves side by side.
 #   benchmarks/gpu_drafter.sh repro RUN STEPS
 #       Reproducibility: the same command and seed again, from RUN's data, for STEPS steps in RUN.repro;
 #       prints the largest loss difference against RUN's first STEPS steps.
@@ -63,16 +64,32 @@ declare -A VARIANT_ARGS=([hard]="" [distill]="--distill 0.5" [rank]="--rank-loss
                          [taps8]="--num-taps 8")
 
 variants() {
-    local dir=$1 deadline=$2 data=${3:-} end runs=()
+    local dir=$1 deadline=$2 data=${3:-} end runs=() running=0 name
     end=$(( $(date +%s) + deadline ))
     for name in ${VARIANTS:-hard distill rank}; do
         [[ -v VARIANT_ARGS[$name] ]] || { echo "unknown variant $name (${!VARIANT_ARGS[*]})" >&2; exit 2; }
+    done
+    for name in ${VARIANTS:-hard distill rank}; do
         local left=$(( end - $(date +%s) ))
         if (( left > 30 )) && ! grep -qs '"finished": true' "$dir/$name/training.json"; then
             read -r -a args <<< "${VARIANT_ARGS[$name]}"
-            train "$dir/$name" "$left" "$data" "${args[@]}" --patience "${PATIENCE:-3}"
+            if [[ -n $data ]] && (( ${PARALLEL:-1} > 1 )); then
+                # one run keeps the GPU busy a fraction of a step (small kernels, host work): once the responses
+                # exist, PARALLEL runs share it, each logging to DIR/NAME.log
+                mkdir -p "$dir/$name"
+                train "$dir/$name" "$left" "$data" "${args[@]}" --patience "${PATIENCE:-3}" > "$dir/$name.log" 2>&1 &
+                (( ++running < PARALLEL )) || { wait -n || echo "a variant failed: see $dir/*.log" >&2; (( running-- )); }
+            else
+                train "$dir/$name" "$left" "$data" "${args[@]}" --patience "${PATIENCE:-3}"
+            fi
         fi
         [[ -z $data && -f $dir/$name/data.pt ]] && data=$dir/$name/data.pt
+    done
+    while (( running > 0 )); do
+        wait -n || echo "a variant failed: see $dir/*.log" >&2
+        (( running-- ))
+    done
+    for name in ${VARIANTS:-hard distill rank}; do
         [[ -f $dir/$name/training.json ]] && runs+=("$name=$dir/$name")
     done
     (( ${#runs[@]} )) && python3 benchmarks/training_curves.py "${runs[@]}" --out "$dir/curves"
