@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sglang_plugin_serving import BACKEND, BASE, SERVERS, launch  # noqa: E402
+from sglang_plugin_serving import BASE, SERVERS, launch, on_backend  # noqa: E402
 
 from specpilot.bench import provenance  # noqa: E402
 from specpilot.bench.datasets import DATASETS, apply_chat_template, load_prompts  # noqa: E402
@@ -73,8 +73,7 @@ def main() -> int:
                     "max_new_tokens": args.max_new_tokens, "tie_band": args.tie_band,
                     "deterministic": args.deterministic, "sampling": sampling, "candidates": {}}
     failed = []
-    flags = {name: f.replace(BACKEND, f"--attention-backend {args.attention_backend}") + extra  # AR's backend too
-             for name, f in CANDIDATES.items()}
+    flags = {name: on_backend(f, args.attention_backend) + extra for name, f in CANDIDATES.items()}
     ar = launch(args.model_path, flags["ar"], out / "ar.server.log", args.mem_fraction_static)
     try:
         reference = remembered(sglang_generate(ar.http(), with_margins=True, sampling=sampling))

@@ -9,7 +9,7 @@ profiler's Python tracing slows the host: read the figures against each other (A
 served speed, which the same run's bench_serving line gives.
 
     python benchmarks/sglang_plugin_profile.py --model-path /tmp/smollm2 --dataset-path sharegpt.json \
-        --concurrency 1 32 --steps 60 --out DIR [--deterministic] [--server NAME ...]
+        --concurrency 1 32 --steps 60 --out DIR [--deterministic] [--attention-backend flashinfer] [--server NAME ...]
 
 Servers: the names of benchmarks/sglang_plugin_serving.py's SGLang servers (default: ar, specpilot). DIR gets each
 trace, each server's log and DIR/sglang_profile.json.
@@ -26,7 +26,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from sglang_plugin_serving import SERVERS, bench, launch
+from sglang_plugin_serving import SERVERS, bench, launch, on_backend
 
 from specpilot.bench import provenance
 from specpilot.optimizer.remote import Server
@@ -121,6 +121,7 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--min-prompts", type=int, default=16)
     ap.add_argument("--deterministic", action="store_true", help="every server with --enable-deterministic-inference")
+    ap.add_argument("--attention-backend", default="triton", choices=["triton", "flashinfer"])
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out = Path(args.out)
@@ -128,7 +129,8 @@ def main() -> int:
     exact = " --enable-deterministic-inference" if args.deterministic else ""
     report: dict = {"provenance": provenance.collect(None, None), "runs": {}}
     for name in args.server or ["ar", "specpilot"]:
-        server = launch(args.model_path, SERVERS[name] + exact, out / f"{name}.server.log")
+        flags = on_backend(SERVERS[name], args.attention_backend) + exact
+        server = launch(args.model_path, flags, out / f"{name}.server.log")
         try:
             for c in args.concurrency:
                 try:

@@ -9,7 +9,7 @@
    concurrency, against each server alike.
 
     python benchmarks/sglang_plugin_serving.py --model-path /tmp/smollm2 --dataset-path sharegpt.json \
-        --concurrency 1 8 32 --out DIR [--deterministic] \
+        --concurrency 1 8 32 --out DIR [--deterministic] [--attention-backend flashinfer] \
         [--server NAME="extra launch_server flags" ...] [--ours NAME="specpilot serve flags" ...]
 
 Default SGLang servers: `ar` (no speculation), SGLang's built-in `ngram` and `dflash` (its DFlash worker on the
@@ -47,6 +47,12 @@ SERVERS = {  # the plugin right after AR: a run cut by its time bound still has 
     "dflash": f"{BASE} --speculative-algorithm DFLASH --speculative-draft-model-path {EMBEDDED_DRAFTER}",
 }
 OURS = {"serve": "--device cuda"}
+
+
+def on_backend(flags: str, backend: str) -> str:
+    """An SGLang server's flags on another attention backend (every server alike: AR's decode and the verify pass on
+    the same one)."""
+    return flags.replace(BACKEND, f"--attention-backend {backend}")
 
 
 def launch(model_path: str, flags: str, log: Path, mem_fraction: float = 0.6) -> Server:
@@ -146,12 +152,15 @@ def main() -> int:
     ap.add_argument("--deterministic", action="store_true",
                     help="every SGLang server with --enable-deterministic-inference (SPECPILOT's exact verify: its "
                          "decode rows), to price it against AR under the same kernels")
+    ap.add_argument("--attention-backend", default="triton", choices=["triton", "flashinfer"],
+                    help="every SGLang server's attention backend")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     exact = " --enable-deterministic-inference" if args.deterministic else ""
-    servers = {name: ("sglang", flags + exact) for name, flags in named(args.server, SERVERS).items()}
+    servers = {name: ("sglang", on_backend(flags, args.attention_backend) + exact)
+               for name, flags in named(args.server, SERVERS).items()}
     servers |= {name: ("specpilot", flags) for name, flags in named(args.ours, OURS).items()}
     report: dict = {"provenance": provenance.collect(None, None), "prompts": PROMPTS, "servers": {}}
     for name, (kind, flags) in servers.items():
