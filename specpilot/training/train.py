@@ -578,7 +578,7 @@ class DraftTrainer:
         cfg = self.cfg
         stop = self.total_steps if cfg.stop_after is None else min(self.total_steps, self.step + cfg.stop_after)
         task = progress.add_task("training", total=self.total_steps, completed=self.step, stats="")
-        start, before = time.perf_counter(), self.elapsed_s
+        start, before, first = time.perf_counter(), self.elapsed_s, self.step
         with _deterministic():
             while self.step < stop and not self.stopped_early:
                 self.train_step()
@@ -588,7 +588,8 @@ class DraftTrainer:
                 status = self._status()
                 progress.update(task, completed=self.step, stats=status)
                 if not progress.console.is_terminal and self.step % LOG_EVERY == 0:
-                    progress.console.print(f"step {self.step}/{self.total_steps} {status}")
+                    pace = (time.perf_counter() - start) / (self.step - first)  # validations included
+                    progress.console.print(f"step {self.step}/{self.total_steps} {status} | {pace:.3f} s/step")
                 self.elapsed_s = before + time.perf_counter() - start
                 if self.step % cfg.save_every == 0 and self.step < stop:
                     self.save()
