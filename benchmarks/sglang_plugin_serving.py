@@ -30,6 +30,7 @@ from pathlib import Path
 
 from specpilot.bench import provenance
 from specpilot.bench.charts import plt, save
+from specpilot.bench.harness import spread
 from specpilot.drafters import EMBEDDED_DRAFTER
 from specpilot.optimizer.remote import Server, free_port
 
@@ -47,6 +48,9 @@ SERVERS = {  # the plugin right after AR: a run cut by its time bound still has 
     "dflash": f"{BASE} --speculative-algorithm DFLASH --speculative-draft-model-path {EMBEDDED_DRAFTER}",
 }
 OURS = {"serve": "--device cuda"}
+# bench_serving's figures a run's summary gives per concurrency (median and spread over the repeats)
+SUMMARY = ("output_throughput", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
+           "median_e2e_latency_ms", "p99_e2e_latency_ms", "accept_length")
 
 
 def on_backend(flags: str, backend: str) -> str:
@@ -111,17 +115,31 @@ def compare_to_ar(report: dict) -> None:
             entry["identical_to_ar"] = [a == b for a, b in zip(entry["ids"], want)]
 
 
+def summarize(runs: list[dict]) -> dict[int, dict[str, dict]]:
+    """Per concurrency, each reported figure's median and spread over the repeats that ran."""
+    by_level: dict[int, list[dict]] = {}
+    for run in runs:
+        if run["sglang"]:
+            by_level.setdefault(run["concurrency"], []).append(run["sglang"])
+    return {c: {key: spread([r[key] for r in done]) for key in SUMMARY if done[0].get(key) is not None}
+            for c, done in sorted(by_level.items())}
+
+
 def chart(report: dict, path: Path) -> Path:
-    """Output throughput and p99 TPOT by concurrency, a line per server that ran."""
+    """Output throughput and p99 TPOT by concurrency, a line per server that ran: medians over the repeats, their
+    range as error bars."""
     fig, (rate, tail) = plt.subplots(1, 2, figsize=(11, 4))
     levels: set[int] = set()
     for name, entry in report["servers"].items():
-        runs = [r for r in entry.get("runs", []) if r["sglang"]]
-        if runs:
-            concurrency = [r["concurrency"] for r in runs]
-            levels.update(concurrency)
-            rate.plot(concurrency, [r["sglang"]["output_throughput"] for r in runs], marker="o", label=name)
-            tail.plot(concurrency, [r["sglang"]["p99_tpot_ms"] for r in runs], marker="o", label=name)
+        summary = summarize(entry.get("runs", []))
+        if summary:
+            levels.update(summary)
+            for ax, key in ((rate, "output_throughput"), (tail, "p99_tpot_ms")):
+                figures = [summary[c][key] for c in summary]
+                medians = [f["median"] for f in figures]
+                ax.errorbar(list(summary), medians, yerr=[[m - f["min"] for m, f in zip(medians, figures)],
+                                                          [f["max"] - m for m, f in zip(medians, figures)]],
+                            marker="o", capsize=3, label=name)
     for ax, label in ((rate, "output tok/s"), (tail, "p99 TPOT (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(levels), [str(c) for c in sorted(levels)])
@@ -148,6 +166,8 @@ def main() -> int:
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--min-prompts", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="passes over the concurrencies per server, interleaved (C = 1, 8, 32, then again)")
     ap.add_argument("--identity-tokens", type=int, default=128)
     ap.add_argument("--deterministic", action="store_true",
                     help="every SGLang server with --enable-deterministic-inference (SPECPILOT's exact verify: its "
@@ -175,15 +195,18 @@ def main() -> int:
         try:
             entry = report["servers"][name] = {"kind": kind, "flags": flags,
                                                "ids": greedy_ids(server, args.identity_tokens), "runs": []}
-            for c in args.concurrency:
-                run = bench(server, args.model_path, c, args, out / f"{name}_c{c}.jsonl")
-                s = run["sglang"]
-                print(f"{name} C={c}: rc {run['returncode']}, {s.get('output_throughput', float('nan')):.0f} tok/s, "
-                      f"TPOT {s.get('mean_tpot_ms', float('nan')):.2f} ms, accept length {s.get('accept_length')}",
-                      flush=True)
-                entry["runs"].append(run)
-                compare_to_ar(report)
-                (out / "sglang_plugin.json").write_text(json.dumps(report, indent=2))
+            for repeat in range(args.repeats):
+                for c in args.concurrency:
+                    run = bench(server, args.model_path, c, args, out / f"{name}_c{c}_r{repeat}.jsonl")
+                    s = run["sglang"]
+                    print(f"{name} C={c} #{repeat}: rc {run['returncode']}, "
+                          f"{s.get('output_throughput', float('nan')):.0f} tok/s, TPOT "
+                          f"{s.get('mean_tpot_ms', float('nan')):.2f} ms, accept length {s.get('accept_length')}",
+                          flush=True)
+                    entry["runs"].append(run | {"repeat": repeat})
+                    entry["summary"] = summarize(entry["runs"])
+                    compare_to_ar(report)
+                    (out / "sglang_plugin.json").write_text(json.dumps(report, indent=2))
         finally:
             server.close()
     compare_to_ar(report)
@@ -192,6 +215,11 @@ def main() -> int:
             held = "" if entry["kind"] == "sglang" else " (other kernels: reported, not held to it)"
             print(f"{name}: output ids equal SGLang AR's on {sum(entry['identical_to_ar'])} of "
                   f"{len(entry['identical_to_ar'])} prompts{held}")
+    for name, entry in report["servers"].items():
+        for c, figures in entry.get("summary", {}).items():
+            rate = figures["output_throughput"]
+            print(f"{name} C={c}: median {rate['median']:.0f} tok/s ({rate['min']:.0f}–{rate['max']:.0f}) over "
+                  f"{len(rate['values'])} runs")
     (out / "sglang_plugin.json").write_text(json.dumps(report, indent=2))
     print(f"chart: {chart(report, out / 'sglang_plugin.png')}")
     return 0
