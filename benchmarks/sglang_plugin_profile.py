@@ -34,6 +34,7 @@ from specpilot.optimizer.remote import Server
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 OURS = "specpilot/"
+STEP = "forward_batch_generation"  # a scheduler step: the worker's and the target worker's
 
 
 def busy_us(intervals: list[tuple[float, float]]) -> float:
@@ -60,10 +61,13 @@ def summarize_trace(path: Path, top: int = 25) -> dict:
     for e in events:
         if e.get("cat") == "python_function":
             python[e["name"]].append(e["dur"])
-    steps = max((len(v) for k, v in python.items() if k.endswith("forward_batch_generation")), default=0)
+    step_functions = [name for name in python if name.endswith(STEP)]
+    steps = max((len(python[name]) for name in step_functions), default=0)
     per = max(steps, 1)
-    ranked = sorted(python.items(), key=lambda kv: -sum(kv[1]))
-    chosen = [kv for kv in ranked if OURS in kv[0]] + [kv for kv in ranked[:top] if OURS not in kv[0]]
+    ranked = sorted(python, key=lambda name: -sum(python[name]))
+    # ours and the step's own frames always; the rest as far as they rank
+    names = dict.fromkeys([n for n in ranked if OURS in n or n in step_functions] + ranked[:top])
+    chosen = [(name, python[name]) for name in names]
     return {
         "trace": path.name, "window_ms": window / 1e3, "steps": steps,
         "gpu_busy_ms": busy_us(gpu) / 1e3, "gpu_busy_share": busy_us(gpu) / window if window else 0.0,

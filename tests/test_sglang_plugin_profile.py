@@ -53,7 +53,7 @@ def test_a_real_trace_gives_steps_our_functions_and_the_gpu_share(tmp_path: Path
     packed = tmp_path / "trace.json.gz"
     with gzip.open(packed, "wt") as f:
         json.dump(trace, f)
-    s = sp.summarize_trace(packed)
+    s = sp.summarize_trace(packed, top=1)  # the test runner's own frames outrank the step: it is listed anyway
     assert s["steps"] == 4
     assert s["gpu_busy_share"] == pytest.approx(0.25, abs=2 / window)  # epoch-µs floats: ~0.25 µs steps
     assert s["kernels"] == 2
