@@ -121,8 +121,11 @@ def summarize(runs: list[dict]) -> dict[int, dict[str, dict]]:
     for run in runs:
         if run["sglang"]:
             by_level.setdefault(run["concurrency"], []).append(run["sglang"])
-    return {c: {key: spread([r[key] for r in done]) for key in SUMMARY if done[0].get(key) is not None}
-            for c, done in sorted(by_level.items())}
+    summary: dict[int, dict[str, dict]] = {}
+    for c, done in sorted(by_level.items()):
+        values = {key: [r[key] for r in done if r.get(key) is not None] for key in SUMMARY}
+        summary[c] = {key: spread(v) for key, v in values.items() if v}
+    return summary
 
 
 def chart(report: dict, path: Path) -> Path:

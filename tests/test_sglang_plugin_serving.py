@@ -25,8 +25,10 @@ def test_repeats_give_median_and_spread_per_concurrency_and_skip_failed_or_absen
                                                "values": [300.0, 320.0, 310.0]}
     assert summary[8]["output_throughput"]["values"] == [2000.0, 2400.0]  # the failed pass is not a zero
     assert "accept_length" not in summary[1]  # AR reports none
-    spec = serving.summarize([_run(1, 0, 900.0, accept=4.5), _run(1, 1, 950.0, accept=4.7)])
-    assert spec[1]["accept_length"]["median"] == 4.6
+    spec = serving.summarize([_run(1, 0, 900.0, accept=4.5), _run(1, 1, 950.0, accept=4.7),
+                              _run(1, 2, 920.0, accept=None)])  # a pass that reports none is left out of it
+    assert spec[1]["accept_length"]["values"] == [4.5, 4.7]
+    assert spec[1]["output_throughput"]["median"] == 920.0
 
 
 def test_chart_draws_medians_of_repeats_and_single_passes_alike(tmp_path: Path) -> None:
