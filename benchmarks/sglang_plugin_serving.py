@@ -48,6 +48,8 @@ SERVERS = {  # the plugin right after AR: a run cut by its time bound still has 
     "dflash": f"{BASE} --speculative-algorithm DFLASH --speculative-draft-model-path {EMBEDDED_DRAFTER}",
 }
 OURS = {"serve": "--device cuda"}
+# bench_serving's per-request lists (--output-details): kept in its JSON lines, not in the summary
+PER_REQUEST = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors")
 # bench_serving's figures a run's summary gives per concurrency (median and spread over the repeats)
 SUMMARY = ("output_throughput", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
            "median_e2e_latency_ms", "p99_e2e_latency_ms", "accept_length")
@@ -81,11 +83,13 @@ def bench(server: Server, model_path: str, concurrency: int, args: argparse.Name
            "--num-prompts", str(max(args.min_prompts, 2 * concurrency)), "--max-concurrency", str(concurrency),
            "--output-file", str(out_file), "--seed", "1", "--disable-tqdm",
            # a first wave at the run's concurrency, not measured: every server meets its batch sizes before the run
-           "--warmup-requests", str(concurrency)]
+           "--warmup-requests", str(concurrency),
+           "--output-details"]  # each request's TTFT and token gaps, in the JSON lines only
     done = subprocess.run(cmd, capture_output=True, text=True)
     lines = out_file.read_text().splitlines() if out_file.is_file() else []
+    figures = json.loads(lines[-1]) if lines and done.returncode == 0 else {}
     return {"concurrency": concurrency, "returncode": done.returncode,
-            "sglang": json.loads(lines[-1]) if lines and done.returncode == 0 else {},
+            "sglang": {k: v for k, v in figures.items() if k not in PER_REQUEST},
             "stderr_tail": done.stderr[-1500:] if done.returncode else ""}
 
 

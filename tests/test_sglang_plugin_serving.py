@@ -3,6 +3,7 @@ charted from the medians, a failed pass left out."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -38,3 +39,23 @@ def test_chart_draws_medians_of_repeats_and_single_passes_alike(tmp_path: Path) 
         "broken": {"error": "did not start"}}}
     path = serving.chart(report, tmp_path / "chart.png")
     assert path.stat().st_size > 0
+
+
+def test_bench_asks_for_each_requests_figures_and_keeps_them_out_of_the_summary(tmp_path: Path, monkeypatch) -> None:
+    out_file = tmp_path / "run.jsonl"
+    line = {"output_throughput": 900.0, "median_tpot_ms": 1.0, "ttfts": [0.01, 0.02], "itls": [[0.001], [0.002]],
+            "output_lens": [256, 256], "generated_texts": ["a", "b"]}
+    seen: list[list[str]] = []
+
+    def run(cmd: list[str], **_: object) -> object:
+        seen.append(cmd)
+        out_file.write_text(json.dumps(line) + "\n")
+        return type("Done", (), {"returncode": 0, "stderr": ""})()
+
+    monkeypatch.setattr(serving.subprocess, "run", run)
+    server = type("S", (), {"port": 1234})()
+    args = type("A", (), {"dataset_path": "d.json", "input_len": 256, "output_len": 256, "min_prompts": 16})()
+    result = serving.bench(server, "/models/m", 8, args, out_file)
+    assert "--output-details" in seen[0] and seen[0][seen[0].index("--max-concurrency") + 1] == "8"
+    assert result["sglang"] == {"output_throughput": 900.0, "median_tpot_ms": 1.0}
+    assert json.loads(out_file.read_text())["ttfts"] == [0.01, 0.02]  # the raw lines keep them
