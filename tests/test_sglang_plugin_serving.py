@@ -1,5 +1,6 @@
 """benchmarks/sglang_plugin_serving.py: repeated passes are summarized per concurrency (median and spread) and
-charted from the medians, a failed pass left out."""
+charted from the medians, a failed pass left out; each run asks bench_serving for its per-request figures and keeps
+them out of the summary."""
 
 from __future__ import annotations
 
