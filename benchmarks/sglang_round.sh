@@ -9,7 +9,8 @@
 #   FORCE_S=240  FORCE_ARGS="--candidate specpilot --deterministic"   the forcing's bound (0: none) and its runs
 #   SERVE_ARGS="--server none --ours serve"                           the serving's runs (default: the script's)
 #   SKIP_INSTALL=1                                                    a later round on the same machine
-#   REPEATS=3                                         interleaved passes over C = 1, 8, 32 per server (median, spread)
+#   REPEATS=3  MIN_PROMPTS=16                         interleaved passes over C = 1, 8, 32 per server (median, spread),
+#                                                    each of max(MIN_PROMPTS, 2 C) prompts
 #   PROFILE_ARGS="--concurrency 1 32 --steps 60"     then benchmarks/sglang_plugin_profile.py (SGLang's profiler;
 #                                                    the summaries and logs come back, the traces stay)
 set -uo pipefail
@@ -30,7 +31,7 @@ if (( ${FORCE_S:-240} > 0 )); then
 fi
 bash benchmarks/sglang_ferry.sh run "timeout -s INT -k 15 $(( $(left) - 30 )) python3 benchmarks/sglang_plugin_serving.py \
     --model-path /tmp/smollm2 --dataset-path /tmp/sharegpt_first_exchanges.json ${SERVE_ARGS:-} \
-    --concurrency 1 8 32 --min-prompts 16 --repeats ${REPEATS:-3} --out $OUT/round/serving"
+    --concurrency 1 8 32 --min-prompts ${MIN_PROMPTS:-16} --repeats ${REPEATS:-3} --out $OUT/round/serving"
 echo "serving: exit $?"
 pkill -f sglang.launch_server
 if [ -n "${PROFILE_ARGS:-}" ] && (( $(left) > 90 )); then
