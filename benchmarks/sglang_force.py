@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sglang_plugin_serving import BASE, SERVERS, launch, on_backend  # noqa: E402
+from sglang_plugin_serving import BASE, SERVERS, add_kernel_arguments, launch, server_flags  # noqa: E402
 
 from specpilot.bench import provenance  # noqa: E402
 from specpilot.bench.datasets import DATASETS, apply_chat_template, load_prompts  # noqa: E402
@@ -50,17 +50,14 @@ def main() -> int:
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--sampling-seed", type=int, default=1,
                     help="the requests' seed where sampled (SGLang draws keyed by it under --deterministic)")
-    ap.add_argument("--deterministic", action="store_true",
-                    help="both servers with SGLang's --enable-deterministic-inference (its batch-invariant kernels)")
-    ap.add_argument("--attention-backend", default="triton", choices=["triton", "flashinfer"],
-                    help="SGLang's attention backend for AR and the candidates alike (the plugin verifies on either)")
+    add_kernel_arguments(ap)
     ap.add_argument("--mem-fraction-static", type=float, default=0.35,
                     help="each server's share of GPU memory (two run side by side; less leaves room for other work)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     # without prefill CUDA graphs: the first launch on a machine spends minutes compiling their kernels, and
     # forcing checks tokens, not prefill speed (both servers alike)
-    extra = " --disable-prefill-cuda-graph" + (" --enable-deterministic-inference" if args.deterministic else "")
+    extra = " --disable-prefill-cuda-graph"
     # seeded draws need SGLang's torch sampling backend (its FlashInfer one refuses a seed)
     extra += " --sampling-backend pytorch" if args.temperature > 0 else ""
     sampling = ({"temperature": args.temperature, "top_p": args.top_p, "sampling_seed": args.sampling_seed}
@@ -73,7 +70,7 @@ def main() -> int:
                     "max_new_tokens": args.max_new_tokens, "tie_band": args.tie_band,
                     "deterministic": args.deterministic, "sampling": sampling, "candidates": {}}
     failed = []
-    flags = {name: on_backend(f, args.attention_backend) + extra for name, f in CANDIDATES.items()}
+    flags = {name: server_flags(f, args) + extra for name, f in CANDIDATES.items()}
     ar = launch(args.model_path, flags["ar"], out / "ar.server.log", args.mem_fraction_static)
     try:
         reference = remembered(sglang_generate(ar.http(), with_margins=True, sampling=sampling))

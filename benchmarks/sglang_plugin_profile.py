@@ -26,7 +26,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from sglang_plugin_serving import SERVERS, bench, launch, on_backend
+from sglang_plugin_serving import SERVERS, add_kernel_arguments, add_load_arguments, bench, launch, server_flags
 
 from specpilot.bench import provenance
 from specpilot.optimizer.remote import Server
@@ -116,25 +116,19 @@ def profile_run(server: Server, name: str, concurrency: int, args: argparse.Name
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", required=True)
-    ap.add_argument("--dataset-path", required=True, help="the ShareGPT JSON bench_serving cuts prompts from")
     ap.add_argument("--server", action="append", choices=sorted(SERVERS), default=None,
                     help="an SGLang server of sglang_plugin_serving.py (default: ar and specpilot)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--steps", type=int, default=60, help="scheduler steps profiled per run")
-    ap.add_argument("--input-len", type=int, default=256)
-    ap.add_argument("--output-len", type=int, default=256)
-    ap.add_argument("--min-prompts", type=int, default=16)
-    ap.add_argument("--deterministic", action="store_true", help="every server with --enable-deterministic-inference")
-    ap.add_argument("--attention-backend", default="triton", choices=["triton", "flashinfer"])
+    add_load_arguments(ap, min_prompts=16)
+    add_kernel_arguments(ap)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    exact = " --enable-deterministic-inference" if args.deterministic else ""
     report: dict = {"provenance": provenance.collect(None, None), "runs": {}}
     for name in args.server or ["ar", "specpilot"]:
-        flags = on_backend(SERVERS[name], args.attention_backend) + exact
-        server = launch(args.model_path, flags, out / f"{name}.server.log")
+        server = launch(args.model_path, server_flags(SERVERS[name], args), out / f"{name}.server.log")
         try:
             for c in args.concurrency:
                 try:

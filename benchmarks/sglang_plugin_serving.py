@@ -55,10 +55,30 @@ SUMMARY = ("output_throughput", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms"
            "median_e2e_latency_ms", "p99_e2e_latency_ms", "accept_length")
 
 
-def on_backend(flags: str, backend: str) -> str:
-    """An SGLang server's flags on another attention backend (every server alike: AR's decode and the verify pass on
-    the same one)."""
-    return flags.replace(BACKEND, f"--attention-backend {backend}")
+def add_kernel_arguments(ap: argparse.ArgumentParser) -> None:
+    """The kernels every SGLang server of a run shares (server_flags)."""
+    ap.add_argument("--deterministic", action="store_true",
+                    help="every SGLang server with --enable-deterministic-inference (its batch-invariant kernels; "
+                         "SPECPILOT's exact verify: its decode rows)")
+    ap.add_argument("--attention-backend", default="triton", choices=["triton", "flashinfer"],
+                    help="every SGLang server's attention backend (the plugin verifies on either)")
+
+
+def add_load_arguments(ap: argparse.ArgumentParser, min_prompts: int) -> None:
+    """What `bench` reads: the prompts bench_serving makes and how many."""
+    ap.add_argument("--dataset-path", required=True,
+                    help="a ShareGPT JSON, the text SGLang's random prompts are cut from (it would download one "
+                         "otherwise): scripts/export_sharegpt_first_turns.py --first-exchanges, gunzipped")
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--min-prompts", type=int, default=min_prompts)
+
+
+def server_flags(flags: str, args: argparse.Namespace) -> str:
+    """An SGLang server's flags on the run's kernels (add_kernel_arguments): every server alike, so AR's decode and
+    the verify pass run on the same backend."""
+    exact = " --enable-deterministic-inference" if args.deterministic else ""
+    return flags.replace(BACKEND, f"--attention-backend {args.attention_backend}") + exact
 
 
 def launch(model_path: str, flags: str, log: Path, mem_fraction: float = 0.6) -> Server:
@@ -167,27 +187,16 @@ def main() -> int:
                     help="a `specpilot serve` server: a name and its flags, or a default's name alone (default: "
                          "serve on CUDA; 'none': no such)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--dataset-path", required=True,
-                    help="a ShareGPT JSON, the text SGLang's random prompts are cut from (it would download one "
-                         "otherwise): scripts/export_sharegpt_first_turns.py --first-exchanges, gunzipped")
-    ap.add_argument("--input-len", type=int, default=256)
-    ap.add_argument("--output-len", type=int, default=256)
-    ap.add_argument("--min-prompts", type=int, default=32)
+    add_load_arguments(ap, min_prompts=32)
     ap.add_argument("--repeats", type=int, default=3,
                     help="passes over the concurrencies per server, interleaved (C = 1, 8, 32, then again)")
     ap.add_argument("--identity-tokens", type=int, default=128)
-    ap.add_argument("--deterministic", action="store_true",
-                    help="every SGLang server with --enable-deterministic-inference (SPECPILOT's exact verify: its "
-                         "decode rows), to price it against AR under the same kernels")
-    ap.add_argument("--attention-backend", default="triton", choices=["triton", "flashinfer"],
-                    help="every SGLang server's attention backend")
+    add_kernel_arguments(ap)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    exact = " --enable-deterministic-inference" if args.deterministic else ""
-    servers = {name: ("sglang", on_backend(flags, args.attention_backend) + exact)
-               for name, flags in named(args.server, SERVERS).items()}
+    servers = {name: ("sglang", server_flags(flags, args)) for name, flags in named(args.server, SERVERS).items()}
     servers |= {name: ("specpilot", flags) for name, flags in named(args.ours, OURS).items()}
     report: dict = {"provenance": provenance.collect(None, None), "prompts": PROMPTS, "servers": {}}
     for name, (kind, flags) in servers.items():
