@@ -25,7 +25,8 @@ sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "benchmarks")!r}]
 
 
 @pytest.mark.parametrize("module", ["specpilot.engine.engine", "specpilot.bench.harness", "common", "gpu_b12_gemm",
-                                    "gpu_engine", "gpu_spec", "gpu_step_profile", "ar_overlap"])
+                                    "gpu_engine", "gpu_spec", "gpu_step_profile", "ar_overlap",
+                                    "train_step_profile"])
 def test_imports_without_the_server_s_packages(module):
     run = subprocess.run([sys.executable, "-c", BLOCKER + f"import {module}"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -41,13 +41,14 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from safetensors.torch import save_file
+from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 from specpilot.drafters.dflash_model import DFlashConfig, DFlashModel
 from specpilot.engine.engine import Engine, EngineConfig, resolve_device, resolve_dtype
 from specpilot.kernels.fused import silu_and_mul
 from specpilot.models.build import unfuse_layer_weights
-from specpilot.models.checkpoint import chat_template_text, load_checkpoint
+from specpilot.models.checkpoint import Checkpoint, chat_template_text, load_checkpoint
 from specpilot.models.config import ModelConfig
 from specpilot.models.rope import RotaryTable
 from specpilot.models.transformer import MLP, Attention, Transformer
@@ -71,6 +72,7 @@ LOGIT_CHUNK_ELEMENTS = 1 << 27
 LOGIT_BYTES = 12  # per logit element: fp32 logits, their gradient and the bf16 matmul output
 NOT_COUNTED = 1 << 30  # a slot's target rank where the slot is not counted (past its response)
 VALIDATION_TOPK = 4  # validation's tree figure: each slot's top-k candidates (the served trees' top-k)
+STEP_PHASES = ("batch", "features", "forward", "backward", "optimizer")  # a training step's named ranges
 LOG_EVERY = 50  # steps between log lines when the console is not a terminal (no live progress bar)
 # Data generation admits new prompts once 1/8 of its slots are free: on a GPU each admission is an eager
 # prefill pass, and admitting per finished request made about one prefill for every two decode steps.
@@ -488,11 +490,12 @@ def cosine_with_warmup(total_steps: int, warmup_steps: int):
 
 
 @contextmanager
-def _deterministic():
+def deterministic_algorithms(enabled: bool = True):
     """Deterministic kernels for the training steps: on CUDA, attention's backward (cuDNN) otherwise adds
-    in arbitrary order, and it switches only in strict mode (warn-only mode keeps the fast, unordered one)."""
+    in arbitrary order, and it switches only in strict mode (warn-only mode keeps the fast, unordered one).
+    `enabled=False`: torch's defaults, for benchmarks/train_step_profile.py to price the difference."""
     was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(enabled)
     try:
         yield
     finally:
@@ -531,16 +534,22 @@ class DraftTrainer:
 
     def train_step(self) -> None:
         cfg, step = self.cfg, self.step
-        batch = make_batch(self.samples, self.batch_indices(step), cfg.anchors_per_seq,
-                           _generator(cfg.seed, "anchors", step), self.device)
-        feats = self.features(batch.indices)
-        targets, ok = block_targets(batch, cfg.block_size)
-        loss, ranks = self._loss(batch, feats, targets, ok)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        # the phases as named ranges, for a profiler to attribute the step's time (benchmarks/train_step_profile.py)
+        with record_function(STEP_PHASES[0]):
+            batch = make_batch(self.samples, self.batch_indices(step), cfg.anchors_per_seq,
+                               _generator(cfg.seed, "anchors", step), self.device)
+        with record_function(STEP_PHASES[1]):
+            feats = self.features(batch.indices)
+        with record_function(STEP_PHASES[2]):
+            targets, ok = block_targets(batch, cfg.block_size)
+            loss, ranks = self._loss(batch, feats, targets, ok)
+        with record_function(STEP_PHASES[3]):
+            loss.backward()
+        with record_function(STEP_PHASES[4]):
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
         epoch, value = step // self.steps_per_epoch, loss.item()
         while len(self.epochs) <= epoch:
             self.epochs.append(EpochStats())
@@ -579,7 +588,7 @@ class DraftTrainer:
         stop = self.total_steps if cfg.stop_after is None else min(self.total_steps, self.step + cfg.stop_after)
         task = progress.add_task("training", total=self.total_steps, completed=self.step, stats="")
         start, before, first = time.perf_counter(), self.elapsed_s, self.step
-        with _deterministic():
+        with deterministic_algorithms():
             while self.step < stop and not self.stopped_early:
                 self.train_step()
                 if self.validation is not None and self.step % self.steps_per_epoch == 0:  # an epoch ended
@@ -695,16 +704,18 @@ def export_dflash(model: DFlashModel, cfg: DFlashConfig, num_target_layers: int,
 # ---------------------------------------------------------------- entry point
 
 
-def _target_engine(cfg: TrainConfig) -> Engine:
+def target_engine(cfg: TrainConfig, checkpoint: Checkpoint | None = None, model: Transformer | None = None) -> Engine:
+    """The frozen target a run trains against: --target's checkpoint, or `checkpoint` with its built `model`
+    (benchmarks/train_step_profile.py: synthetic weights of the real shapes)."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    checkpoint = load_checkpoint(cfg.target, dtype=dtype)
+    checkpoint = checkpoint or load_checkpoint(cfg.target, dtype=dtype)
     engine = Engine(checkpoint, EngineConfig(
         model_path=cfg.target, device=cfg.device, dtype=cfg.dtype, context_length=cfg.max_seq_len,
         max_running_requests=max(cfg.gen_batch_size, cfg.batch_size),
         # whole sequences of a training batch at once (the CPU default pool would hold fewer)
         max_total_tokens=max(cfg.gen_batch_size, cfg.batch_size) * cfg.max_seq_len,
-        min_prefill_batch=max(1, cfg.gen_batch_size // GEN_PREFILL_WAVE)))
+        min_prefill_batch=max(1, cfg.gen_batch_size // GEN_PREFILL_WAVE)), model=model)
     engine.model.requires_grad_(False)  # frozen: embedding and LM head are shared, never trained
     return engine
 
@@ -733,7 +744,7 @@ def train_drafter(cfg: TrainConfig, prompts: list[list[int]] | None = None,
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    engine = _target_engine(cfg)
+    engine = target_engine(cfg)
     tcfg = engine.checkpoint.config
     taps = cfg.target_layer_ids or build_target_layer_ids(tcfg.num_layers, cfg.num_taps)
     mask = cfg.mask_token_id if cfg.mask_token_id is not None else default_mask_token_id(engine.tokenizer,
