@@ -27,6 +27,14 @@ prepare)
     # ShareGPT text for SGLang's benchmark client, which would download it (benchmarks/sglang_round.sh carries it)
     "${PYTHON:-.venv/bin/python}" scripts/export_sharegpt_first_turns.py --first-exchanges \
         --out "$FERRY/sharegpt_first_exchanges.json.gz"
+    # a stage call carries the tracked tree, the manifest and one part: all within the device's 64 MiB
+    tree=$(git ls-files -z | du --files0-from=- -cb | tail -1 | cut -f1)
+    part=$(du -sb "$FERRY"/part* | sort -n | tail -1 | cut -f1)
+    if (( tree + part + $(stat -c %s "$FERRY/manifest.json") > 64 * 2**20 )); then
+        echo "the tracked tree ($tree B) and the largest part ($part B) exceed a call's 64 MiB: lower PART_MIB" \
+             "in benchmarks/sglang_wheels.py" >&2
+        exit 1
+    fi
     ;;
 stage)
     mkdir -p "$STAGED"

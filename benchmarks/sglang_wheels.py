@@ -32,7 +32,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent
 SGLANG = "sglang==0.5.17"
-PART_MIB = 34  # a part and the working tree (~25 MiB) within a call's 64 MiB
+PART_MIB = 28  # a part beside the working tree (~32 MiB; `sglang_ferry.sh prepare` checks) within 64 MiB
 # the device's interpreter and platform, as pip's --platform tags and as marker values
 PLATFORMS = ["manylinux1_x86_64", "manylinux2014_x86_64", *(f"manylinux_2_{n}_x86_64" for n in range(5, 40)),
              "linux_x86_64"]

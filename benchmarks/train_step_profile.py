@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rich.table import Table
+from torch.autograd import DeviceType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import synthetic_model, timed_ms  # noqa: E402
@@ -120,7 +121,8 @@ def profile_steps(trainer: DraftTrainer, steps: int, top: int) -> dict:
     def own_us(event) -> float:
         return event.self_device_time_total if cuda else event.self_cpu_time_total
 
-    events = prof.events()
+    # operators only: a kernel's own entry would count its time a second time, beside its operator's
+    events = [e for e in prof.events() if e.device_type == DeviceType.CPU]
     ranges = [(e.time_range.start, e.time_range.end, e.name) for e in events if e.name in STEP_PHASES]
     phases = dict.fromkeys(STEP_PHASES, 0.0)
     for event in events:
@@ -131,7 +133,8 @@ def profile_steps(trainer: DraftTrainer, steps: int, top: int) -> dict:
             if first <= start <= last:
                 phases[name] += own_us(event) / 1e3 / steps
                 break
-    ops = [e for e in prof.key_averages() if e.key not in STEP_PHASES and own_us(e) > 0]
+    ops = [e for e in prof.key_averages()
+           if e.device_type == DeviceType.CPU and e.key not in STEP_PHASES and own_us(e) > 0]
     ops.sort(key=own_us, reverse=True)
     listed = [{"name": e.key[:120], "ms": own_us(e) / 1e3 / steps, "calls": e.count / steps} for e in ops[:top]]
     return {"clock": "device" if cuda else "cpu", "phases_ms": phases, "top": listed,
