@@ -1,8 +1,8 @@
 """Where a drafter training step's time goes: the trainer's own step (specpilot.training.train) on a synthetic
 target of the embedded model's shapes, random sequences of the recipe's lengths, and the recipe's drafter.
 
-Each mode (MODES: the deterministic algorithms the trainer runs under, those without filling fresh memory, and
-torch's defaults) warms up, then runs its
+Each mode (MODES: the deterministic algorithms the trainer runs under, torch's strict mode that also fills fresh
+memory, and torch's defaults) warms up, then runs its
 steps one at a time with the device drained between them (wall time per step, median and spread), then a few
 more under torch's profiler: each named phase of the step (STEP_PHASES: batch, features, forward, backward,
 optimizer) with its device time, and the kernels that take the most. On the device no ferry is needed:
@@ -41,9 +41,9 @@ SMOLLM2_135M = ModelConfig(
     num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
     tie_word_embeddings=True, bos_token_id=1, eos_token_ids=[2],
 )
-# (deterministic algorithms, their filling of fresh allocations): the trainer's mode; the same without the fill
-# (torch fills every new tensor's memory under deterministic algorithms, a write per allocation); torch's default
-MODES = {"deterministic": (True, True), "deterministic-nofill": (True, False), "default": (False, False)}
+# (deterministic algorithms, their filling of fresh allocations): the trainer's mode (no fill); torch's own strict
+# mode, which fills every new tensor's memory (a write per allocation); torch's default
+MODES = {"deterministic": (True, False), "deterministic-fill": (True, True), "default": (False, False)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -142,17 +142,11 @@ def profile_steps(trainer: DraftTrainer, steps: int, top: int) -> dict:
 
 
 def run_mode(trainer: DraftTrainer, mode: str, args: argparse.Namespace) -> dict:
-    deterministic, fill = MODES[mode]
-    was = torch.utils.deterministic.fill_uninitialized_memory
-    torch.utils.deterministic.fill_uninitialized_memory = fill
-    try:
-        with deterministic_algorithms(deterministic):
-            for _ in range(args.warmup):
-                trainer.train_step()
-            wall = [timed_ms(trainer.train_step, trainer.device) for _ in range(args.steps)]
-            profiled = profile_steps(trainer, args.profiled_steps, args.top)
-    finally:
-        torch.utils.deterministic.fill_uninitialized_memory = was
+    with deterministic_algorithms(*MODES[mode]):
+        for _ in range(args.warmup):
+            trainer.train_step()
+        wall = [timed_ms(trainer.train_step, trainer.device) for _ in range(args.steps)]
+        profiled = profile_steps(trainer, args.profiled_steps, args.top)
     return {"step_ms": spread(wall), "step_ms_each": wall, **profiled}
 
 

@@ -490,16 +490,21 @@ def cosine_with_warmup(total_steps: int, warmup_steps: int):
 
 
 @contextmanager
-def deterministic_algorithms(enabled: bool = True):
+def deterministic_algorithms(enabled: bool = True, fill: bool = False):
     """Deterministic kernels for the training steps: on CUDA, attention's backward (cuDNN) otherwise adds
     in arbitrary order, and it switches only in strict mode (warn-only mode keeps the fast, unordered one).
+    Strict mode also fills every fresh tensor's memory (`fill`), a write per allocation that only matters to
+    code reading memory it never wrote; the trainer's steps do not (its cost: docs/RESULTS.md, session 41).
     `enabled=False`: torch's defaults, for benchmarks/train_step_profile.py to price the difference."""
     was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    filled = torch.utils.deterministic.fill_uninitialized_memory
     torch.use_deterministic_algorithms(enabled)
+    torch.utils.deterministic.fill_uninitialized_memory = fill
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(was, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = filled
 
 
 class DraftTrainer:
