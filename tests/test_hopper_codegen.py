@@ -63,3 +63,18 @@ def test_b12_gemm_and_its_packed_decode_compile_for_hopper(mnk) -> None:
     """Llama-8B's qkv at M=1 and down at M=16, and a K with a short last block (its element-wise nibbles)."""
     _, ptx, cubin = b12_codegen.compile_for(*mnk)
     assert cubin and "prmt.b32" in ptx  # the packed decode's byte permutes reached the PTX
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="this triton install has no ptxas")
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_the_training_cross_entropy_compiles_for_hopper(dtype: str) -> None:
+    from triton.backends.compiler import GPUTarget
+
+    from specpilot.kernels import cross_entropy as ce
+
+    kernel = ce._cross_entropy_rows_kernel
+    signature = {"x_ptr": f"*{dtype}", "stride_row": "i32", "n_cols": "i32", "target_ptr": "*i64",
+                 "loss_ptr": "*fp32", "rank_ptr": "*i64", "BLOCK": "constexpr"}
+    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs={"BLOCK": ce.BLOCK})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+    assert compiled.asm["cubin"]

@@ -534,3 +534,29 @@ def test_cached_responses_are_stored_in_16_bits_and_older_int32_caches_still_loa
     again = train_drafter(tiny_config(tmp_path / "b", target_dir, epochs=1, validation_prompts=0), prompts)
     assert again["data"]["reused_cache"] and again["data"]["num_sequences"] == first["data"]["num_sequences"]
     assert again["step_losses"] == first["step_losses"]  # the same sequences, read back as int32
+
+
+def test_the_fused_hard_loss_is_the_plain_cross_entropy_and_its_gradient():
+    """The recipe's hard labels run through the fused path (logits in the head's dtype, the gradient kept from
+    the forward): the same loss, ranks and gradient as torch's cross-entropy through autograd, chunked or not,
+    and no gradient kept under no_grad (validation)."""
+    g = torch.Generator().manual_seed(3)
+    head = torch.randn(40, 8, generator=g)
+    targets = torch.randint(0, 40, (11,), generator=g)
+    h0 = torch.randn(11, 8, generator=g)
+    h = h0.clone().requires_grad_(True)
+    logits = h @ head.T
+    want = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+    weights = torch.rand(11, generator=g)
+    (want_grad,) = torch.autograd.grad((want * weights).sum(), h)
+    want_rank = (logits > logits.gather(1, targets[:, None])).sum(1)
+    for chunk in (40 * 11, 40 * 3):
+        h = h0.clone().requires_grad_(True)
+        ce, rank = lm_head_loss(h, head, targets, chunk)
+        (grad,) = torch.autograd.grad((ce * weights).sum(), h)
+        torch.testing.assert_close(ce, want.detach())
+        assert torch.equal(rank, want_rank)
+        torch.testing.assert_close(grad, want_grad)
+    with torch.no_grad():
+        ce, _ = lm_head_loss(h0, head, targets)
+    assert not ce.requires_grad

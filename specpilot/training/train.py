@@ -46,6 +46,7 @@ from torch.utils.checkpoint import checkpoint
 
 from specpilot.drafters.dflash_model import DFlashConfig, DFlashModel
 from specpilot.engine.engine import Engine, EngineConfig, resolve_device, resolve_dtype
+from specpilot.kernels.cross_entropy import cross_entropy_rows
 from specpilot.kernels.fused import silu_and_mul
 from specpilot.models.build import unfuse_layer_weights
 from specpilot.models.checkpoint import Checkpoint, chat_template_text, load_checkpoint
@@ -325,6 +326,37 @@ def _ce_and_rank(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, sof
     return ce, rank
 
 
+class _HeadCrossEntropy(torch.autograd.Function):
+    """Per-row cross-entropy of `h @ head.T` against `targets`, and the targets' ranks, with the logits only ever in
+    the head's dtype (kernels/cross_entropy.py). The head is frozen and row r's loss depends on h[r] alone, so
+    the forward keeps d loss_r / d h_r = (softmax - one-hot) @ head, and the backward scales it by each row's
+    incoming gradient: no logits are kept or recomputed for backward."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor,
+                rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        keep_grad = ctx.needs_input_grad[0]
+        losses, ranks, grads = [], [], []
+        for i in range(0, h.shape[0], rows):
+            logits = h[i : i + rows].to(head.dtype) @ head.T
+            loss, rank = cross_entropy_rows(logits, targets[i : i + rows])  # logits become the loss's gradient
+            losses.append(loss)
+            ranks.append(rank)
+            if keep_grad:
+                grads.append(logits @ head)
+        rank = torch.cat(ranks)
+        ctx.mark_non_differentiable(rank)
+        ctx.h_dtype = h.dtype
+        if keep_grad:
+            ctx.save_for_backward(torch.cat(grads))
+        return torch.cat(losses), rank
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor, _grad_rank: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        (row_grads,) = ctx.saved_tensors
+        return (grad_loss[:, None] * row_grads.float()).to(ctx.h_dtype), None, None, None
+
+
 def logit_chunk_elements(device: torch.device) -> int:
     """Logit elements the loss may hold at once: on CUDA what a quarter of the free memory holds (on an
     H200 a whole batch, so no recomputation), elsewhere LOGIT_CHUNK_ELEMENTS."""
@@ -339,11 +371,14 @@ def lm_head_loss(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor,
                  mix: LossMix = LossMix()) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row loss and the target token's rank (0: the drafter's top token) through the frozen head: the
     cross-entropy against the token, with `soft_h` (the target's final hidden state that decided each row's
-    token) mixed with the one against the target's distribution, plus the ranking term (`LossMix`). Beyond one
-    chunk of rows the logits are recomputed in backward instead of kept (a 150K vocabulary makes them the
-    largest activation)."""
+    token) mixed with the one against the target's distribution, plus the ranking term (`LossMix`). The plain
+    cross-entropy runs fused (`_HeadCrossEntropy`: logits in the head's dtype, chunk by chunk, none kept); with
+    the others, beyond one chunk of rows the logits are recomputed in backward instead of kept (a 150K vocabulary
+    makes them the largest activation)."""
     copies = 1 + (soft_h is not None) + (mix.rank_weight > 0)  # logit-sized tensors a row holds at once
     rows = max(1, chunk_elements // head.shape[0] // copies)
+    if soft_h is None and not mix.rank_weight:  # the recipe's hard labels: the fused path
+        return _HeadCrossEntropy.apply(h, head, targets, rows)
     if h.shape[0] <= rows:
         return _ce_and_rank(h, head, targets, soft_h, mix)
     parts = [checkpoint(_ce_and_rank, h[i : i + rows], head, targets[i : i + rows],
