@@ -1,11 +1,12 @@
 """Where a drafter training step's time goes: the trainer's own step (specpilot.training.train) on a synthetic
 target of the embedded model's shapes, random sequences of the recipe's lengths, and the recipe's drafter.
 
-Each mode (MODES: the deterministic algorithms the trainer runs under, torch's strict mode that also fills fresh
-memory, and torch's defaults) warms up, then runs its
-steps one at a time with the device drained between them (wall time per step, median and spread), then a few
-more under torch's profiler: each named phase of the step (STEP_PHASES: batch, features, forward, backward,
-optimizer) with its device time, and the kernels that take the most. On the device no ferry is needed:
+Modes (MODES): the trainer's (deterministic algorithms, the fused hard-label loss), the same with the fp32 loss
+path, torch's strict deterministic mode that also fills fresh memory, and torch's defaults. Each warms up; then the
+timed steps run one at a time with the device drained between them, the modes interleaved step by step (wall time
+per step, median and spread); then a few more steps per mode under torch's profiler: each named phase of the step
+(STEP_PHASES: batch, features, forward, backward, optimizer) with its device time, and the operators that take the
+most. On the device no ferry is needed:
 
     PYTHONPATH=$PWD python3 benchmarks/train_step_profile.py --out $OUT/train_step.json
 """
@@ -16,6 +17,8 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -41,9 +44,11 @@ SMOLLM2_135M = ModelConfig(
     num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
     tie_word_embeddings=True, bos_token_id=1, eos_token_ids=[2],
 )
-# (deterministic algorithms, their filling of fresh allocations): the trainer's mode (no fill); torch's own strict
-# mode, which fills every new tensor's memory (a write per allocation); torch's default
-MODES = {"deterministic": (True, False), "deterministic-fill": (True, True), "default": (False, False)}
+# (deterministic algorithms, their filling of fresh allocations, the fused hard-label loss): the trainer's mode;
+# the loss's fp32 path; torch's own strict mode, which fills every new tensor's memory (a write per allocation);
+# torch's default
+MODES = {"deterministic": (True, False, True), "fp32-loss": (True, False, False),
+         "deterministic-fill": (True, True, True), "default": (False, False, True)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -141,13 +146,30 @@ def profile_steps(trainer: DraftTrainer, steps: int, top: int) -> dict:
             "total_ms": sum(map(own_us, ops)) / 1e3 / steps}
 
 
-def run_mode(trainer: DraftTrainer, mode: str, args: argparse.Namespace) -> dict:
-    with deterministic_algorithms(*MODES[mode]):
-        for _ in range(args.warmup):
-            trainer.train_step()
-        wall = [timed_ms(trainer.train_step, trainer.device) for _ in range(args.steps)]
-        profiled = profile_steps(trainer, args.profiled_steps, args.top)
-    return {"step_ms": spread(wall), "step_ms_each": wall, **profiled}
+@contextmanager
+def mode_of(trainer: DraftTrainer, mode: str) -> Iterator[None]:
+    deterministic, fill, fused = MODES[mode]
+    trainer.fused_loss = fused
+    with deterministic_algorithms(deterministic, fill):
+        yield
+
+
+def run_modes(trainer: DraftTrainer, args: argparse.Namespace) -> dict[str, dict]:
+    for mode in args.modes:
+        with mode_of(trainer, mode):
+            for _ in range(args.warmup):
+                trainer.train_step()
+    wall: dict[str, list[float]] = {mode: [] for mode in args.modes}
+    for _ in range(args.steps):  # interleaved: a drift of the device's clocks or heat spreads over every mode
+        for mode in args.modes:
+            with mode_of(trainer, mode):
+                wall[mode].append(timed_ms(trainer.train_step, trainer.device))
+    results = {}
+    for mode in args.modes:
+        with mode_of(trainer, mode):
+            profiled = profile_steps(trainer, args.profiled_steps, args.top)
+        results[mode] = {"step_ms": spread(wall[mode]), "step_ms_each": wall[mode], **profiled}
+    return results
 
 
 def report(results: dict, console: Console) -> None:
@@ -177,8 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                "torch": torch.__version__, "args": {k: str(v) for k, v in vars(args).items()},
                "drafter_parameters": sum(p.numel() for p in trainer.model.parameters()), "modes": {}}
-    for mode in args.modes:
-        results["modes"][mode] = run_mode(trainer, mode, args)
+    results["modes"] = run_modes(trainer, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     report(results, Console())

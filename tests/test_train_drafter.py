@@ -539,7 +539,7 @@ def test_cached_responses_are_stored_in_16_bits_and_older_int32_caches_still_loa
 def test_the_fused_hard_loss_is_the_plain_cross_entropy_and_its_gradient():
     """The recipe's hard labels run through the fused path (logits in the head's dtype, the gradient kept from
     the forward): the same loss, ranks and gradient as torch's cross-entropy through autograd, chunked or not,
-    and no gradient kept under no_grad (validation)."""
+    as the fp32 path, and no gradient kept under no_grad (validation)."""
     g = torch.Generator().manual_seed(3)
     head = torch.randn(40, 8, generator=g)
     targets = torch.randint(0, 40, (11,), generator=g)
@@ -550,9 +550,9 @@ def test_the_fused_hard_loss_is_the_plain_cross_entropy_and_its_gradient():
     weights = torch.rand(11, generator=g)
     (want_grad,) = torch.autograd.grad((want * weights).sum(), h)
     want_rank = (logits > logits.gather(1, targets[:, None])).sum(1)
-    for chunk in (40 * 11, 40 * 3):
+    for chunk, fused in ((40 * 11, True), (40 * 3, True), (40 * 3, False)):  # False: the fp32 path
         h = h0.clone().requires_grad_(True)
-        ce, rank = lm_head_loss(h, head, targets, chunk)
+        ce, rank = lm_head_loss(h, head, targets, chunk, fused=fused)
         (grad,) = torch.autograd.grad((ce * weights).sum(), h)
         torch.testing.assert_close(ce, want.detach())
         assert torch.equal(rank, want_rank)

@@ -368,16 +368,16 @@ def logit_chunk_elements(device: torch.device) -> int:
 
 def lm_head_loss(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor,
                  chunk_elements: int = LOGIT_CHUNK_ELEMENTS, soft_h: torch.Tensor | None = None,
-                 mix: LossMix = LossMix()) -> tuple[torch.Tensor, torch.Tensor]:
+                 mix: LossMix = LossMix(), fused: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row loss and the target token's rank (0: the drafter's top token) through the frozen head: the
     cross-entropy against the token, with `soft_h` (the target's final hidden state that decided each row's
     token) mixed with the one against the target's distribution, plus the ranking term (`LossMix`). The plain
-    cross-entropy runs fused (`_HeadCrossEntropy`: logits in the head's dtype, chunk by chunk, none kept); with
-    the others, beyond one chunk of rows the logits are recomputed in backward instead of kept (a 150K vocabulary
-    makes them the largest activation)."""
+    cross-entropy runs `fused` (`_HeadCrossEntropy`: logits in the head's dtype, chunk by chunk, none kept;
+    `fused=False` prices the fp32 path against it); otherwise, beyond one chunk of rows the logits are recomputed
+    in backward instead of kept (a 150K vocabulary makes them the largest activation)."""
     copies = 1 + (soft_h is not None) + (mix.rank_weight > 0)  # logit-sized tensors a row holds at once
     rows = max(1, chunk_elements // head.shape[0] // copies)
-    if soft_h is None and not mix.rank_weight:  # the recipe's hard labels: the fused path
+    if fused and soft_h is None and not mix.rank_weight:  # the recipe's hard labels
         return _HeadCrossEntropy.apply(h, head, targets, rows)
     if h.shape[0] <= rows:
         return _ce_and_rank(h, head, targets, soft_h, mix)
@@ -389,7 +389,7 @@ def lm_head_loss(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor,
 
 def draft_loss(hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, ok: torch.Tensor,
                gamma: float, chunk_elements: int = LOGIT_CHUNK_ELEMENTS, soft_h: torch.Tensor | None = None,
-               mix: LossMix = LossMix()) -> tuple[torch.Tensor, torch.Tensor]:
+               mix: LossMix = LossMix(), fused: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The loss of slots 1..B-1 (lm_head_loss) weighted by exp(-(k-1)/gamma) (early slots gate every later
     acceptance, so the ranking term is weighted by depth too), averaged over counted slots; also each slot's
     target rank (NOT_COUNTED where not counted). `soft_h` [N, A, B-1, H]: the target's hidden states behind the
@@ -397,7 +397,7 @@ def draft_loss(hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, 
     slots = hidden.shape[2] - 1
     weights = torch.exp(-torch.arange(slots, device=hidden.device, dtype=torch.float32) / gamma).expand(ok.shape)
     ce, rank = lm_head_loss(hidden[:, :, 1:][ok], head, targets[ok], chunk_elements,
-                            None if soft_h is None else soft_h[ok], mix)
+                            None if soft_h is None else soft_h[ok], mix, fused)
     w = weights[ok]
     ranks = torch.full(ok.shape, NOT_COUNTED, dtype=torch.long, device=ok.device)
     ranks[ok] = rank
@@ -565,6 +565,7 @@ class DraftTrainer:
         self.stopped_early = False  # --patience ended the run before its last epoch
         self.autocast = torch.autocast(self.device.type, dtype=engine.dtype, enabled=engine.dtype != torch.float32)
         self.logit_chunk = logit_chunk_elements(self.device)
+        self.fused_loss = True  # the hard-label loss through _HeadCrossEntropy (train_step_profile.py turns it off)
 
     # ---- one step -----------------------------------------------------------------------------
     def batch_indices(self, step: int) -> list[int]:
@@ -608,7 +609,7 @@ class DraftTrainer:
             hidden = draft_hidden(self.model, self.engine.model, self.rope, feats, batch.tokens, batch.anchors,
                                   self.dcfg.mask_token_id, self.cfg.block_size)
             return draft_loss(hidden, self.engine.model.lm_head.weight, targets, ok, self.cfg.loss_gamma,
-                              self.logit_chunk, soft_h, self.cfg.loss_mix)
+                              self.logit_chunk, soft_h, self.cfg.loss_mix, self.fused_loss)
 
     @torch.no_grad()
     def validate(self) -> dict:
