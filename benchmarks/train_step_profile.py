@@ -98,8 +98,7 @@ def build_trainer(args: argparse.Namespace) -> DraftTrainer:
                       anchors_per_seq=args.anchors_per_seq, max_seq_len=args.max_seq_len, gen_batch_size=1,
                       distill=args.distill, rank_loss=args.rank_loss, seed=args.seed, device=args.device,
                       dtype="bfloat16" if device.type == "cuda" else "float32")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = synthetic_model(SMOLLM2_135M, device, dtype, args.seed)
+    model = synthetic_model(SMOLLM2_135M, device, getattr(torch, cfg.dtype), args.seed)
     engine = target_engine(cfg, Checkpoint(config=SMOLLM2_135M, state_dict={}, tokenizer=None, source="synthetic"),
                            model)
     taps = build_target_layer_ids(SMOLLM2_135M.num_layers, args.num_taps)
