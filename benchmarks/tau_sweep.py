@@ -1,5 +1,6 @@
 """τ (tokens per verify pass) of DFlash drafting settings that change no device work per step, on any
-device: the tree's top-k, n-gram assistance and the probability a tree gives prompt lookup's path.
+device: the tree's top-k, n-gram assistance, the probability a tree gives prompt lookup's path, and the drafter
+(`--draft DIR ...`: checkpoints side by side; `shipped` is the embedded model's default).
 
 Greedy decoding commits the same tokens whatever the batch, so prompts run `--batch` at a time (fast on
 CPU) and only τ is reported — no timings. Speed needs `specpilot bench` at B=1.
@@ -23,16 +24,19 @@ from specpilot.config import SamplingParams  # noqa: E402
 from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
 
 DEFAULT_LOOKUP_PROB = EngineConfig.speculative_lookup_prob
+SHIPPED = "shipped"
 
 
-def tau(topk: int, assist: int, lookup_prob: float, datasets: list[str], args: argparse.Namespace) -> dict:
+def tau(draft: str, topk: int, assist: int, lookup_prob: float, datasets: list[str],
+        args: argparse.Namespace) -> dict:
     engine = Engine.from_config(EngineConfig(
         device=args.device, speculative_algorithm="dflash", speculative_num_draft_tokens=args.block,
+        speculative_draft_model_path=None if draft == SHIPPED else draft,
         speculative_eagle_topk=topk, speculative_ngram_assist=assist, max_running_requests=args.batch,
         # the tunable applies to trees only (a chain merges no lookup)
         speculative_lookup_prob=lookup_prob if topk > 1 else DEFAULT_LOOKUP_PROB))
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    row = {"topk": topk, "assist": assist, "lookup_prob": lookup_prob}
+    row = {"draft": draft, "topk": topk, "assist": assist, "lookup_prob": lookup_prob}
     for name in datasets:
         prompts = [apply_chat_template(engine.tokenizer, p) for p in load_prompts(name, args.num_prompts)]
         engine.reset_spec_stats()
@@ -47,6 +51,8 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--block", type=int, default=16)
+    p.add_argument("--draft", nargs="+", default=[SHIPPED],
+                   help=f"DFlash checkpoint directories ({SHIPPED}: the default)")
     p.add_argument("--topk", type=int, nargs="+", default=[4])
     p.add_argument("--assist", type=int, nargs="+", default=[2])
     p.add_argument("--lookup-prob", type=float, nargs="+", default=[DEFAULT_LOOKUP_PROB])
@@ -55,8 +61,8 @@ def main() -> None:
     p.add_argument("--out")
     args = p.parse_args()
     rows = []
-    for topk, assist, prob in itertools.product(args.topk, args.assist, args.lookup_prob):
-        rows.append(tau(topk, assist, prob, args.dataset, args))
+    for draft, topk, assist, prob in itertools.product(args.draft, args.topk, args.assist, args.lookup_prob):
+        rows.append(tau(draft, topk, assist, prob, args.dataset, args))
         print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in rows[-1].items()),
               flush=True)
     write_json(out_dir(args.out) / "tau_sweep.json", {"args": vars(args), "rows": rows})
