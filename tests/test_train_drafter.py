@@ -403,6 +403,16 @@ def test_validation_prompts_follow_the_training_prompts():
     assert not {tuple(p) for p in held_out} & {tuple(p) for p in train}
 
 
+def test_validation_prompts_survive_asking_for_more_prompts_than_the_sets_hold():
+    """More --num-prompts than the sets hold: each set keeps its last ones for validation instead of training on
+    everything and validating on nothing."""
+    tokenizer = _BytesTokenizer()
+    everything, none = load_training_prompts(tokenizer, ["math", "code"], 10**6)
+    train, held_out = load_training_prompts(tokenizer, ["math", "code"], 10**6, 4)
+    assert none == [] and len(held_out) == 4 and len(train) == len(everything) - 4
+    assert not {tuple(p) for p in held_out} & {tuple(p) for p in train}
+
+
 def test_validation_passes_over_the_conversations_training_takes_from(tmp_path, monkeypatch):
     """ShareGPT's opening turns and later turns share conversations: a validation prompt never comes from one a
     training prompt came from, whichever of the two sets either is in."""

@@ -49,8 +49,9 @@ def load_training_prompts(tokenizer, datasets: list[str], num_prompts: int,
     """Prompts of the datasets' train splits (disjoint from the bench splits), interleaved so
     any prefix is an even mixture, under the target's chat template: `num_prompts` for training and the
     `num_validation` that follow them in each set for validation, passing over any from a conversation a
-    training prompt comes from (ShareGPT's turns share one), so validation sees nothing trained on (the
-    training prompts do not depend on how many validation prompts are asked for)."""
+    training prompt comes from (ShareGPT's turns share one), so validation sees nothing trained on. The
+    training prompts do not depend on how many validation prompts are asked for, except where `num_prompts`
+    asks for more than a set holds: that set keeps its last ones for validation."""
     from specpilot.bench.datasets import apply_chat_template, load_prompts
 
     if tokenizer is None:
@@ -59,9 +60,10 @@ def load_training_prompts(tokenizer, datasets: list[str], num_prompts: int,
     val_per_set = -(-num_validation // len(datasets))
     # seed 0: the data do not depend on the training seed, so seed sweeps see the same sequences
     sets = [load_prompts(d, split="train", seed=0) for d in datasets]
-    mixed = [s[i] for i in range(per_set) for s in sets if i < len(s)][:num_prompts]
+    takes = [min(per_set, max(0, len(s) - val_per_set)) for s in sets]
+    mixed = [s[i] for i in range(per_set) for s, take in zip(sets, takes) if i < take][:num_prompts]
     trained = {p.conversation for p in mixed}
-    unseen = [[p for p in s[per_set:] if p.conversation not in trained][:val_per_set] for s in sets]
+    unseen = [[p for p in s[take:] if p.conversation not in trained][:val_per_set] for s, take in zip(sets, takes)]
     held = [s[i] for i in range(val_per_set) for s in unseen if i < len(s)]
     return ([apply_chat_template(tokenizer, p) for p in mixed],
             [apply_chat_template(tokenizer, p) for p in held[:num_validation]])

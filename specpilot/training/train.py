@@ -795,6 +795,9 @@ def train_drafter(cfg: TrainConfig, prompts: list[list[int]] | None = None,
     if prompts is None:
         prompts, validation_prompts = load_training_prompts(engine.tokenizer, list(cfg.datasets), cfg.num_prompts,
                                                             cfg.validation_prompts)
+        if cfg.validation_prompts and not validation_prompts:
+            raise ValueError(f"--validation-prompts {cfg.validation_prompts}: the datasets hold no prompt beyond "
+                             "the training ones (fewer --num-prompts, or --validation-prompts 0)")
     meta = {"target": engine.checkpoint.source, "dtype": str(engine.dtype), "prompts": prompts_digest(prompts),
             "max_new_tokens": cfg.max_new_tokens, "max_seq_len": engine.context_length}
     with _progress() as progress:
