@@ -40,6 +40,7 @@ from specpilot.training.train import (
     draft_hidden,
     export_dflash,
     init_draft_model,
+    load_initial_weights,
     lm_head_loss,
     published_state_dict,
     slot_sources,
@@ -268,6 +269,32 @@ def test_tiny_run_learns(tiny_run):
     assert len(validation) == 6 and validation[-1]["tau"] > validation[0]["tau"] + 0.1, validation
     data = report["data"]
     assert data["num_sequences"] == 24 and data["generation_tokens_per_s"] > 0 and not data["reused_cache"]
+
+
+def test_a_run_continues_an_earlier_drafter(tiny_run, target_dir, tmp_path):
+    """--init-from: the run starts from the exported drafter's weights (its first loss is the trained drafter's, far
+    below a fresh start's) and keeps learning with a fresh schedule."""
+    done, prompts, first_report = tiny_run
+    report = train_drafter(tiny_config(tmp_path / "again", target_dir, init_from=str(done), epochs=1), prompts,
+                           toy_corpus(6, seed=1))
+    def mean(xs):
+        return sum(xs) / len(xs)
+
+    fresh, trained, again = first_report["step_losses"], first_report["step_losses"][-6:], report["step_losses"]
+    assert mean(again) < mean(fresh[:6]) - 0.3 and abs(mean(again) - mean(trained)) < 0.3, (fresh, again)
+    assert report["args"]["init_from"] == str(done)
+    cfg = read_dflash_config(done)
+    model = init_draft_model(cfg, seed=1, device=CPU)
+    load_initial_weights(model, cfg, str(done))
+    exported = load_dflash_model(done, cfg, CPU, torch.float32).state_dict()
+    assert all(torch.equal(v, exported[k]) for k, v in model.state_dict().items())
+
+
+def test_init_from_a_drafter_of_other_shapes_names_the_flag(tiny_run, target_dir, tmp_path):
+    done, prompts, _ = tiny_run
+    with pytest.raises(ValueError, match=r"--init-from .*block_size \(4 against 8\)"):
+        train_drafter(tiny_config(tmp_path / "other", target_dir, init_from=str(done), block_size=8), prompts,
+                      toy_corpus(6, seed=1))
 
 
 def test_distilled_run_learns(target_dir, tmp_path):

@@ -44,7 +44,8 @@ from safetensors.torch import save_file
 from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
-from specpilot.drafters.dflash_model import DFlashConfig, DFlashModel
+from specpilot.drafters import EMBEDDED_DRAFTER
+from specpilot.drafters.dflash_model import DFlashConfig, DFlashModel, load_dflash_model, read_dflash_config
 from specpilot.engine.engine import Engine, EngineConfig, resolve_device, resolve_dtype
 from specpilot.kernels.cross_entropy import cross_entropy_rows
 from specpilot.kernels.fused import silu_and_mul
@@ -81,6 +82,7 @@ GEN_PREFILL_WAVE = 8
 VALIDATION_CHUNK = 8  # validation sequences per forward (every response position is an anchor)
 # Settings that may change between a run and its --resume (they do not change what is trained).
 OPERATIONAL_KEYS = ("out", "resume", "stop_after", "save_every", "gen_batch_size", "device", "patience")
+SHIPPED_DRAFTER = "shipped"  # --init-from's name for the embedded model's drafter
 BEST_FILE = "best_model.pt"  # the drafter of the best validation so far (with --patience)
 
 
@@ -101,6 +103,7 @@ class TrainConfig:
     num_taps: int = 5
     target_layer_ids: list[int] | None = None  # default: spread evenly (build_target_layer_ids)
     mask_token_id: int | None = None  # default: default_mask_token_id
+    init_from: str | None = None  # a DFlash checkpoint of the same shapes to start from ("shipped": the embedded one)
     epochs: int = 3
     batch_size: int = 4  # sequences per optimizer step
     anchors_per_seq: int = 64
@@ -217,6 +220,35 @@ def init_draft_model(cfg: DFlashConfig, seed: int, device: torch.device) -> DFla
             p.data.normal_(0.0, INIT_STD, generator=g)
         p.requires_grad_(True)
     return model.to(device).train()
+
+
+def init_checkpoint(cfg: DFlashConfig, init_from: str) -> tuple[Path, DFlashConfig]:
+    """--init-from's checkpoint directory and config, checked against the run's drafter (before any data is made)."""
+    path = EMBEDDED_DRAFTER if init_from == SHIPPED_DRAFTER else Path(init_from)
+    have = read_dflash_config(path)
+
+    def shapes(c: DFlashConfig) -> dict:
+        lc = c.layers
+        return {"num_layers": lc.num_layers, "hidden_size": lc.hidden_size, "intermediate_size": lc.intermediate_size,
+                "num_heads": lc.num_heads, "num_kv_heads": lc.num_kv_heads, "head_dim": lc.head_dim,
+                "target_layer_ids": c.target_layer_ids, "mask_token_id": c.mask_token_id, "block_size": c.block_size}
+
+    want = shapes(cfg)
+    differ = {k: (v, want[k]) for k, v in shapes(have).items() if v != want[k]}
+    if differ:
+        raise ValueError(f"--init-from {init_from}: its drafter differs from this run's in "
+                         + ", ".join(f"{k} ({a} against {b})" for k, (a, b) in differ.items()))
+    return path, have
+
+
+def load_initial_weights(model: DFlashModel, cfg: DFlashConfig, init_from: str) -> None:
+    """--init-from: a run continues an earlier drafter (weights only: a fresh optimizer and schedule) instead of
+    starting from noise, so training spreads over runs whose state cannot travel between them."""
+    path, have = init_checkpoint(cfg, init_from)
+    weights = load_dflash_model(path, have, torch.device("cpu"), torch.float32).state_dict()
+    with torch.no_grad():
+        for name, param in model.state_dict().items():
+            param.copy_(weights[name])
 
 
 # ---------------------------------------------------------------- the training forward
@@ -549,6 +581,8 @@ class DraftTrainer:
         self.validation = validation
         self.device = engine.device
         self.model = init_draft_model(dcfg, cfg.seed, self.device)
+        if cfg.init_from is not None:
+            load_initial_weights(self.model, dcfg, cfg.init_from)
         self.rope = RotaryTable(dcfg.layers.head_dim, dcfg.layers.rope_theta, dcfg.layers.rope_scaling,
                                 engine.context_length + cfg.block_size, self.device)
         self.steps_per_epoch = -(-len(samples) // cfg.batch_size)
@@ -792,6 +826,8 @@ def train_drafter(cfg: TrainConfig, prompts: list[list[int]] | None = None,
                                                                                           tcfg.vocab_size)
     dcfg = draft_config(tcfg, cfg.num_layers, taps, mask, cfg.block_size, cfg.intermediate_size)
     _check_draft(dcfg, tcfg)
+    if cfg.init_from is not None:
+        init_checkpoint(dcfg, cfg.init_from)
     if prompts is None:
         prompts, validation_prompts = load_training_prompts(engine.tokenizer, list(cfg.datasets), cfg.num_prompts,
                                                             cfg.validation_prompts)
