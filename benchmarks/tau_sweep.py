@@ -16,6 +16,11 @@ import itertools
 import sys
 from pathlib import Path
 
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import out_dir, write_json  # noqa: E402
 
@@ -65,7 +70,27 @@ def main() -> None:
         rows.append(tau(draft, topk, assist, prob, args.dataset, args))
         print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in rows[-1].items()),
               flush=True)
-    write_json(out_dir(args.out) / "tau_sweep.json", {"args": vars(args), "rows": rows})
+    out = out_dir(args.out)
+    write_json(out / "tau_sweep.json", {"args": vars(args), "rows": rows})
+    chart(rows, args.dataset, args.block, out / "tau_sweep.png")
+
+
+def chart(rows: list[dict], datasets: list[str], block: int, path: Path) -> None:
+    """τ per dataset, a bar per setting (the settings that vary between rows name it)."""
+    varying = [k for k in ("draft", "topk", "assist", "lookup_prob") if len({str(r[k]) for r in rows}) > 1]
+    width = 0.8 / len(rows)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(datasets) * len(rows) ** 0.5), 4))
+    for i, row in enumerate(rows):
+        label = ", ".join(f"{k} {row[k]}" for k in varying) or "tau"
+        xs = [d + (i - (len(rows) - 1) / 2) * width for d in range(len(datasets))]
+        bars = ax.bar(xs, [row[name] for name in datasets], width, label=label)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_xticks(range(len(datasets)), datasets)
+    ax.set(ylabel="tau (tokens per verify pass)", title=f"tau at block {block}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

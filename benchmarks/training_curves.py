@@ -47,22 +47,26 @@ def curves(report: dict) -> dict:
 
 
 def chart(runs: dict[str, dict], path: Path) -> None:
-    fig, (taus, loss) = plt.subplots(1, 2, figsize=(12, 4.5))
+    validated = any(run["tau"] for run in runs.values())  # a run without validations draws its loss alone
+    fig, axes = plt.subplots(1, 2 if validated else 1, figsize=(12 if validated else 7, 4.5), squeeze=False)
+    taus, loss = axes[0] if validated else (None, axes[0][0])
     for i, (name, run) in enumerate(runs.items()):
         color = f"C{i}"
         if run["parameters"]:
             name = f"{name} ({run['parameters'] * 2 / 1e6:.1f} MB bf16)"
-        epochs = range(1, len(run["tau"]) + 1)
-        taus.plot(epochs, run["tau"], "--", color=color, label=f"{name}: chain")
-        if any(t is not None for t in run["tree_tau"]):
-            taus.plot(epochs, run["tree_tau"], "-", color=color, label=f"{name}: top-{VALIDATION_TOPK} tree")
-        if run["best_epoch"]:
-            taus.axvline(run["best_epoch"], color=color, alpha=0.25)
+        if taus is not None:
+            epochs = range(1, len(run["tau"]) + 1)
+            taus.plot(epochs, run["tau"], "--", color=color, label=f"{name}: chain")
+            if any(t is not None for t in run["tree_tau"]):
+                taus.plot(epochs, run["tree_tau"], "-", color=color, label=f"{name}: top-{VALIDATION_TOPK} tree")
+            if run["best_epoch"]:
+                taus.axvline(run["best_epoch"], color=color, alpha=0.25)
         loss.plot(run["loss_steps"], run["loss"], color=color, label=name)
-    taus.set(xlabel="epoch", ylabel="validation tau (chained as decoding)", title="validation")
-    taus.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if taus is not None:
+        taus.set(xlabel="epoch", ylabel="validation tau (chained as decoding)", title="validation")
+        taus.xaxis.set_major_locator(MaxNLocator(integer=True))
+        taus.legend(fontsize=8)
     loss.set(xlabel="step", ylabel="training loss", title="training loss (smoothed)")
-    taus.legend(fontsize=8)
     loss.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

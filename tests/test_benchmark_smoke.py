@@ -99,3 +99,20 @@ def test_verify_bound_prices_every_policy_and_the_oracle_beats_them(tmp_path, tr
         assert policies["whole block"]["tokens"] == pytest.approx(4.0, abs=1e-3)
         assert set(policies) == {"whole block", "width 2", "width 4", "width 8", "oracle"} | level_one
         assert all(p["over_ar"] < policies["oracle"]["over_ar"] for name, p in policies.items() if name != "oracle")
+
+
+def test_tau_sweep_sets_drafters_side_by_side(tmp_path):
+    """benchmarks/tau_sweep.py --draft: each drafter is a row on the same prompts (the shipped one named and by
+    its directory give the same tau), drawn per dataset."""
+    from specpilot.drafters import EMBEDDED_DRAFTER
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "tau_sweep.py"), "--dataset", "humaneval",
+                          "--num-prompts", "1", "--max-new-tokens", "8", "--batch", "1", "--draft", "shipped",
+                          str(EMBEDDED_DRAFTER), "--out", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads((tmp_path / "tau_sweep.json").read_text())["rows"]
+    assert [r["draft"] for r in rows] == ["shipped", str(EMBEDDED_DRAFTER)]
+    assert rows[0]["humaneval"] == rows[1]["humaneval"] >= 1.0
+    assert (tmp_path / "tau_sweep.png").stat().st_size > 0
