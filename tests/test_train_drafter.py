@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from spec_fixtures import write_random_dflash
 from tiny_models import tiny_hf_model
 
+from specpilot.bench.datasets import load_prompts
 from specpilot.cli import main
 from specpilot.config import SamplingParams
 from specpilot.drafters.dflash import DFlashDrafter
@@ -431,13 +432,17 @@ def test_validation_prompts_follow_the_training_prompts():
 
 
 def test_validation_prompts_survive_asking_for_more_prompts_than_the_sets_hold():
-    """More --num-prompts than the sets hold: each set keeps its last ones for validation instead of training on
-    everything and validating on nothing."""
+    """More --num-prompts than every set holds: each keeps its last ones for validation instead of training on
+    everything and validating on nothing. Where one set still has prompts left, the split is as before."""
     tokenizer = _BytesTokenizer()
     everything, none = load_training_prompts(tokenizer, ["math", "code"], 10**6)
     train, held_out = load_training_prompts(tokenizer, ["math", "code"], 10**6, 4)
     assert none == [] and len(held_out) == 4 and len(train) == len(everything) - 4
     assert not {tuple(p) for p in held_out} & {tuple(p) for p in train}
+    code_runs_out = 2 * (len(load_prompts("code", split="train", seed=0)) + 100)  # math holds more than code
+    alone, _ = load_training_prompts(tokenizer, ["math", "code"], code_runs_out)
+    train, held_out = load_training_prompts(tokenizer, ["math", "code"], code_runs_out, 4)
+    assert train == alone and len(held_out) == 2  # math's next ones; code has none left
 
 
 def test_validation_passes_over_the_conversations_training_takes_from(tmp_path, monkeypatch):

@@ -50,8 +50,8 @@ def load_training_prompts(tokenizer, datasets: list[str], num_prompts: int,
     any prefix is an even mixture, under the target's chat template: `num_prompts` for training and the
     `num_validation` that follow them in each set for validation, passing over any from a conversation a
     training prompt comes from (ShareGPT's turns share one), so validation sees nothing trained on. The
-    training prompts do not depend on how many validation prompts are asked for, except where `num_prompts`
-    asks for more than a set holds: that set keeps its last ones for validation."""
+    training prompts do not depend on how many validation prompts are asked for, except where no set has a
+    prompt left after the training ones: then each keeps its last ones for validation."""
     from specpilot.bench.datasets import apply_chat_template, load_prompts
 
     if tokenizer is None:
@@ -60,11 +60,16 @@ def load_training_prompts(tokenizer, datasets: list[str], num_prompts: int,
     val_per_set = -(-num_validation // len(datasets))
     # seed 0: the data do not depend on the training seed, so seed sweeps see the same sequences
     sets = [load_prompts(d, split="train", seed=0) for d in datasets]
-    takes = [min(per_set, max(0, len(s) - val_per_set)) for s in sets]
-    mixed = [s[i] for i in range(per_set) for s, take in zip(sets, takes) if i < take][:num_prompts]
-    trained = {p.conversation for p in mixed}
-    unseen = [[p for p in s[take:] if p.conversation not in trained][:val_per_set] for s, take in zip(sets, takes)]
-    held = [s[i] for i in range(val_per_set) for s in unseen if i < len(s)]
+
+    def split(takes: list[int]) -> tuple[list, list]:
+        mixed = [s[i] for i in range(per_set) for s, take in zip(sets, takes) if i < min(take, len(s))][:num_prompts]
+        trained = {p.conversation for p in mixed}
+        unseen = [[p for p in s[take:] if p.conversation not in trained][:val_per_set] for s, take in zip(sets, takes)]
+        return mixed, [s[i] for i in range(val_per_set) for s in unseen if i < len(s)]
+
+    mixed, held = split([per_set] * len(sets))
+    if num_validation and not held:  # every set ran out: validating on nothing would go unnoticed
+        mixed, held = split([max(0, len(s) - val_per_set) for s in sets])
     return ([apply_chat_template(tokenizer, p) for p in mixed],
             [apply_chat_template(tokenizer, p) for p in held[:num_validation]])
 
