@@ -296,6 +296,8 @@ def test_init_from_a_drafter_of_other_shapes_names_the_flag(tiny_run, target_dir
     with pytest.raises(ValueError, match=r"--init-from .*block_size \(4 against 8\)"):
         train_drafter(tiny_config(tmp_path / "other", target_dir, init_from=str(done), block_size=8), prompts,
                       toy_corpus(6, seed=1))
+    with pytest.raises(ValueError, match=r"--init-from .*nowhere.*no config.json"):
+        train_drafter(tiny_config(tmp_path / "none", target_dir, init_from=str(tmp_path / "nowhere")), prompts)
 
 
 def test_distilled_run_learns(target_dir, tmp_path):

@@ -225,7 +225,10 @@ def init_draft_model(cfg: DFlashConfig, seed: int, device: torch.device) -> DFla
 def init_checkpoint(cfg: DFlashConfig, init_from: str) -> tuple[Path, DFlashConfig]:
     """--init-from's checkpoint directory and config, checked against the run's drafter (before any data is made)."""
     path = EMBEDDED_DRAFTER if init_from == SHIPPED_DRAFTER else Path(init_from)
-    have = read_dflash_config(path)
+    try:
+        have = read_dflash_config(path)
+    except (FileNotFoundError, ValueError) as err:
+        raise ValueError(f"--init-from {init_from}: {err}") from None
 
     def shapes(c: DFlashConfig) -> dict:
         lc = c.layers
