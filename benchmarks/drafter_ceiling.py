@@ -14,7 +14,7 @@ per-slot top-K lists are compared with the reference tokens after the committed 
 Only requests whose speculative output equals AR's count (on CPU float rounding can part them).
 
     python benchmarks/drafter_ceiling.py [--dataset humaneval math mtbench sharegpt] [--num-prompts 10]
-        [--max-new-tokens 64] [--topk 4] [--tree-nodes 15 31 63] [--device cpu] [--out DIR]
+        [--max-new-tokens 64] [--draft DIR] [--topk 4] [--tree-nodes 15 31 63] [--device cpu] [--out DIR]
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ from specpilot.state.tree import TreeLayout  # noqa: E402
 
 
 def _engine(args: argparse.Namespace, speculate: bool) -> Engine:
-    spec = dict(speculative_algorithm="dflash", speculative_eagle_topk=args.topk, speculative_ngram_assist=0,
-                mechanisms=frozenset(), cuda_graphs=False) if speculate else {}
+    spec = dict(speculative_algorithm="dflash", speculative_draft_model_path=args.draft,
+                speculative_eagle_topk=args.topk, speculative_ngram_assist=0, mechanisms=frozenset(),
+                cuda_graphs=False) if speculate else {}
     return Engine.from_config(EngineConfig(device=args.device, max_running_requests=args.batch, **spec))
 
 
@@ -150,6 +151,7 @@ def main() -> None:
     ap.add_argument("--dataset", nargs="+", default=["humaneval", "math", "mtbench", "sharegpt"])
     ap.add_argument("--num-prompts", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--draft", default=None, help="DFlash checkpoint directory (default: the shipped drafter)")
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--tree-nodes", type=int, nargs="*", default=[], help="τ of trees of these many nodes too")
     ap.add_argument("--batch", type=int, default=8, help="prompts decoded together")

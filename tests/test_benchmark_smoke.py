@@ -14,9 +14,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_script(name: str, *args: str) -> None:
+def run_script(name: str, *args: str, smoke: bool = True) -> None:
+    """benchmarks/NAME with ARGS (after --smoke unless smoke is False) must exit 0."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / name), "--smoke", *args],
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / name), *(["--smoke"] if smoke else []), *args],
                          capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
 
@@ -106,13 +107,21 @@ def test_tau_sweep_sets_drafters_side_by_side(tmp_path):
     its directory give the same tau), drawn per dataset."""
     from specpilot.drafters import EMBEDDED_DRAFTER
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "tau_sweep.py"), "--dataset", "humaneval",
-                          "--num-prompts", "1", "--max-new-tokens", "8", "--batch", "1", "--draft", "shipped",
-                          str(EMBEDDED_DRAFTER), "--out", str(tmp_path)], capture_output=True, text=True, timeout=300,
-                         env=env)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_script("tau_sweep.py", "--dataset", "humaneval", "--num-prompts", "1", "--max-new-tokens", "8", "--batch", "1",
+               "--draft", "shipped", str(EMBEDDED_DRAFTER), "--out", str(tmp_path), smoke=False)
     rows = json.loads((tmp_path / "tau_sweep.json").read_text())["rows"]
     assert [r["draft"] for r in rows] == ["shipped", str(EMBEDDED_DRAFTER)]
     assert rows[0]["humaneval"] == rows[1]["humaneval"] >= 1.0
     assert (tmp_path / "tau_sweep.png").stat().st_size > 0
+
+
+def test_drafter_ceiling_of_a_given_drafter(tmp_path):
+    """benchmarks/drafter_ceiling.py --draft: a checkpoint directory's per-slot accuracy and ceiling, the output
+    equal to AR's."""
+    from specpilot.drafters import EMBEDDED_DRAFTER
+
+    run_script("drafter_ceiling.py", "--dataset", "humaneval", "--num-prompts", "1", "--max-new-tokens", "8",
+               "--batch", "1", "--draft", str(EMBEDDED_DRAFTER), "--out", str(tmp_path), smoke=False)
+    row = json.loads((tmp_path / "drafter_ceiling.json").read_text())["rows"][0]
+    assert row["identical_to_ar"] == row["prompts"] == 1
+    assert row["tau_tree_oracle"] >= row["tau_tree_actual"] >= 1.0
