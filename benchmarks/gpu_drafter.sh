@@ -5,6 +5,11 @@
 #       The training run of the README in RUN, stopped after DEADLINE_S seconds; calling it again resumes it
 #       where it stopped (--resume) until it is done. DATA: a data.pt made earlier by the same command (its
 #       settings are checked), so a run can skip regenerating the responses.
+#   benchmarks/gpu_drafter.sh fitted RUN TRAIN_S DEADLINE_S
+#       The same run with its epochs sized to the device time left: the responses first (in RUN.gen), then as many
+#       epochs as TRAIN_S seconds of steps hold at ${PACE_S:-0.17} s a step (the recipe's on an H100) and ~10 s of
+#       validation each (kept in RUN.epochs); the call stops after DEADLINE_S seconds in all, and calling it again
+#       resumes until the run is done.
 #   benchmarks/gpu_drafter.sh variants DIR DEADLINE_S [DATA]
 #       Recipe variants on the same data, each in DIR/NAME with --patience ${PATIENCE:-3} (stop once that many
 #       validations fail to beat the best top-4 tree tau; export the best): $VARIANTS (default "hard distill
@@ -56,6 +61,24 @@ train() {
     local resume=()
     [[ -f $run/trainer_state.pt ]] && resume=(--resume)
     timeout "$deadline" "${SPECPILOT[@]}" train-drafter --out "$run" "${RECIPE[@]}" "$@" "${resume[@]}" || [[ $? == 124 ]]
+}
+
+fitted() {
+    local run=$1 budget=$2 deadline=$3 start left
+    start=$(date +%s)
+    if [[ ! -f $run.epochs ]]; then
+        [[ -f $run.gen/training.json ]] || train "$run.gen" "$deadline" "" --stop-after 1
+        python3 - "$run.gen/training.json" "$budget" "${PACE_S:-0.17}" > "$run.epochs" <<'EOF'
+import json, math, sys
+report, budget, pace = json.load(open(sys.argv[1])), float(sys.argv[2]), float(sys.argv[3])
+steps = math.ceil(report["data"]["num_sequences"] / report["args"]["batch_size"])
+print(max(1, min(12, int(budget / (pace * steps + 10)))))
+EOF
+        echo "fitted: $(cat "$run.epochs") epochs in ${budget} s"
+    fi
+    left=$(( deadline - $(date +%s) + start ))
+    (( left > 30 )) || return 0
+    train "$run" "$left" "$run.gen/data.pt" --epochs "$(cat "$run.epochs")"
 }
 
 # objectives on the recipe's shape, and shapes (bf16 sizes with the recipe's 17.5 MB: deep 20.6, wide 19.2, taps8 19.5,
@@ -171,12 +194,14 @@ land() {
 
 case ${1:-} in
     train) train "$2" "$3" "${4:-}" ;;
+    fitted) fitted "$2" "$3" "$4" ;;
     variants) variants "$2" "$3" "${4:-}" ;;
     repro) repro "$2" "$3" ;;
     eval) eval_drafter "$2" "$3" ;;
     ship) ship "${@:2}" ;;
     land) land "$2" "$3" ;;
-    *) echo "usage: $0 train RUN DEADLINE_S [DATA] | variants DIR DEADLINE_S [DATA] | repro RUN STEPS | eval RUN OUT" \
+    *) echo "usage: $0 train RUN DEADLINE_S [DATA] | fitted RUN TRAIN_S DEADLINE_S | variants DIR DEADLINE_S [DATA]" \
+            "| repro RUN STEPS | eval RUN OUT" \
             "| ship RUN OUT [FILE...] | land PARTS DIR" >&2
        exit 2 ;;
 esac
