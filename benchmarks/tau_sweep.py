@@ -26,17 +26,17 @@ from common import out_dir, write_json  # noqa: E402
 
 from specpilot.bench.datasets import apply_chat_template, load_prompts  # noqa: E402
 from specpilot.config import SamplingParams  # noqa: E402
+from specpilot.drafters import SHIPPED_DRAFTER  # noqa: E402
 from specpilot.engine.engine import Engine, EngineConfig  # noqa: E402
 
 DEFAULT_LOOKUP_PROB = EngineConfig.speculative_lookup_prob
-SHIPPED = "shipped"
 
 
 def tau(draft: str, topk: int, assist: int, lookup_prob: float, datasets: list[str],
         args: argparse.Namespace) -> dict:
     engine = Engine.from_config(EngineConfig(
         device=args.device, speculative_algorithm="dflash", speculative_num_draft_tokens=args.block,
-        speculative_draft_model_path=None if draft == SHIPPED else draft,
+        speculative_draft_model_path=None if draft == SHIPPED_DRAFTER else draft,
         speculative_eagle_topk=topk, speculative_ngram_assist=assist, max_running_requests=args.batch,
         # the tunable applies to trees only (a chain merges no lookup)
         speculative_lookup_prob=lookup_prob if topk > 1 else DEFAULT_LOOKUP_PROB))
@@ -56,8 +56,8 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--block", type=int, default=16)
-    p.add_argument("--draft", nargs="+", default=[SHIPPED],
-                   help=f"DFlash checkpoint directories ({SHIPPED}: the default)")
+    p.add_argument("--draft", nargs="+", default=[SHIPPED_DRAFTER],
+                   help=f"DFlash checkpoint directories ({SHIPPED_DRAFTER}: the default)")
     p.add_argument("--topk", type=int, nargs="+", default=[4])
     p.add_argument("--assist", type=int, nargs="+", default=[2])
     p.add_argument("--lookup-prob", type=float, nargs="+", default=[DEFAULT_LOOKUP_PROB])

@@ -19,6 +19,7 @@ DFLASH_CPU_BLOCK = 4
 # The DFlash drafter trained for the embedded SmolLM2-135M-Instruct (`specpilot train-drafter`, README),
 # shipped with the package: --speculative-algorithm dflash on the embedded model needs no draft path.
 EMBEDDED_DRAFTER = Path(__file__).parent / "assets" / "smollm2-135m-dflash"
+SHIPPED_DRAFTER = "shipped"  # the name tools give EMBEDDED_DRAFTER (train-drafter --init-from, tau_sweep.py --draft)
 
 
 def default_draft_model_path(config: EngineConfig, engine: DrafterContext, alg: str) -> str:

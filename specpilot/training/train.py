@@ -44,7 +44,7 @@ from safetensors.torch import save_file
 from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
-from specpilot.drafters import EMBEDDED_DRAFTER
+from specpilot.drafters import EMBEDDED_DRAFTER, SHIPPED_DRAFTER
 from specpilot.drafters.dflash_model import DFlashConfig, DFlashModel, load_dflash_model, read_dflash_config
 from specpilot.engine.engine import Engine, EngineConfig, resolve_device, resolve_dtype
 from specpilot.kernels.cross_entropy import cross_entropy_rows
@@ -82,7 +82,6 @@ GEN_PREFILL_WAVE = 8
 VALIDATION_CHUNK = 8  # validation sequences per forward (every response position is an anchor)
 # Settings that may change between a run and its --resume (they do not change what is trained).
 OPERATIONAL_KEYS = ("out", "resume", "stop_after", "save_every", "gen_batch_size", "device", "patience")
-SHIPPED_DRAFTER = "shipped"  # --init-from's name for the embedded model's drafter
 BEST_FILE = "best_model.pt"  # the drafter of the best validation so far (with --patience)
 
 
@@ -248,10 +247,7 @@ def load_initial_weights(model: DFlashModel, cfg: DFlashConfig, init_from: str) 
     """--init-from: a run continues an earlier drafter (weights only: a fresh optimizer and schedule) instead of
     starting from noise, so training spreads over runs whose state cannot travel between them."""
     path, have = init_checkpoint(cfg, init_from)
-    weights = load_dflash_model(path, have, torch.device("cpu"), torch.float32).state_dict()
-    with torch.no_grad():
-        for name, param in model.state_dict().items():
-            param.copy_(weights[name])
+    model.load_state_dict(load_dflash_model(path, have, torch.device("cpu"), torch.float32).state_dict())
 
 
 # ---------------------------------------------------------------- the training forward
