@@ -1,7 +1,7 @@
-"""Drafter training runs side by side: each run's validation curves (the chain's tau and the top-4 tree's, per
-epoch) and its training loss (per step, smoothed), from the training.json each `specpilot train-drafter` run
-writes, in one PNG and one JSON. Recipe variants trained on the same data (benchmarks/gpu_drafter.sh variants)
-are compared this way.
+"""Drafter training runs side by side: each run's validation curves (the chain's tau and the top-4 tree's, against
+epochs; a continued drafter's starting validation at 0) and its training loss (per step, smoothed), from the
+training.json each `specpilot train-drafter` run writes, in one PNG and one JSON. Recipe variants trained on the
+same data (benchmarks/gpu_drafter.sh variants) are compared this way.
 
     python3 benchmarks/training_curves.py NAME=RUN_DIR [NAME=RUN_DIR ...] --out DIR
 """
@@ -36,14 +36,29 @@ def curves(report: dict) -> dict:
     smoothed = [sum(losses[i : i + window]) / len(losses[i : i + window]) for i in range(0, len(losses), window)]
     tree = [v.get(TREE_KEY) for v in validation]
     best = max(range(len(tree)), key=lambda i: tree[i] or 0.0) + 1 if tree else None
+    best = report.get("best_epoch", best)
+    start = report.get("start_validation")
     return {
-        "tau": [v["tau"] for v in validation], "tree_tau": tree, "loss_steps": list(range(0, len(losses), window)),
-        "loss": smoothed, "best_epoch": report.get("best_epoch", best), "stopped_early": report.get("stopped_early"),
+        "epoch": validation_epochs(report), "tau": [v["tau"] for v in validation], "tree_tau": tree,
+        "start": None if start is None else {"tau": start["tau"], "tree_tau": start.get(TREE_KEY)},
+        "loss_steps": list(range(0, len(losses), window)), "loss": smoothed,
+        "best_epoch": best, "stopped_early": report.get("stopped_early"),
         "parameters": report.get("draft", {}).get("parameters"),
         "recipe": {k: report["args"].get(k) for k in ("distill", "rank_loss", "rank_topk", "num_layers",
                                                       "intermediate_size", "num_taps", "lr", "epochs", "patience")
                    if k in report.get("args", {})},
     }
+
+
+def validation_epochs(report: dict) -> list[float]:
+    """Where each validation sits, in epochs: its step over the steps of an epoch (runs from before validations
+    carried their step validated at each epoch's end)."""
+    validation = report.get("validation") or []
+    epochs = report.get("args", {}).get("epochs")
+    if not epochs or not all("step" in v for v in validation):
+        return list(range(1, len(validation) + 1))
+    per_epoch = report["total_steps"] / epochs
+    return [round(v["step"] / per_epoch, 3) for v in validation]
 
 
 def chart(runs: dict[str, dict], path: Path) -> None:
@@ -55,12 +70,14 @@ def chart(runs: dict[str, dict], path: Path) -> None:
         if run["parameters"]:
             name = f"{name} ({run['parameters'] * 2 / 1e6:.1f} MB bf16)"
         if taus is not None:
-            epochs = range(1, len(run["tau"]) + 1)
-            taus.plot(epochs, run["tau"], "--", color=color, label=f"{name}: chain")
-            if any(t is not None for t in run["tree_tau"]):
-                taus.plot(epochs, run["tree_tau"], "-", color=color, label=f"{name}: top-{VALIDATION_TOPK} tree")
+            epochs, chain, tree = run["epoch"], run["tau"], run["tree_tau"]
+            if run["start"]:  # a continued drafter starts from its validation at step 0
+                epochs, chain, tree = [0, *epochs], [run["start"]["tau"], *chain], [run["start"]["tree_tau"], *tree]
+            taus.plot(epochs, chain, "--", color=color, label=f"{name}: chain")
+            if any(t is not None for t in tree):
+                taus.plot(epochs, tree, "-", color=color, label=f"{name}: top-{VALIDATION_TOPK} tree")
             if run["best_epoch"]:
-                taus.axvline(run["best_epoch"], color=color, alpha=0.25)
+                taus.axvline(run["epoch"][run["best_epoch"] - 1], color=color, alpha=0.25)
         loss.plot(run["loss_steps"], run["loss"], color=color, label=name)
     if taus is not None:
         taus.set(xlabel="epoch", ylabel="validation tau (chained as decoding)", title="validation")

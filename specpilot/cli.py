@@ -410,6 +410,8 @@ def _train_drafter_args(p: argparse.ArgumentParser) -> None:
     add(o, "--patience", "stop once this many validations in a row fail to beat the best top-k tree tau, and "
                          "export the best validation's drafter (needs --validation-prompts); default: run every "
                          "epoch and export the last", type=_positive_int)
+    add(o, "--validate-every", "steps between validations (and one at the end; with --init-from also one before "
+                               "the first step, the mark to beat); default: each epoch's end", type=_positive_int)
     add(o, "--cache-features", "compute the target's tap features once and keep them in host memory (small runs, "
                                "CPU); default: recompute them per batch (one target forward, nothing stored)",
         action="store_true")
@@ -753,9 +755,12 @@ def _cmd_train_drafter(args: argparse.Namespace) -> int:
     last = report["epochs"][-1] if report["epochs"] else {}
     state = "done" if report["finished"] else f"stopped at step {report['steps']}/{report['total_steps']}"
     if report["stopped_early"]:
-        state = (f"stopped early after epoch {len(report['epochs'])} of {config.epochs}, exported epoch "
-                 f"{report['exported_epoch']}'s drafter")
+        best = report["validation"][report["exported_epoch"] - 1]
+        state = (f"stopped early at step {report['steps']} of {report['total_steps']}, exported the drafter of "
+                 f"validation {report['exported_epoch']} (step {best.get('step', '?')})")
     tau = f", validation {validation_taus(report['validation'][-1])}" if report["validation"] else ""
+    if report.get("start_validation"):
+        tau += f" (at the start: {validation_taus(report['start_validation'])})"
     print(f"{state}: loss {last.get('loss', float('nan')):.4f}{tau}; wrote {config.out}")
     return 0
 

@@ -275,13 +275,21 @@ def test_tiny_run_learns(tiny_run):
 
 def test_a_run_continues_an_earlier_drafter(tiny_run, target_dir, tmp_path):
     """--init-from: the run starts from the exported drafter's weights (its losses sit at the trained drafter's
-    level, far below a fresh start's) with a fresh schedule."""
+    level, far below a fresh start's) with a fresh schedule; its validation before the first step (the mark to
+    beat) is the earlier run's last, and --validate-every 4 validates at steps 4 and 6 (the end), which the
+    curves place at 2/3 and 1 epoch."""
     done, prompts, first_report = tiny_run
-    report = train_drafter(tiny_config(tmp_path / "again", target_dir, init_from=str(done), epochs=1), prompts,
-                           toy_corpus(6, seed=1))
+    report = train_drafter(tiny_config(tmp_path / "again", target_dir, init_from=str(done), epochs=1,
+                                       validate_every=4), prompts, toy_corpus(6, seed=1))
     fresh, trained, again = first_report["step_losses"][:6], first_report["step_losses"][-6:], report["step_losses"]
     assert mean(again) < mean(fresh) - 0.3 and abs(mean(again) - mean(trained)) < 0.3, (fresh, trained, again)
     assert report["args"]["init_from"] == str(done)
+    assert [v["step"] for v in report["validation"]] == [4, 6] and report["start_validation"]["step"] == 0
+    # the export is bf16, the earlier run validated its fp32 weights
+    assert report["start_validation"]["tau"] == pytest.approx(first_report["validation"][-1]["tau"], abs=0.1)
+    assert first_report["start_validation"] is None
+    curves = training_curves_module().curves(report)
+    assert curves["epoch"] == [0.667, 1.0] and curves["start"]["tau"] == report["start_validation"]["tau"]
     cfg = read_dflash_config(done)
     model = init_draft_model(cfg, seed=1, device=CPU)
     load_initial_weights(model, cfg, str(done))
@@ -510,6 +518,7 @@ def test_cli_trains_on_dataset_prompts(tiny_dir, tmp_path, capsys):
     (["--rank-loss", "-1"], "--rank-loss"),
     (["--responses-per-prompt", "2", "--response-temperature", "0"], "--response-temperature"),
     (["--patience", "2", "--validation-prompts", "0"], "--patience"),
+    (["--validate-every", "5", "--validation-prompts", "0"], "--validate-every"),
 ])
 def test_cli_errors_name_the_flag(tiny_dir, tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
@@ -519,15 +528,20 @@ def test_cli_errors_name_the_flag(tiny_dir, tmp_path, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
-def test_training_curves_chart_runs_side_by_side(tiny_run, tmp_path, capsys):
-    """benchmarks/training_curves.py: each run's validation taus per epoch and its smoothed loss, in a PNG and
-    a JSON; a directory without a training.json is refused by name."""
+def training_curves_module():
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import training_curves
 
+    return training_curves
+
+
+def test_training_curves_chart_runs_side_by_side(tiny_run, tmp_path, capsys):
+    """benchmarks/training_curves.py: each run's validation taus per epoch and its smoothed loss, in a PNG and
+    a JSON; a directory without a training.json is refused by name."""
+    training_curves = training_curves_module()
     out, _, report = tiny_run
     training_curves.main([f"hard={out}", f"again={out}", "--out", str(tmp_path)])
     assert (tmp_path / "training_curves.png").stat().st_size > 0
@@ -535,6 +549,7 @@ def test_training_curves_chart_runs_side_by_side(tiny_run, tmp_path, capsys):
     assert list(runs) == ["hard", "again"]
     assert runs["hard"]["tau"] == [v["tau"] for v in report["validation"]] and len(runs["hard"]["tree_tau"]) == 6
     assert runs["hard"]["best_epoch"] == report["best_epoch"] and runs["hard"]["loss"]
+    assert runs["hard"]["epoch"] == [1, 2, 3, 4, 5, 6] and runs["hard"]["start"] is None
     with pytest.raises(SystemExit):
         training_curves.main([f"missing={tmp_path / 'nowhere'}", "--out", str(tmp_path)])
     assert "training.json does not exist" in capsys.readouterr().err

@@ -119,6 +119,7 @@ class TrainConfig:
     save_every: int = 500  # steps between trainer_state.pt saves
     stop_after: int | None = None  # leave after this many steps of this invocation (continue with resume)
     patience: int | None = None  # stop once this many validations in a row fail to beat the best tree tau
+    validate_every: int | None = None  # steps between validations (and one at the end); default: each epoch's end
     resume: bool = False
     device: str = "auto"
     dtype: str = "auto"  # the target's dtype; the drafter keeps fp32 master weights under autocast
@@ -137,6 +138,8 @@ class TrainConfig:
             raise ValueError(f"--rank-loss must be >= 0 and --rank-topk >= 1, got {self.rank_loss}, {self.rank_topk}")
         if self.patience is not None and (self.patience < 1 or not self.validation_prompts):
             raise ValueError(f"--patience needs validation prompts and at least 1, got {self.patience}")
+        if self.validate_every is not None and (self.validate_every < 1 or not self.validation_prompts):
+            raise ValueError(f"--validate-every needs validation prompts and at least 1, got {self.validate_every}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"--dtype must be auto, float32 or bfloat16 for training, got {self.dtype!r}")
 
@@ -591,10 +594,12 @@ class DraftTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, cosine_with_warmup(self.total_steps, warmup))
         self.step = 0
         self.epochs: list[EpochStats] = []
-        self.validations: list[dict] = []  # one per finished epoch
+        self.validations: list[dict] = []  # each with the step it was taken at
+        # --init-from: the starting drafter's validation, the mark a continuation has to beat (not a candidate)
+        self.start_validation: dict | None = None
         self.step_losses: list[float] = []
         self.elapsed_s = 0.0
-        self.best_epoch: int | None = None  # 1-based: the validation with the best tree tau
+        self.best_epoch: int | None = None  # 1-based: the validation with the best tree tau (an epoch's end by default)
         self.stopped_early = False  # --patience ended the run before its last epoch
         self.autocast = torch.autocast(self.device.type, dtype=engine.dtype, enabled=engine.dtype != torch.float32)
         self.logit_chunk = logit_chunk_elements(self.device)
@@ -663,10 +668,12 @@ class DraftTrainer:
         task = progress.add_task("training", total=self.total_steps, completed=self.step, stats="")
         start, before, first = time.perf_counter(), self.elapsed_s, self.step
         with deterministic_algorithms():
+            if self.validation is not None and cfg.init_from is not None and self.step == 0:
+                self.start_validation = self.validate() | {"step": 0}
             while self.step < stop and not self.stopped_early:
                 self.train_step()
-                if self.validation is not None and self.step % self.steps_per_epoch == 0:  # an epoch ended
-                    self.validations.append(self.validate())
+                if self._validates_now():
+                    self.validations.append(self.validate() | {"step": self.step})
                     self._track_best()
                 status = self._status()
                 progress.update(task, completed=self.step, stats=status)
@@ -678,6 +685,12 @@ class DraftTrainer:
                     self.save()
         self.save()
         return self.step == self.total_steps or self.stopped_early
+
+    def _validates_now(self) -> bool:
+        if self.validation is None:
+            return False
+        period = self.cfg.validate_every or self.steps_per_epoch
+        return self.step % period == 0 or self.step == self.total_steps
 
     def _track_best(self) -> None:
         """After a validation: keep the drafter if its tree tau is the best so far (with --patience, on disk, as
@@ -712,6 +725,7 @@ class DraftTrainer:
             "recipe": self.cfg.recipe(), "step": self.step, "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "epochs": [asdict(e) for e in self.epochs], "validations": self.validations,
+            "start_validation": self.start_validation,
             "step_losses": self.step_losses,
             "elapsed_s": self.elapsed_s, "stopped_early": self.stopped_early,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
@@ -735,6 +749,7 @@ class DraftTrainer:
         self.step, self.step_losses, self.elapsed_s = state["step"], state["step_losses"], state["elapsed_s"]
         self.epochs = [EpochStats(**e) for e in state["epochs"]]
         self.validations = state["validations"]
+        self.start_validation = state.get("start_validation")
         self.stopped_early = state.get("stopped_early", False)
         if self.validations:
             taus = [tree_tau(v) for v in self.validations]
@@ -878,6 +893,7 @@ def _report(cfg: TrainConfig, trainer: DraftTrainer, dcfg: DFlashConfig, data: D
         "stopped_early": trainer.stopped_early,
         "exported_epoch": trainer.best_epoch if cfg.patience is not None else len(trainer.epochs),
         "epochs": [e.summary() for e in trainer.epochs], "validation": trainer.validations,
+        "start_validation": trainer.start_validation,
         "step_losses": [round(x, 5) for x in trainer.step_losses],
         "train_wall_s": trainer.elapsed_s, "device": _device_name(trainer.device), "dtype": str(trainer.engine.dtype),
         "torch": torch.__version__,
