@@ -17,6 +17,8 @@
 #       spent; calling it again resumes. The first variant's responses (or DATA) serve the others; with
 #       PARALLEL=N (default 1), N variants train at once on the GPU once those exist, each logging to DIR/NAME.log.
 #       Then DIR/curves/training_curves.{png,json}: every variant's validation curves side by side.
+#   benchmarks/gpu_drafter.sh best DIR
+#       The name of DIR's finished variant whose exported drafter validated best (top-4 tree tau), for `eval`.
 #   benchmarks/gpu_drafter.sh repro RUN STEPS
 #       Reproducibility: the same command and seed again, from RUN's data, for STEPS steps in RUN.repro;
 #       prints the largest loss difference against RUN's first STEPS steps.
@@ -119,6 +121,21 @@ variants() {
     (( ${#runs[@]} )) && python3 benchmarks/training_curves.py "${runs[@]}" --out "$dir/curves"
 }
 
+best_variant() {
+    python3 - "$1" <<'EOF'
+import json, sys
+from pathlib import Path
+runs = {p.parent.name: json.loads(p.read_text()) for p in Path(sys.argv[1]).glob("*/training.json")}
+runs = {name: r for name, r in runs.items() if r["finished"] and r["validation"]}
+if not runs:
+    sys.exit(f"no finished variant with validations in {sys.argv[1]}")
+# the exported drafter: the best validation's with --patience, else the last
+exported = {name: r["validation"][r["best_epoch"] - 1 if r["args"]["patience"] else -1] for name, r in runs.items()}
+tree = {name: v["tau_top4"] for name, v in exported.items()}
+print(max(tree, key=tree.get))
+EOF
+}
+
 repro() {
     local run=$1 steps=$2
     rm -rf "$run.repro" && mkdir -p "$run.repro" && cp "$run/data.pt" "$run.repro/"
@@ -196,6 +213,7 @@ case ${1:-} in
     train) train "$2" "$3" "${4:-}" ;;
     fitted) fitted "$2" "$3" "$4" ;;
     variants) variants "$2" "$3" "${4:-}" ;;
+    best) best_variant "$2" ;;
     repro) repro "$2" "$3" ;;
     eval) eval_drafter "$2" "$3" ;;
     ship) ship "${@:2}" ;;
