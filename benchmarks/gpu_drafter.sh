@@ -62,7 +62,8 @@ train() {
     [[ -n $data && -f $held_out && ! -f $run/validation.pt ]] && cp "$held_out" "$run/validation.pt"
     local resume=()
     [[ -f $run/trainer_state.pt ]] && resume=(--resume)
-    timeout "$deadline" "${SPECPILOT[@]}" train-drafter --out "$run" "${RECIPE[@]}" "$@" "${resume[@]}" || [[ $? == 124 ]]
+    # SIGTERM at the deadline: the trainer ends its step, saves and writes training.json; killed 60 s later if not
+    timeout -k 60 "$deadline" "${SPECPILOT[@]}" train-drafter --out "$run" "${RECIPE[@]}" "$@" "${resume[@]}" || [[ $? == 124 ]]
 }
 
 fitted() {

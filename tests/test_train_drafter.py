@@ -4,8 +4,10 @@ loads and stays lossless, --resume reproduces an uninterrupted run, and the CLI 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
+import signal
 from statistics import mean
 
 import pytest
@@ -422,6 +424,37 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_run, target_dir, tmp_path, 
     a, b = (torch.load(d / STATE_FILE, weights_only=True) for d in (whole, split))
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert a["step_losses"] == b["step_losses"]
+
+
+def test_sigterm_ends_a_slice_after_its_step_and_the_resumed_run_equals_an_uninterrupted_one(
+        tiny_run, target_dir, tmp_path, monkeypatch):
+    """`timeout` ends a slice with SIGTERM: the trainer finishes the step under way, saves its state and writes
+    training.json (unfinished), restores the signal's handler, and --resume completes the same run."""
+    source, prompts, _ = tiny_run
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    for out in (whole, cut):
+        out.mkdir()
+        shutil.copy(source / "data.pt", out / "data.pt")
+    settings = {"epochs": 1, "save_every": 100}
+    train_drafter(tiny_config(whole, target_dir, **settings), prompts)
+
+    step = DraftTrainer.train_step
+
+    def step_then_term(self):
+        step(self)
+        if self.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    handler = signal.getsignal(signal.SIGTERM)
+    with monkeypatch.context() as m:
+        m.setattr(DraftTrainer, "train_step", step_then_term)
+        first = train_drafter(tiny_config(cut, target_dir, **settings), prompts)
+    assert not first["finished"] and first["steps"] == 2 and signal.getsignal(signal.SIGTERM) is handler
+    assert json.loads((cut / "training.json").read_text())["steps"] == 2
+    second = train_drafter(tiny_config(cut, target_dir, resume=True, **settings), prompts)
+    assert second["finished"] and second["step_losses"] == json.loads((whole / "training.json").read_text())[
+        "step_losses"]
+    assert (whole / "model.safetensors").read_bytes() == (cut / "model.safetensors").read_bytes()
 
 
 class _BytesTokenizer:

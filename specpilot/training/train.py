@@ -26,6 +26,8 @@ import json
 import math
 import os
 import random
+import signal
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -661,16 +663,17 @@ class DraftTrainer:
             stats.add(ranks, ok, batch.anchor_valid)
         return stats.summary()
 
-    def run(self, progress: Progress) -> bool:
-        """Train until the end (True) or until --stop-after steps of this invocation (False)."""
+    def run(self, progress: Progress, stop_requested: threading.Event | None = None) -> bool:
+        """Train until the end (True), or until --stop-after steps of this invocation or `stop_requested` (False)."""
         cfg = self.cfg
+        stop_requested = stop_requested or threading.Event()
         stop = self.total_steps if cfg.stop_after is None else min(self.total_steps, self.step + cfg.stop_after)
         task = progress.add_task("training", total=self.total_steps, completed=self.step, stats="")
         start, before, first = time.perf_counter(), self.elapsed_s, self.step
         with deterministic_algorithms():
             if self.validation is not None and cfg.init_from is not None and self.step == 0:
                 self.start_validation = self.validate() | {"step": 0}
-            while self.step < stop and not self.stopped_early:
+            while self.step < stop and not self.stopped_early and not stop_requested.is_set():
                 self.train_step()
                 if self._validates_now():
                     self.validations.append(self.validate() | {"step": self.step})
@@ -809,6 +812,21 @@ def target_engine(cfg: TrainConfig, checkpoint: Checkpoint | None = None, model:
     return engine
 
 
+@contextmanager
+def termination_requests():
+    """SIGTERM (`timeout` ending a slice, a preempting scheduler) asks the training loop to stop after its step:
+    the state is saved and training.json written, so a slice cut at its deadline keeps its validations."""
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may take signals
+        yield requested
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: requested.set())
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _progress() -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                     TextColumn("{task.fields[stats]}"))
@@ -866,7 +884,8 @@ def train_drafter(cfg: TrainConfig, prompts: list[list[int]] | None = None,
         trainer = DraftTrainer(cfg, engine, dcfg, samples, features, validation)
         if cfg.resume:
             trainer.load()
-        finished = trainer.run(progress)
+        with termination_requests() as stop_requested:
+            finished = trainer.run(progress, stop_requested)
     if finished:
         export_dflash(trainer.best_model(), dcfg, tcfg.num_layers, cfg.out)
     report = _report(cfg, trainer, dcfg, data_stats, finished)
