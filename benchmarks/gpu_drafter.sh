@@ -63,7 +63,8 @@ train() {
     local resume=()
     [[ -f $run/trainer_state.pt ]] && resume=(--resume)
     # SIGTERM at the deadline: the trainer ends its step, saves and writes training.json; killed 60 s later if not
-    timeout -k 60 "$deadline" "${SPECPILOT[@]}" train-drafter --out "$run" "${RECIPE[@]}" "$@" "${resume[@]}" || [[ $? == 124 ]]
+    timeout -k 60 "$deadline" "${SPECPILOT[@]}" train-drafter --out "$run" "${RECIPE[@]}" "$@" "${resume[@]}" \
+        || [[ $? == 124 ]]
 }
 
 fitted() {
