@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -29,6 +30,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import out_dir, write_json  # noqa: E402
@@ -69,7 +71,21 @@ def _record_drafts(engine: Engine) -> list[tuple[list[str], list[int], torch.Ten
     return records
 
 
-def ceiling(name: str, args: argparse.Namespace) -> dict:
+@dataclass
+class DraftSteps:
+    """Every (verify step, request) of a dataset's DFlash decode whose request's output equals AR's."""
+    ids: torch.Tensor  # [S, D, K] the drafter's top-K tokens per slot
+    probs: torch.Tensor  # [S, D, K] their probabilities
+    ref: torch.Tensor  # [S, D] the reference (AR) tokens after the committed prefix; -1 past the output's end
+    request: torch.Tensor  # [S] the request's index among the prompts
+    prompts: int
+    identical_to_ar: int
+    tau_tree_actual: float
+
+
+def draft_steps(name: str, args: argparse.Namespace) -> DraftSteps:
+    """AR's greedy continuation of the dataset's prompts, then the same prompts decoded with DFlash trees, the
+    drafter's lists recorded at each verify step beside the reference tokens they aim at."""
     ar_engine = _engine(args, speculate=False)
     prompts = [apply_chat_template(ar_engine.tokenizer, p) for p in load_prompts(name, args.num_prompts)]
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
@@ -78,46 +94,64 @@ def ceiling(name: str, args: argparse.Namespace) -> dict:
     engine = _engine(args, speculate=True)
     records = _record_drafts(engine)
     reqs = engine.generate(prompts, params)
-    same = {r.rid: ref for r, ref in zip(reqs, reference) if r.output_ids == ref}
+    same = {r.rid: (k, ref) for k, (r, ref) in enumerate(zip(reqs, reference)) if r.output_ids == ref}
     depth = engine.drafter.block_size - 1
-    top1, topk, top1_run, topk_run = ([[] for _ in range(depth)] for _ in range(4))
-    chain_tau, tree_tau = [], []
-    sized = {n: [] for n in args.tree_nodes}  # τ of a tree of n nodes over the same lists, per step
-    builders = {n: TreeBuilder(args.topk, n, depth, torch.device("cpu")) for n in args.tree_nodes}
-    for rids, lengths, ids, probs in records:
-        layouts = {n: b.build(probs, ids) for n, b in builders.items()}
+    ids, probs, refs, request = [], [], [], []
+    for rids, lengths, step_ids, step_probs in records:
         for i, (rid, start) in enumerate(zip(rids, lengths)):
-            ref = same.get(rid)
-            if ref is None or start >= len(ref):
+            k, ref = same.get(rid, (None, []))
+            if start >= len(ref):
                 continue
-            run1 = runk = True
-            for j in range(min(depth, len(ref) - start)):
-                want = ref[start + j]
-                hit1, hitk = int(ids[i, j, 0]) == want, want in ids[i, j].tolist()
-                top1[j].append(hit1)
-                topk[j].append(hitk)
-                if run1:
-                    top1_run[j].append(hit1)
-                if runk:
-                    topk_run[j].append(hitk)
-                run1, runk = run1 and hit1, runk and hitk
-            chain_tau.append(1 + next((j for j, h in enumerate(ids[i, :, 0].tolist()[: len(ref) - start])
-                                       if h != ref[start + j]), min(depth, len(ref) - start)))
-            tree_tau.append(1 + next((j for j in range(min(depth, len(ref) - start))
-                                      if ref[start + j] not in ids[i, j].tolist()), min(depth, len(ref) - start)))
-            for n, layout in layouts.items():
-                sized[n].append(1 + _accepted(layout, i, ref[start:]))
+            ahead = ref[start : start + depth]
+            ids.append(step_ids[i])
+            probs.append(step_probs[i])
+            refs.append(torch.tensor(ahead + [-1] * (depth - len(ahead))))
+            request.append(k)
+    return DraftSteps(torch.stack(ids), torch.stack(probs), torch.stack(refs), torch.tensor(request), len(prompts),
+                      len(same), engine.spec_stats.tau)
 
-    def mean(xs: list[bool]) -> float | None:
-        return round(sum(xs) / len(xs), 4) if xs else None
 
-    return {"dataset": name, "prompts": len(prompts), "identical_to_ar": len(same), "steps": len(chain_tau),
-            "block": depth + 1, "topk": args.topk,
-            "slots": [{"slot": j + 1, "top1": mean(top1[j]), "topk": mean(topk[j]), "top1_given_prefix":
-                       mean(top1_run[j]), "topk_given_prefix": mean(topk_run[j])} for j in range(depth)],
-            "tau_chain_top1": statistics.fmean(chain_tau), "tau_tree_oracle": statistics.fmean(tree_tau),
-            "tau_tree_actual": engine.spec_stats.tau,
-            "tau_by_tree_nodes": {n: statistics.fmean(v) for n, v in sized.items() if v}}
+def hit_runs(steps: DraftSteps) -> tuple[torch.Tensor, torch.Tensor]:
+    """[S, D] top-1 and top-K hits of each slot (False past the reference's end)."""
+    want = steps.ref[..., None]
+    return steps.ids[..., 0] == steps.ref, (steps.ids == want).any(-1)
+
+
+def run_length(hits: torch.Tensor) -> torch.Tensor:
+    """[S]: how many slots from the first hit in a row."""
+    return hits.long().cumprod(-1).sum(-1)
+
+
+def tree_tau(builder: TreeBuilder, probs: torch.Tensor, steps: DraftSteps) -> float:
+    """Mean τ of the trees `builder` makes from `probs` (the drafter's, or rescored) over `steps`' lists, each
+    verified greedily against the reference."""
+    layout = builder.build(probs, steps.ids)
+    return statistics.fmean(1 + _accepted(layout, i, [t for t in steps.ref[i].tolist() if t >= 0])
+                            for i in range(len(steps.ref)))
+
+
+def ceiling(name: str, args: argparse.Namespace) -> dict:
+    steps = draft_steps(name, args)
+    top1, topk = hit_runs(steps)
+    valid = steps.ref >= 0
+    # given every earlier slot hit: the slots a run reached
+    reached1 = F.pad(top1.long().cumprod(-1), (1, 0), value=1)[:, :-1].bool() & valid
+    reachedk = F.pad(topk.long().cumprod(-1), (1, 0), value=1)[:, :-1].bool() & valid
+    depth = steps.ids.shape[1]
+
+    def mean(hits: torch.Tensor, where: torch.Tensor) -> float | None:
+        return round(hits[where].float().mean().item(), 4) if where.any() else None
+
+    builders = {n: TreeBuilder(args.topk, n, depth, torch.device("cpu")) for n in args.tree_nodes}
+    return {"dataset": name, "prompts": steps.prompts, "identical_to_ar": steps.identical_to_ar,
+            "steps": len(steps.ref), "block": depth + 1, "topk": args.topk,
+            "slots": [{"slot": j + 1, "top1": mean(top1[:, j], valid[:, j]), "topk": mean(topk[:, j], valid[:, j]),
+                       "top1_given_prefix": mean(top1[:, j], reached1[:, j]),
+                       "topk_given_prefix": mean(topk[:, j], reachedk[:, j])} for j in range(depth)],
+            "tau_chain_top1": 1 + run_length(top1).float().mean().item(),
+            "tau_tree_oracle": 1 + run_length(topk).float().mean().item(),
+            "tau_tree_actual": steps.tau_tree_actual,
+            "tau_by_tree_nodes": {n: tree_tau(b, steps.probs, steps) for n, b in builders.items()}}
 
 
 def _accepted(layout: TreeLayout, i: int, ref: list[int]) -> int:

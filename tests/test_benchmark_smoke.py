@@ -125,3 +125,25 @@ def test_drafter_ceiling_of_a_given_drafter(tmp_path):
     row = json.loads((tmp_path / "drafter_ceiling.json").read_text())["rows"][0]
     assert row["identical_to_ar"] == row["prompts"] == 1
     assert row["tau_tree_oracle"] >= row["tau_tree_actual"] >= 1.0
+
+
+def test_tree_calibration_rescores_trees_by_what_hits_given_the_prefix(tmp_path):
+    """benchmarks/tree_calibration.py: lists whose second-ranked token is always right after the first slot, at a
+    lower draft probability, make trees from the drafter's probabilities stop at slot 1 while calibrated ones follow
+    the tokens that hit (two-fold, same lists); the script itself runs end to end on the embedded pair."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import torch
+    from drafter_ceiling import DraftSteps
+    from tree_calibration import compare
+
+    s = 40
+    ids = torch.tensor([[10, 20], [11, 21], [12, 22]]).expand(s, 3, 2)
+    probs = torch.tensor([0.6, 0.4]).expand(s, 3, 2)
+    steps = DraftSteps(ids, probs, torch.tensor([10, 21, 22]).expand(s, 3), torch.arange(s), s, s, 2.0)
+    row = compare("synthetic", steps, {"synthetic": steps}, nodes=3)
+    assert row["tau_drafter_probs"] == 2.0 and row["tau_calibrated"] == 4.0 == row["tau_ceiling"]
+
+    run_script("tree_calibration.py", "--dataset", "humaneval", "--num-prompts", "2", "--max-new-tokens", "8",
+               "--batch", "2", "--out", str(tmp_path), smoke=False)
+    row = json.loads((tmp_path / "tree_calibration.json").read_text())["rows"][0]
+    assert row["tau_ceiling"] >= row["tau_drafter_probs"] >= 1.0 and row["tau_calibrated"] >= 1.0
