@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,17 +181,31 @@ def chart(rows: list[dict], path: Path, footer: str) -> Path:
     return save(fig, path, footer)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def decode_args(ap: argparse.ArgumentParser, num_prompts: int, max_new_tokens: int) -> None:
+    """The options `draft_steps` reads (and --out)."""
     ap.add_argument("--dataset", nargs="+", default=["humaneval", "math", "mtbench", "sharegpt"])
-    ap.add_argument("--num-prompts", type=int, default=10)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--num-prompts", type=int, default=num_prompts)
+    ap.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
     ap.add_argument("--draft", default=None, help="DFlash checkpoint directory (default: the shipped drafter)")
     ap.add_argument("--topk", type=int, default=4)
-    ap.add_argument("--tree-nodes", type=int, nargs="*", default=[], help="τ of trees of these many nodes too")
     ap.add_argument("--batch", type=int, default=8, help="prompts decoded together")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out")
+
+
+def write_report(args: argparse.Namespace, name: str, rows: list[dict],
+                 draw: Callable[[list[dict], Path, str], Path]) -> None:
+    """--out/NAME.json (the rows, provenance and command) and NAME.png drawn by `draw`."""
+    prov = collect(torch.device(args.device), None)
+    out = out_dir(args.out)
+    write_json(out / f"{name}.json", {"provenance": prov, "command": " ".join(sys.argv), "rows": rows})
+    draw(rows, out / f"{name}.png", label(prov))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    decode_args(ap, num_prompts=10, max_new_tokens=64)
+    ap.add_argument("--tree-nodes", type=int, nargs="*", default=[], help="τ of trees of these many nodes too")
     args = ap.parse_args()
     rows = []
     for name in args.dataset:
@@ -200,10 +215,7 @@ def main() -> None:
               f"{r['tau_chain_top1']:.2f}, tree ceiling {r['tau_tree_oracle']:.2f}, tree reached "
               f"{r['tau_tree_actual']:.2f} (block {r['block']})" + "".join(
                   f"; {n} nodes {t:.2f}" for n, t in r["tau_by_tree_nodes"].items()), flush=True)
-    prov = collect(torch.device(args.device), None)
-    out = out_dir(args.out)
-    write_json(out / "drafter_ceiling.json", {"provenance": prov, "command": " ".join(sys.argv), "rows": rows})
-    chart(rows, out / "drafter_ceiling.png", label(prov))
+    write_report(args, "drafter_ceiling", rows, chart)
 
 
 if __name__ == "__main__":

@@ -25,11 +25,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import out_dir, write_json  # noqa: E402
-from drafter_ceiling import DraftSteps, draft_steps, hit_runs, run_length, tree_tau  # noqa: E402
+from drafter_ceiling import (  # noqa: E402
+    DraftSteps,
+    decode_args,
+    draft_steps,
+    hit_runs,
+    run_length,
+    tree_tau,
+    write_report,
+)
 
 from specpilot.bench.charts import save  # noqa: E402
-from specpilot.bench.provenance import collect, label  # noqa: E402
 from specpilot.drafters.draft_tree import TreeBuilder  # noqa: E402
 
 BIN_EDGES = torch.tensor([0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1.01])
@@ -108,15 +114,8 @@ def chart(rows: list[dict], path: Path, footer: str) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dataset", nargs="+", default=["humaneval", "math", "mtbench", "sharegpt"])
-    ap.add_argument("--num-prompts", type=int, default=16)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    decode_args(ap, num_prompts=16, max_new_tokens=128)
     ap.add_argument("--nodes", type=int, default=15, help="draft nodes per tree (the served tree: block - 1)")
-    ap.add_argument("--draft", default=None, help="DFlash checkpoint directory (default: the shipped drafter)")
-    ap.add_argument("--topk", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=8, help="prompts decoded together")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--out")
     args = ap.parse_args()
     steps = {name: draft_steps(name, args) for name in args.dataset}
     rows = [compare(name, s, steps, args.nodes) for name, s in steps.items()]
@@ -124,10 +123,7 @@ def main() -> None:
         print(f"{r['dataset']}: {r['steps']} steps; τ {r['nodes']} nodes: drafter's probabilities "
               f"{r['tau_drafter_probs']:.3f}, calibrated {r['tau_calibrated']:.3f} "
               f"({r['tau_calibrated'] / r['tau_drafter_probs'] - 1:+.1%}); ceiling {r['tau_ceiling']:.2f}", flush=True)
-    prov = collect(torch.device(args.device), None)
-    out = out_dir(args.out)
-    write_json(out / "tree_calibration.json", {"provenance": prov, "command": " ".join(sys.argv), "rows": rows})
-    chart(rows, out / "tree_calibration.png", label(prov))
+    write_report(args, "tree_calibration", rows, chart)
 
 
 if __name__ == "__main__":
