@@ -112,10 +112,15 @@ def draft_steps(name: str, args: argparse.Namespace) -> DraftSteps:
                       len(same), engine.spec_stats.tau)
 
 
-def hit_runs(steps: DraftSteps) -> tuple[torch.Tensor, torch.Tensor]:
+def slot_hits(steps: DraftSteps) -> tuple[torch.Tensor, torch.Tensor]:
     """[S, D] top-1 and top-K hits of each slot (False past the reference's end)."""
     want = steps.ref[..., None]
     return steps.ids[..., 0] == steps.ref, (steps.ids == want).any(-1)
+
+
+def reached(hits: torch.Tensor, steps: DraftSteps) -> torch.Tensor:
+    """[S, D]: the slots a run of `hits` reaches (every earlier slot hit), within the reference."""
+    return F.pad(hits.long().cumprod(-1), (1, 0), value=1)[:, :-1].bool() & (steps.ref >= 0)
 
 
 def run_length(hits: torch.Tensor) -> torch.Tensor:
@@ -133,11 +138,9 @@ def tree_tau(builder: TreeBuilder, probs: torch.Tensor, steps: DraftSteps) -> fl
 
 def ceiling(name: str, args: argparse.Namespace) -> dict:
     steps = draft_steps(name, args)
-    top1, topk = hit_runs(steps)
+    top1, topk = slot_hits(steps)
     valid = steps.ref >= 0
-    # given every earlier slot hit: the slots a run reached
-    reached1 = F.pad(top1.long().cumprod(-1), (1, 0), value=1)[:, :-1].bool() & valid
-    reachedk = F.pad(topk.long().cumprod(-1), (1, 0), value=1)[:, :-1].bool() & valid
+    reached1, reachedk = reached(top1, steps), reached(topk, steps)
     depth = steps.ids.shape[1]
 
     def mean(hits: torch.Tensor, where: torch.Tensor) -> float | None:

@@ -29,8 +29,9 @@ from drafter_ceiling import (  # noqa: E402
     DraftSteps,
     decode_args,
     draft_steps,
-    hit_runs,
+    reached,
     run_length,
+    slot_hits,
     tree_tau,
     write_report,
 )
@@ -61,12 +62,12 @@ def fit(steps: list[DraftSteps]) -> torch.Tensor:
     list (the only way a tree reaches the slot), per cell; shrunk towards the raw probabilities' mean there."""
     cells, hits, raw, weight = [], [], [], []
     for s in steps:
-        _, topk = hit_runs(s)
-        reached = torch.nn.functional.pad(topk.long().cumprod(-1), (1, 0), value=1)[:, :-1].bool() & (s.ref >= 0)
+        _, topk = slot_hits(s)
+        reachable = reached(topk, s)
         cells.append(_cells(s.probs).flatten())
         hits.append((s.ids == s.ref[..., None]).float().flatten())
         raw.append(s.probs.float().flatten())
-        weight.append(reached[..., None].expand_as(s.probs).float().flatten())
+        weight.append(reachable[..., None].expand_as(s.probs).float().flatten())
     cells, hits, raw, weight = (torch.cat(x) for x in (cells, hits, raw, weight))
     size = steps[0].probs.shape[1] * steps[0].probs.shape[2] * len(BIN_EDGES)
     n = torch.zeros(size).index_add_(0, cells, weight)
@@ -92,7 +93,7 @@ def compare(name: str, steps: DraftSteps, pooled: dict[str, DraftSteps], nodes: 
         raw_tau += tree_tau(builder, part.probs, part) * len(part.ref)
         cal_tau += tree_tau(builder, calibrated(table, part), part) * len(part.ref)
         count += len(part.ref)
-    _, topk = hit_runs(steps)
+    _, topk = slot_hits(steps)
     return {"dataset": name, "steps": count, "nodes": nodes, "tau_drafter_probs": raw_tau / count,
             "tau_calibrated": cal_tau / count, "tau_ceiling": 1 + run_length(topk).float().mean().item(),
             "tau_engine": steps.tau_tree_actual}
