@@ -18,6 +18,9 @@
 #   call 2 (carry .ferry/part2):          bash benchmarks/gpu_ferry.sh stage 2
 #   call 3 (carry .ferry/part3):          bash benchmarks/gpu_ferry.sh stage 3
 #   call 4 (carry .ferry/part4):          bash benchmarks/gpu_ferry.sh run 'CMD'   (CMD sees $OUT)
+# or in three: `stage 1 2` then `stage 3 4` (each carrying the two parts, call 1 also .ferry/whl and .ferry/extra),
+# with the shipped drafter's 17.5 MB (specpilot/drafters/assets) and docs/results moved out of the tree for those two
+# calls only; then `run 'CMD'` carrying nothing but what CMD reads, the drafter back in place.
 # Here, for ShareGPT: bash benchmarks/gpu_ferry.sh extra   (.ferry/extra: the opening turns, 1.2 MiB; .ferry/turns:
 #   the drafter's multi-turn training export, sharegpt_train_turns.json.gz, 9 MiB, SPECPILOT_SHAREGPT for
 #   `train-drafter --datasets ... sharegpt-turns`, carried by the run call that trains: no part rides with it)
@@ -88,10 +91,13 @@ old)
     ;;
 stage)
     mkdir -p /tmp/ferry
-    cp "$FERRY/part$2"/*.part "/tmp/ferry/part$2"
-    if [ -f "$FERRY/part$2/old.tar" ]; then
-        rm -rf /tmp/ferry/old && mkdir -p /tmp/ferry/old && tar -xf "$FERRY/part$2/old.tar" -C /tmp/ferry/old
-    fi
+    for part in "${@:2}"; do
+        cp "$FERRY/part$part"/*.part "/tmp/ferry/part$part"
+        basename "$FERRY/part$part"/*.part .part > /tmp/ferry/wheel_name
+        if [ -f "$FERRY/part$part/old.tar" ]; then
+            rm -rf /tmp/ferry/old && mkdir -p /tmp/ferry/old && tar -xf "$FERRY/part$part/old.tar" -C /tmp/ferry/old
+        fi
+    done
     if [ -d "$FERRY/extra" ]; then rm -rf /tmp/ferry/extra && cp -r "$FERRY/extra" /tmp/ferry/extra; fi
     if [ -d "$FERRY/whl" ]; then rm -rf /tmp/ferry/whl && cp -r "$FERRY/whl" /tmp/ferry/whl; fi
     ls -la /tmp/ferry
@@ -101,7 +107,10 @@ run)
     # neither, e.g. FlashInfer's alone, carries no part)
     if [ ! -f /tmp/site/.ferried ] && [ -d "$FERRY/part$PARTS" ]; then
         cp "$FERRY/part$PARTS"/*.part "/tmp/ferry/part$PARTS"
-        name=$(basename "$FERRY/part$PARTS"/*.part .part)
+        basename "$FERRY/part$PARTS"/*.part .part > /tmp/ferry/wheel_name
+    fi
+    if [ ! -f /tmp/site/.ferried ] && [ -f "/tmp/ferry/part$PARTS" ]; then
+        name=$(cat /tmp/ferry/wheel_name)
         cat $(for i in $(seq 1 $PARTS); do echo "/tmp/ferry/part$i"; done) > "/tmp/ferry/$name"
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
             /tmp/ferry/whl/*.whl "/tmp/ferry/$name"
