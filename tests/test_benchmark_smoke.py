@@ -147,3 +147,33 @@ def test_tree_calibration_rescores_trees_by_what_hits_given_the_prefix(tmp_path)
                "--batch", "2", "--out", str(tmp_path), smoke=False)
     row = json.loads((tmp_path / "tree_calibration.json").read_text())["rows"][0]
     assert row["tau_ceiling"] >= row["tau_drafter_probs"] >= 1.0 and row["tau_calibrated"] >= 1.0
+
+
+def test_drafter_misses_finds_where_chains_stop_and_which_stops_are_shifts(tmp_path):
+    """benchmarks/drafter_misses.py: on hand-made lists, the stop slot, its token's kind, a late stop (the next
+    slot holds the missed token: a shifted branch would accept two more) and an early one (the stop slot holds the
+    token after it); the script runs end to end on the embedded pair."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import torch
+    from drafter_ceiling import DraftSteps
+    from drafter_misses import analyse, token_kind
+
+    assert [token_kind(t) for t in ("\n    ", "  ", " (", "42", " return", "urn")] == [
+        "newline", "space", "punctuation", "digits", "word start", "word piece"]
+    ids = torch.tensor([[[1, 9], [9, 8], [2, 7], [3, 6]],
+                        [[5, 0], [7, 0], [0, 0], [0, 0]],
+                        [[1, 0], [2, 0], [0, 0], [0, 0]]])
+    ref = torch.tensor([[1, 2, 3, 4], [5, 6, 7, -1], [1, 2, -1, -1]])
+    steps = DraftSteps(ids, torch.full(ids.shape, 0.5), ref, torch.arange(3), 3, 3, 2.0)
+    row = analyse("synthetic", steps, lambda t: "newline" if t == 2 else "word piece", 2)
+    assert row["stops"] == 2 and row["late_share"] == 0.5 == row["early_share"]
+    assert row["tau_gain_late"] == 2 / 3
+    newline = row["kinds"]["newline"]
+    assert newline["share_of_stops"] == 0.5 and newline["share_of_reached"] == 1 / 3 and newline["topk"] == 0.5
+
+    run_script("drafter_misses.py", "--dataset", "humaneval", "--num-prompts", "1", "--max-new-tokens", "8",
+               "--batch", "1", "--out", str(tmp_path), smoke=False)
+    row = json.loads((tmp_path / "drafter_misses.json").read_text())["rows"][0]
+    assert row["identical_to_ar"] == row["prompts"] == 1
+    assert abs(sum(k["share_of_reached"] for k in row["kinds"].values()) - 1) < 1e-9
+    assert (tmp_path / "drafter_misses.png").stat().st_size > 0
