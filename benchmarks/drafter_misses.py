@@ -7,7 +7,8 @@ those lists stops at the first slot whose top-K lacks the reference token; this 
   word's inner piece), as shares of the stops, beside each kind's share of the reached slots and its top-1 / top-K
   hit rate there: which kinds the drafter misses more than their frequency;
 - whether the miss is a shift: the drafter's next slot holds the missed token (it wrote one token too many before
-  it: "late"), or the stop slot holds the token after the missed one (it dropped one: "early");
+  it: "late"), or the stop slot holds the token after the missed one (it dropped one: "early"), beside how often
+  a slot that hit holds the next slot's token as well (lists that hold the next token anyway);
 - how many more slots a tree would accept if, from a late stop on, it read each depth from the next slot's list,
   as a branch beside the usual ones: the most such shifted branches could add to τ, with no node budget (an early
   stop has no such branch: the token it dropped is in no list).
@@ -30,6 +31,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from drafter_ceiling import DraftSteps, decode_args, draft_steps, reached, slot_hits, write_report  # noqa: E402
@@ -99,6 +101,9 @@ def analyse(name: str, steps: DraftSteps, kind: Callable[[int], str], topk_width
         late += run > 0
         gain += run
         early += dropped(steps, s, j)
+    # the same question where the slot hit: how often a list holds the next slot's token anyway
+    ahead = F.pad((steps.ids[:, :-1] == steps.ref[:, 1:, None]).any(-1) & (steps.ref[:, 1:] >= 0), (0, 1))
+    hit = where & topk
     total_reached = max(1, sum(c["reached"] for c in by_kind.values()))
     n_stops, n_steps = max(1, len(stopped)), max(1, len(steps.ref))
     return {"dataset": name, "prompts": steps.prompts, "identical_to_ar": steps.identical_to_ar,
@@ -107,7 +112,8 @@ def analyse(name: str, steps: DraftSteps, kind: Callable[[int], str], topk_width
                           "top1": c["top1"] / c["reached"] if c["reached"] else None,
                           "topk": c["topk"] / c["reached"] if c["reached"] else None}
                       for k, c in by_kind.items()},
-            "late_share": late / n_stops, "early_share": early / n_stops, "tau_gain_late": gain / n_steps}
+            "late_share": late / n_stops, "early_share": early / n_stops, "tau_gain_late": gain / n_steps,
+            "next_token_in_list_at_hits": ahead[hit].float().mean().item() if hit.any() else None}
 
 
 def miss_report(name: str, args: argparse.Namespace, decode: Callable[[int], str]) -> dict:
@@ -146,7 +152,8 @@ def main() -> None:
         print(f"{name}: {r['stops']} stops in {r['steps']} steps; over-missed kind: {worst} "
               f"({r['kinds'][worst]['share_of_stops']:.0%} of stops, {r['kinds'][worst]['share_of_reached']:.0%} of "
               f"slots); late {r['late_share']:.0%} (shifted branches: +{r['tau_gain_late']:.3f} τ at most), "
-              f"early {r['early_share']:.0%}", flush=True)
+              f"early {r['early_share']:.0%} (next token in a list that hit: {r['next_token_in_list_at_hits']:.0%})",
+              flush=True)
     write_report(args, "drafter_misses", rows, chart)
 
 

@@ -160,14 +160,14 @@ def test_drafter_misses_finds_where_chains_stop_and_which_stops_are_shifts(tmp_p
 
     assert [token_kind(t) for t in ("\n    ", "  ", " (", "42", " return", "urn")] == [
         "newline", "space", "punctuation", "digits", "word start", "word piece"]
-    ids = torch.tensor([[[1, 9], [9, 8], [2, 7], [3, 6]],
+    ids = torch.tensor([[[1, 2], [9, 8], [2, 7], [3, 6]],
                         [[5, 0], [7, 0], [0, 0], [0, 0]],
                         [[1, 0], [2, 0], [0, 0], [0, 0]]])
     ref = torch.tensor([[1, 2, 3, 4], [5, 6, 7, -1], [1, 2, -1, -1]])
     steps = DraftSteps(ids, torch.full(ids.shape, 0.5), ref, torch.arange(3), 3, 3, 2.0)
     row = analyse("synthetic", steps, lambda t: "newline" if t == 2 else "word piece", 2)
     assert row["stops"] == 2 and row["late_share"] == 0.5 == row["early_share"]
-    assert row["tau_gain_late"] == 2 / 3
+    assert row["tau_gain_late"] == 2 / 3 and row["next_token_in_list_at_hits"] == 1 / 4
     newline = row["kinds"]["newline"]
     assert newline["share_of_stops"] == 0.5 and newline["share_of_reached"] == 1 / 3 and newline["topk"] == 0.5
 
