@@ -9,6 +9,7 @@ import random
 import shutil
 import signal
 from statistics import mean
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -32,6 +33,8 @@ from specpilot.state.request import Request
 from specpilot.training.data import load_training_prompts
 from specpilot.training.train import (
     BEST_FILE,
+    LOGIT_BYTES,
+    LOGIT_CHUNK_ELEMENTS,
     STATE_FILE,
     VALIDATION_TOPK,
     DraftTrainer,
@@ -46,6 +49,7 @@ from specpilot.training.train import (
     init_draft_model,
     load_initial_weights,
     lm_head_loss,
+    logit_chunk_elements,
     published_state_dict,
     slot_sources,
     train_drafter,
@@ -162,6 +166,19 @@ def test_chunked_head_loss_equals_whole(mix):
         torch.testing.assert_close(ce, results[0][0])
         assert torch.equal(rank, results[0][1])
         torch.testing.assert_close(grad, results[0][2])
+
+
+def test_the_loss_chunks_on_cuda_follow_the_device_not_its_free_memory(monkeypatch):
+    """A run and its repeat must cut a batch's rows alike: the chunk size reads the device's total memory, so what
+    else the process holds (generated responses, allocator caches) cannot change it."""
+    total = 80 << 30
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=total))
+    sizes = set()
+    for free in (70 << 30, 52 << 30, 9 << 30):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=free: (free, total))
+        sizes.add(logit_chunk_elements(torch.device("cuda", 0)))
+    assert sizes == {total // 4 // LOGIT_BYTES}
+    assert logit_chunk_elements(CPU) == LOGIT_CHUNK_ELEMENTS
 
 
 def test_the_head_loss_ranks_the_target_token_among_the_drafter_s():

@@ -394,12 +394,15 @@ class _HeadCrossEntropy(torch.autograd.Function):
 
 
 def logit_chunk_elements(device: torch.device) -> int:
-    """Logit elements the loss may hold at once: on CUDA what a quarter of the free memory holds (on an
-    H200 a whole batch, so no recomputation), elsewhere LOGIT_CHUNK_ELEMENTS."""
+    """Logit elements the loss may hold at once: on CUDA what a quarter of the device's memory holds (on an
+    H200 a whole batch, so no recomputation), elsewhere LOGIT_CHUNK_ELEMENTS. The device's total, not its free
+    memory: a run and its repeat or resume cut a batch's rows into the same chunks whatever else they hold
+    (generated responses, allocator caches), and a chunk's row count picks the head's matmul kernels, whose
+    rounding can differ (found when a GPU repeat parted from its run at the first batch that split)."""
     if device.type != "cuda":
         return LOGIT_CHUNK_ELEMENTS
-    free, _ = torch.cuda.mem_get_info(device)
-    return max(LOGIT_CHUNK_ELEMENTS, free // 4 // LOGIT_BYTES)
+    total = torch.cuda.get_device_properties(device).total_memory
+    return max(LOGIT_CHUNK_ELEMENTS, total // 4 // LOGIT_BYTES)
 
 
 def lm_head_loss(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor,
