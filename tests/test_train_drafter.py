@@ -643,6 +643,47 @@ def test_cached_responses_are_stored_in_16_bits_and_older_int32_caches_still_loa
     assert again["step_losses"] == first["step_losses"]  # the same sequences, read back as int32
 
 
+def test_a_cut_generation_resumes_at_its_first_missing_part(target_dir, tmp_path, monkeypatch):
+    """Responses are saved GENERATION_PART prompts at a time: a generation that dies in its second part keeps the
+    first, a rerun generates only the rest, and the data equal an uncut run's (sampled responses too: their seeds
+    count the prompts across parts); the parts go once data.pt is written."""
+    from rich.progress import Progress
+
+    from specpilot.training import data as training_data
+    from specpilot.training.train import target_engine
+
+    monkeypatch.setattr(training_data, "GENERATION_PART", 2)
+    engine = target_engine(tiny_config(tmp_path, target_dir, max_new_tokens=8))
+    prompts, responses = toy_corpus(5, seed=7), training_data.Responses(per_prompt=2)
+    meta = {"prompts": training_data.prompts_digest(prompts)}
+
+    def load(out):
+        return training_data.load_or_generate(out, meta, engine, prompts, 8, Progress(disable=True),
+                                              responses=responses)
+
+    whole, whole_stats = load(tmp_path / "whole")
+    calls, real, dies_at = [], training_data.generate_responses, [2]
+
+    def dies_in_part_two(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == dies_at[0]:
+            raise RuntimeError("deadline")  # a deadline's signal ends the process here
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training_data, "generate_responses", dies_in_part_two)
+    with pytest.raises(RuntimeError, match="deadline"):
+        load(tmp_path / "cut")
+    assert sorted(p.name for p in (tmp_path / "cut" / "data.parts").iterdir()) == ["0.pt"]
+    calls.clear()
+    dies_at[0] = 0
+    again, stats = load(tmp_path / "cut")
+    assert calls == [prompts[2:4], prompts[4:]]  # part 1 read back, not regenerated
+    assert [(a.tokens.tolist(), a.prompt_len) for a in again] == [(w.tokens.tolist(), w.prompt_len) for w in whole]
+    assert stats.num_sequences == whole_stats.num_sequences and not stats.reused_cache
+    assert not (tmp_path / "cut" / "data.parts").exists() and (tmp_path / "cut" / "data.pt").is_file()
+    assert load(tmp_path / "cut")[1].reused_cache
+
+
 def test_the_fused_hard_loss_is_the_plain_cross_entropy_and_its_gradient():
     """The recipe's hard labels run through the fused path (logits in the head's dtype, the gradient kept from
     the forward): the same loss, ranks and gradient as torch's cross-entropy through autograd, chunked or not,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from specpilot.state.batch import ForwardBatch
 
 DATA_FILE = "data.pt"
 VALIDATION_FILE = "validation.pt"
+GENERATION_PART = 4096  # prompts whose responses are saved together: a cut generation loses at most one part
 
 
 @dataclass
@@ -94,12 +96,14 @@ class Responses:
 
 
 def generate_responses(engine: Engine, prompts: list[list[int]], max_new_tokens: int, progress: Progress,
-                       responses: Responses = Responses()) -> tuple[list[Sample], DataStats]:
+                       responses: Responses = Responses(), first_index: int = 0,
+                       label: str = "generating responses") -> tuple[list[Sample], DataStats]:
     """The target's responses (`Responses`) with continuous batching (engine.max_running_requests at a time).
-    Prompts leave room for at least two response tokens (one anchor and its target) or are skipped."""
+    Prompts leave room for at least two response tokens (one anchor and its target) or are skipped; the sampled
+    responses' seeds count the prompts that fit from `first_index` (the ones before them in a parted run)."""
     fits = [p for p in prompts if len(p) + 2 <= engine.context_length]
-    task = progress.add_task("generating responses", total=len(fits) * responses.per_prompt, stats="")
-    reqs = [engine.add_request(p, params) for i, p in enumerate(fits)
+    task = progress.add_task(label, total=len(fits) * responses.per_prompt, stats="")
+    reqs = [engine.add_request(p, params) for i, p in enumerate(fits, first_index)
             for params in responses.params(max_new_tokens, i)]
     start, produced = time.perf_counter(), 0
     while engine.has_work:
@@ -124,31 +128,68 @@ def prompts_digest(prompts: list[list[int]]) -> str:
     return hashlib.blake2b(json.dumps(prompts).encode(), digest_size=16).hexdigest()
 
 
+def _read_cache(path: Path, meta: dict) -> tuple[list[Sample], DataStats] | None:
+    if not path.is_file():
+        return None
+    data = torch.load(path, weights_only=True)
+    if data["meta"] != meta:
+        raise ValueError(f"{path} was generated with different settings ({data['meta']}, now {meta}); "
+                         f"use a fresh --out directory")
+    seqs = data["tokens"].to(torch.int32).split(data["lengths"].tolist())
+    samples = [Sample(t, p) for t, p in zip(seqs, data["prompt_lens"].tolist())]
+    return samples, DataStats(**{**data["stats"], "reused_cache": True})
+
+
+def _write_cache(path: Path, meta: dict, samples: list[Sample], stats: DataStats) -> None:
+    tokens = torch.cat([s.tokens for s in samples]) if samples else torch.zeros(0, dtype=torch.int32)
+    data = {"meta": meta, "stats": asdict(stats), "tokens": _narrow(tokens),
+            "lengths": torch.tensor([len(s.tokens) for s in samples]),
+            "prompt_lens": torch.tensor([s.prompt_len for s in samples])}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(data, tmp)
+    tmp.replace(path)
+
+
+def _combined(parts: list[DataStats]) -> DataStats:
+    response, wall = sum(p.response_tokens for p in parts), sum(p.generation_s for p in parts)
+    return DataStats(sum(p.num_sequences for p in parts), sum(p.skipped_prompts for p in parts),
+                     sum(p.prompt_tokens for p in parts), response, wall, response / wall if wall > 0 else 0.0,
+                     all(p.reused_cache for p in parts))
+
+
 def load_or_generate(out: Path, meta: dict, engine: Engine, prompts: list[list[int]], max_new_tokens: int,
                      progress: Progress, name: str = DATA_FILE,
                      responses: Responses = Responses()) -> tuple[list[Sample], DataStats]:
     """Generated sequences are cached in out/`name` (flat tokens + lengths) with the settings that made them
     (`meta`); a rerun with the same settings reuses them instead of regenerating, different settings are
     refused. Tokens are stored in 16 bits where the vocabulary fits (the file is half as large: small enough
-    to bring back from a device and carry to the next one), and read back as int32."""
+    to bring back from a device and carry to the next one), and read back as int32. The responses are made
+    GENERATION_PART prompts at a time, each part saved as it completes (out/NAME.parts/), so a generation cut
+    by a deadline resumes at its first missing part; the parts go once the whole file is written."""
     path = out / name
     meta = meta | responses.meta()
-    if path.is_file():
-        data = torch.load(path, weights_only=True)
-        if data["meta"] != meta:
-            raise ValueError(f"{path} was generated with different settings ({data['meta']}, now {meta}); "
-                             f"use a fresh --out directory")
-        seqs = data["tokens"].to(torch.int32).split(data["lengths"].tolist())
-        samples = [Sample(t, p) for t, p in zip(seqs, data["prompt_lens"].tolist())]
-        return samples, DataStats(**{**data["stats"], "reused_cache": True})
-    samples, stats = generate_responses(engine, prompts, max_new_tokens, progress, responses)
-    data = {"meta": meta, "stats": asdict(stats), "tokens": _narrow(torch.cat([s.tokens for s in samples])),
-            "lengths": torch.tensor([len(s.tokens) for s in samples]),
-            "prompt_lens": torch.tensor([s.prompt_len for s in samples])}
-    tmp = path.with_suffix(".tmp")
-    torch.save(data, tmp)
-    tmp.replace(path)
-    return samples, stats
+    cached = _read_cache(path, meta)
+    if cached is not None:
+        return cached
+    parts_dir = path.with_suffix(".parts")
+    samples, stats, fitted = [], [], 0
+    starts = range(0, len(prompts), GENERATION_PART)
+    for k, start in enumerate(starts):
+        chunk = prompts[start : start + GENERATION_PART]
+        part_meta = meta | {"part": k, "part_prompts": prompts_digest(chunk)}
+        part = _read_cache(parts_dir / f"{k}.pt", part_meta)
+        if part is None:
+            part = generate_responses(engine, chunk, max_new_tokens, progress, responses, fitted,
+                                      f"generating responses, part {k + 1}/{len(starts)}")
+            _write_cache(parts_dir / f"{k}.pt", part_meta, *part)
+        samples += part[0]
+        stats.append(part[1])
+        fitted += len(chunk) - part[1].skipped_prompts
+    total = _combined(stats)
+    _write_cache(path, meta, samples, total)
+    shutil.rmtree(parts_dir, ignore_errors=True)
+    return samples, total
 
 
 # ---------------------------------------------------------------- batches
