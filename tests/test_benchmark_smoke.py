@@ -177,3 +177,17 @@ def test_drafter_misses_finds_where_chains_stop_and_which_stops_are_shifts(tmp_p
     assert row["identical_to_ar"] == row["prompts"] == 1
     assert abs(sum(k["share_of_reached"] for k in row["kinds"].values()) - 1) < 1e-9
     assert (tmp_path / "drafter_misses.png").stat().st_size > 0
+
+
+def test_train_determinism_repeats_steps_from_one_state(tmp_path):
+    """benchmarks/train_determinism.py --smoke: on CPU the trainer's steps from one saved state repeat bit for bit,
+    after a large allocation too; the chunk trials run the loss in smaller chunks (whether a 6-row chunk keeps the
+    bits is the matmul library's choice, so only reported)."""
+    out = tmp_path / "train_determinism.json"
+    run_script("train_determinism.py", "--out", str(out))
+    result = json.loads(out.read_text())
+    trials = result["trials"]
+    assert set(trials) == {"repeat", "memory", "chunk/3", "chunk/400"}
+    assert all(trials[n]["identical"] for n in ("repeat", "memory")), trials
+    assert trials["chunk/400"]["logit_chunk"] == result["logit_chunk"] // 400
+    assert all(t["parameters"] > 0 and len(t["losses"]) == 4 for t in trials.values())
