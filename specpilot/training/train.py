@@ -398,7 +398,7 @@ def logit_chunk_elements(device: torch.device) -> int:
     H200 a whole batch, so no recomputation), elsewhere LOGIT_CHUNK_ELEMENTS. The device's total, not its free
     memory: a run and its repeat or resume cut a batch's rows into the same chunks whatever else they hold
     (generated responses, allocator caches), and a chunk's row count picks the head's matmul kernels, whose
-    rounding can differ (found when a GPU repeat parted from its run at the first batch that split)."""
+    rounding can differ (the suspected cause of a GPU repeat parting from its run: docs/RESULTS.md)."""
     if device.type != "cuda":
         return LOGIT_CHUNK_ELEMENTS
     total = torch.cuda.get_device_properties(device).total_memory
