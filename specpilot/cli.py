@@ -380,6 +380,8 @@ def _train_drafter_args(p: argparse.ArgumentParser) -> None:
     add(g, "--responses-per-prompt", "responses the target writes per prompt: its greedy one, the rest sampled at "
                                      "--response-temperature (more data from the same prompts)", type=_positive_int)
     add(g, "--response-temperature", "temperature of the sampled responses", type=float)
+    add(g, "--reuse-responses", "an earlier run's data.pt (same target, --max-new-tokens, --max-seq-len): the greedy "
+                                "responses of the prompts it holds are taken from it, the others generated")
     add(g, "--max-seq-len", "prompt + response tokens at most", type=_positive_int)
     add(g, "--gen-batch-size", "requests the target generates concurrently", type=_positive_int)
     d = p.add_argument_group("drafter")

@@ -708,3 +708,33 @@ def test_the_fused_hard_loss_is_the_plain_cross_entropy_and_its_gradient():
     with torch.no_grad():
         ce, _ = lm_head_loss(h0, head, targets)
     assert not ce.requires_grad
+
+
+def test_an_earlier_runs_greedy_responses_are_reused_for_the_prompts_it_holds(target_dir, tmp_path, monkeypatch):
+    """--reuse-responses: a run over a changed prompt list takes the earlier run's responses of the prompts both
+    hold and generates only the new ones; its data equal a fresh generation's, in the new list's order, and a
+    file made with other settings (here --max-new-tokens) is refused, as is one that does not exist."""
+    from specpilot.training import data as training_data
+
+    first, more = toy_corpus(4, seed=11), toy_corpus(3, seed=12)
+    train_drafter(tiny_config(tmp_path / "a", target_dir, epochs=1, validation_prompts=0), first)
+    prompts = [first[2], more[0], first[0], more[1], first[3], more[2]]
+    fresh = train_drafter(tiny_config(tmp_path / "fresh", target_dir, epochs=1, validation_prompts=0), prompts)
+    generated, real = [], training_data.generate_responses
+
+    def counting(engine, chunk, *args):
+        generated.append(sum(tuple(p) not in args[-1] for p in chunk))  # args[-1]: the known responses
+        return real(engine, chunk, *args)
+
+    monkeypatch.setattr(training_data, "generate_responses", counting)
+    reused = train_drafter(tiny_config(tmp_path / "b", target_dir, epochs=1, validation_prompts=0,
+                                       reuse_responses=tmp_path / "a" / "data.pt"), prompts)
+    assert generated == [3] and reused["data"]["reused_responses"] == 3 and fresh["data"]["reused_responses"] == 0
+    a, b = (torch.load(tmp_path / d / "data.pt", weights_only=True) for d in ("fresh", "b"))
+    assert torch.equal(a["tokens"], b["tokens"]) and torch.equal(a["prompt_lens"], b["prompt_lens"])
+    assert reused["step_losses"] == fresh["step_losses"] and reused["args"]["reuse_responses"].endswith("data.pt")
+    with pytest.raises(ValueError, match="other settings"):
+        train_drafter(tiny_config(tmp_path / "c", target_dir, epochs=1, validation_prompts=0, max_new_tokens=5,
+                                  reuse_responses=tmp_path / "a" / "data.pt"), prompts)
+    with pytest.raises(ValueError, match="--reuse-responses"):
+        tiny_config(tmp_path / "d", target_dir, reuse_responses=tmp_path / "nowhere.pt")

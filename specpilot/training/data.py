@@ -44,6 +44,7 @@ class DataStats:
     generation_s: float
     generation_tokens_per_s: float
     reused_cache: bool = False
+    reused_responses: int = 0  # sequences taken from an earlier run's file (--reuse-responses), not generated
 
 
 def load_training_prompts(tokenizer, datasets: list[str], num_prompts: int,
@@ -97,14 +98,17 @@ class Responses:
 
 def generate_responses(engine: Engine, prompts: list[list[int]], max_new_tokens: int, progress: Progress,
                        responses: Responses = Responses(), first_index: int = 0,
-                       label: str = "generating responses") -> tuple[list[Sample], DataStats]:
+                       label: str = "generating responses",
+                       known: dict[tuple[int, ...], Sample] | None = None) -> tuple[list[Sample], DataStats]:
     """The target's responses (`Responses`) with continuous batching (engine.max_running_requests at a time).
     Prompts leave room for at least two response tokens (one anchor and its target) or are skipped; the sampled
-    responses' seeds count the prompts that fit from `first_index` (the ones before them in a parted run)."""
+    responses' seeds count the prompts that fit from `first_index` (the ones before them in a parted run).
+    Greedy responses found in `known` (an earlier run's, `earlier_responses`) are taken, not generated again."""
+    known = known or {}
     fits = [p for p in prompts if len(p) + 2 <= engine.context_length]
-    task = progress.add_task(label, total=len(fits) * responses.per_prompt, stats="")
-    reqs = [engine.add_request(p, params) for i, p in enumerate(fits, first_index)
-            for params in responses.params(max_new_tokens, i)]
+    new = [(i, p) for i, p in enumerate(fits, first_index) if tuple(p) not in known]
+    task = progress.add_task(label, total=len(new) * responses.per_prompt, stats="")
+    reqs = {i: [engine.add_request(p, params) for params in responses.params(max_new_tokens, i)] for i, p in new}
     start, produced = time.perf_counter(), 0
     while engine.has_work:
         finished = engine.step()
@@ -112,11 +116,30 @@ def generate_responses(engine: Engine, prompts: list[list[int]], max_new_tokens:
         progress.update(task, advance=len(finished), stats=f"{produced / (time.perf_counter() - start):,.0f} tok/s")
     wall = time.perf_counter() - start
     # an anchor needs a token after it: responses of one token (an immediate EOS) teach nothing
-    samples = [Sample(torch.tensor(r.all_ids, dtype=torch.int32), len(r.prompt_ids))
-               for r in reqs if len(r.output_ids) >= 2]
+    samples, reused = [], 0
+    for i, p in enumerate(fits, first_index):
+        if i not in reqs:
+            samples.append(known[tuple(p)])
+            reused += 1
+        else:
+            samples += [Sample(torch.tensor(r.all_ids, dtype=torch.int32), len(r.prompt_ids))
+                        for r in reqs[i] if len(r.output_ids) >= 2]
     stats = DataStats(len(samples), len(prompts) - len(fits), sum(s.prompt_len for s in samples), produced, wall,
-                      produced / wall if wall > 0 else 0.0)
+                      produced / wall if wall > 0 else 0.0, reused_responses=reused)
     return samples, stats
+
+
+def earlier_responses(path: Path, meta: dict) -> dict[tuple[int, ...], Sample]:
+    """The greedy responses of an earlier run's data file (data.pt), by prompt, for prompts this run shares with
+    it: made by the same target with the same settings (`meta` but the prompt list), and the batch-invariant
+    engine's greedy responses do not depend on their batch, so they are the ones a new generation would write."""
+    data = torch.load(path, weights_only=True)
+    theirs = {k: v for k, v in data["meta"].items() if k != "prompts"}
+    ours = {k: v for k, v in meta.items() if k != "prompts"}
+    if theirs != ours:
+        raise ValueError(f"--reuse-responses {path}: made with other settings ({theirs}, now {ours})")
+    seqs = data["tokens"].to(torch.int32).split(data["lengths"].tolist())
+    return {tuple(t[:n].tolist()): Sample(t, n) for t, n in zip(seqs, data["prompt_lens"].tolist())}
 
 
 def _narrow(tokens: torch.Tensor) -> torch.Tensor:
@@ -155,23 +178,28 @@ def _combined(parts: list[DataStats]) -> DataStats:
     response, wall = sum(p.response_tokens for p in parts), sum(p.generation_s for p in parts)
     return DataStats(sum(p.num_sequences for p in parts), sum(p.skipped_prompts for p in parts),
                      sum(p.prompt_tokens for p in parts), response, wall, response / wall if wall > 0 else 0.0,
-                     all(p.reused_cache for p in parts))
+                     all(p.reused_cache for p in parts), sum(p.reused_responses for p in parts))
 
 
 def load_or_generate(out: Path, meta: dict, engine: Engine, prompts: list[list[int]], max_new_tokens: int,
                      progress: Progress, name: str = DATA_FILE,
-                     responses: Responses = Responses()) -> tuple[list[Sample], DataStats]:
+                     responses: Responses = Responses(),
+                     reuse: Path | None = None) -> tuple[list[Sample], DataStats]:
     """Generated sequences are cached in out/`name` (flat tokens + lengths) with the settings that made them
     (`meta`); a rerun with the same settings reuses them instead of regenerating, different settings are
     refused. Tokens are stored in 16 bits where the vocabulary fits (the file is half as large: small enough
     to bring back from a device and carry to the next one), and read back as int32. The responses are made
     GENERATION_PART prompts at a time, each part saved as it completes (out/NAME.parts/), so a generation cut
-    by a deadline resumes at its first missing part; the parts go once the whole file is written."""
+    by a deadline resumes at its first missing part; the parts go once the whole file is written. `reuse`: an
+    earlier run's data file whose greedy responses are taken for the prompts it holds (`earlier_responses`)."""
     path = out / name
     meta = meta | responses.meta()
     cached = _read_cache(path, meta)
     if cached is not None:
         return cached
+    if reuse is not None and responses.per_prompt != 1:
+        raise ValueError("--reuse-responses takes greedy responses only (--responses-per-prompt 1)")
+    known = earlier_responses(reuse, meta) if reuse is not None else None
     parts_dir = path.with_suffix(".parts")
     samples, stats, fitted = [], [], 0
     starts = range(0, len(prompts), GENERATION_PART)
@@ -181,7 +209,7 @@ def load_or_generate(out: Path, meta: dict, engine: Engine, prompts: list[list[i
         part = _read_cache(parts_dir / f"{k}.pt", part_meta)
         if part is None:
             part = generate_responses(engine, chunk, max_new_tokens, progress, responses, fitted,
-                                      f"generating responses, part {k + 1}/{len(starts)}")
+                                      f"generating responses, part {k + 1}/{len(starts)}", known)
             _write_cache(parts_dir / f"{k}.pt", part_meta, *part)
         samples += part[0]
         stats.append(part[1])

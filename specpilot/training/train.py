@@ -83,7 +83,8 @@ LOG_EVERY = 50  # steps between log lines when the console is not a terminal (no
 GEN_PREFILL_WAVE = 8
 VALIDATION_CHUNK = 8  # validation sequences per forward (every response position is an anchor)
 # Settings that may change between a run and its --resume (they do not change what is trained).
-OPERATIONAL_KEYS = ("out", "resume", "stop_after", "save_every", "gen_batch_size", "device", "patience")
+OPERATIONAL_KEYS = ("out", "resume", "stop_after", "save_every", "gen_batch_size", "device", "patience",
+                    "reuse_responses")  # reuse_responses: where the data came from, not what they are
 BEST_FILE = "best_model.pt"  # the drafter of the best validation so far (with --patience)
 
 
@@ -97,6 +98,7 @@ class TrainConfig:
     max_new_tokens: int = 512
     responses_per_prompt: int = 1  # the target's greedy response, and the rest sampled at response_temperature
     response_temperature: float = 0.8
+    reuse_responses: Path | None = None  # an earlier run's data.pt whose greedy responses are taken, not regenerated
     max_seq_len: int = 3072
     num_layers: int = 5
     intermediate_size: int | None = None  # the draft layers' MLP width; default: the target's
@@ -129,6 +131,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.out = Path(self.out)
         self.datasets = tuple(self.datasets)
+        if self.reuse_responses is not None:
+            self.reuse_responses = Path(self.reuse_responses)
+            if not self.reuse_responses.is_file():
+                raise ValueError(f"--reuse-responses: {self.reuse_responses} is not a file")
         if self.block_size < 2:
             raise ValueError(f"--block-size must be >= 2, got {self.block_size}")
         if not 0.0 <= self.distill <= 1.0:
@@ -873,7 +879,8 @@ def train_drafter(cfg: TrainConfig, prompts: list[list[int]] | None = None,
             "max_new_tokens": cfg.max_new_tokens, "max_seq_len": engine.context_length}
     with _progress() as progress:
         samples, data_stats = load_or_generate(cfg.out, meta, engine, prompts, cfg.max_new_tokens, progress,
-                                               responses=Responses(cfg.responses_per_prompt, cfg.response_temperature))
+                                               responses=Responses(cfg.responses_per_prompt, cfg.response_temperature),
+                                               reuse=cfg.reuse_responses)
         if not samples:
             raise ValueError("no training sequences: every prompt is longer than --max-seq-len")
         features = FeatureSource(engine, samples, tuple(taps), cfg.cache_features, cfg.batch_size, progress,
@@ -881,7 +888,8 @@ def train_drafter(cfg: TrainConfig, prompts: list[list[int]] | None = None,
         validation = None
         if validation_prompts:
             held_out, _ = load_or_generate(cfg.out, meta | {"prompts": prompts_digest(validation_prompts)}, engine,
-                                           validation_prompts, cfg.max_new_tokens, progress, VALIDATION_FILE)
+                                           validation_prompts, cfg.max_new_tokens, progress, VALIDATION_FILE,
+                                           reuse=cfg.reuse_responses)
             validation = FeatureSource(engine, held_out, tuple(taps), False, VALIDATION_CHUNK, progress,
                                        with_final=cfg.distill > 0)
         trainer = DraftTrainer(cfg, engine, dcfg, samples, features, validation)
@@ -905,7 +913,7 @@ def _check_draft(dcfg: DFlashConfig, tcfg: ModelConfig) -> None:
 
 
 def _report(cfg: TrainConfig, trainer: DraftTrainer, dcfg: DFlashConfig, data: DataStats, finished: bool) -> dict:
-    args = asdict(cfg) | {"out": str(cfg.out)}
+    args = asdict(cfg) | {"out": str(cfg.out), "reuse_responses": cfg.reuse_responses and str(cfg.reuse_responses)}
     return {
         "finished": finished, "args": args, "data": asdict(data),
         "draft": {"num_layers": dcfg.layers.num_layers, "target_layer_ids": dcfg.target_layer_ids,
