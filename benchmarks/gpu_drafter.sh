@@ -40,6 +40,10 @@
 # later turns with their conversations (17,956 prompts beside 8,524 opening turns) through
 #   EXTRA_ARGS="--datasets sharegpt math code sharegpt-turns --num-prompts 72000"   (41,336 prompts: 1.9x the recipe's)
 # with SPECPILOT_SHAREGPT=.ferry/turns/sharegpt_train_turns.json.gz on a machine without the package.
+# An earlier session's responses, brought back by `ship` (e.g. session 42's 72k ones), spare the device the generation
+# even where the prompt list has changed since: `land PARTS .ferry/reuse` here, carry .ferry/reuse in the run call,
+# and make the run's data with EXTRA_ARGS="... --reuse-responses .ferry/reuse/data.pt --stop-after 1" `train DIR`
+# (only prompts the file lacks are generated) before `variants DIR2 DEADLINE DIR/data.pt`.
 # $DEVICE (default cuda) and $EXTRA_ARGS (appended to the recipe; later flags win) make a CPU smoke run:
 #   DEVICE=cpu EXTRA_ARGS="--num-prompts 8 --max-new-tokens 16 --batch-size 4 --epochs 1" EVAL_PROMPTS=1 SERVE_ROUNDS=1 ...
 set -euo pipefail

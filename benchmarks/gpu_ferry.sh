@@ -53,7 +53,8 @@ stage_part() {
 case "${1:-}" in
 prepare)
     grep -qx "/$FERRY/" .git/info/exclude 2>/dev/null || echo "/$FERRY/" >> .git/info/exclude
-    rm -rf "$FERRY" && mkdir -p "$FERRY/whl" "$FERRY/model"
+    # only what it makes: the other subcommands' folders and a landed .ferry/reuse stay
+    rm -rf "$FERRY/whl" "$FERRY/model" "$FERRY"/part[0-9] && mkdir -p "$FERRY/whl" "$FERRY/model"
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d "$FERRY/whl" "${WHEELS[@]}"
