@@ -723,7 +723,7 @@ def test_an_earlier_runs_greedy_responses_are_reused_for_the_prompts_it_holds(ta
     generated, real = [], training_data.generate_responses
 
     def counting(engine, chunk, *args):
-        generated.append(sum(tuple(p) not in args[-1] for p in chunk))  # args[-1]: the known responses
+        generated.append(sum(training_data.prompt_key(p) not in args[-1] for p in chunk))  # args[-1]: known
         return real(engine, chunk, *args)
 
     monkeypatch.setattr(training_data, "generate_responses", counting)

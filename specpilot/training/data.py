@@ -14,6 +14,7 @@ import hashlib
 import json
 import shutil
 import time
+from array import array
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -99,14 +100,14 @@ class Responses:
 def generate_responses(engine: Engine, prompts: list[list[int]], max_new_tokens: int, progress: Progress,
                        responses: Responses = Responses(), first_index: int = 0,
                        label: str = "generating responses",
-                       known: dict[tuple[int, ...], Sample] | None = None) -> tuple[list[Sample], DataStats]:
+                       known: dict[bytes, Sample] | None = None) -> tuple[list[Sample], DataStats]:
     """The target's responses (`Responses`) with continuous batching (engine.max_running_requests at a time).
     Prompts leave room for at least two response tokens (one anchor and its target) or are skipped; the sampled
     responses' seeds count the prompts that fit from `first_index` (the ones before them in a parted run).
     Greedy responses found in `known` (an earlier run's, `earlier_responses`) are taken, not generated again."""
     known = known or {}
     fits = [p for p in prompts if len(p) + 2 <= engine.context_length]
-    new = [(i, p) for i, p in enumerate(fits, first_index) if tuple(p) not in known]
+    new = [(i, p) for i, p in enumerate(fits, first_index) if prompt_key(p) not in known]
     task = progress.add_task(label, total=len(new) * responses.per_prompt, stats="")
     reqs = {i: [engine.add_request(p, params) for params in responses.params(max_new_tokens, i)] for i, p in new}
     start, produced = time.perf_counter(), 0
@@ -119,7 +120,7 @@ def generate_responses(engine: Engine, prompts: list[list[int]], max_new_tokens:
     samples, reused = [], 0
     for i, p in enumerate(fits, first_index):
         if i not in reqs:
-            samples.append(known[tuple(p)])
+            samples.append(known[prompt_key(p)])
             reused += 1
         else:
             samples += [Sample(torch.tensor(r.all_ids, dtype=torch.int32), len(r.prompt_ids))
@@ -129,7 +130,7 @@ def generate_responses(engine: Engine, prompts: list[list[int]], max_new_tokens:
     return samples, stats
 
 
-def earlier_responses(path: Path, meta: dict) -> dict[tuple[int, ...], Sample]:
+def earlier_responses(path: Path, meta: dict) -> dict[bytes, Sample]:
     """The greedy responses of an earlier run's data file (data.pt), by prompt, for prompts this run shares with
     it: made by the same target with the same settings (`meta` but the prompt list), and the batch-invariant
     engine's greedy responses do not depend on their batch, so they are the ones a new generation would write."""
@@ -138,8 +139,12 @@ def earlier_responses(path: Path, meta: dict) -> dict[tuple[int, ...], Sample]:
     ours = {k: v for k, v in meta.items() if k != "prompts"}
     if theirs != ours:
         raise ValueError(f"--reuse-responses {path}: made with other settings ({theirs}, now {ours})")
-    seqs = data["tokens"].to(torch.int32).split(data["lengths"].tolist())
-    return {tuple(t[:n].tolist()): Sample(t, n) for t, n in zip(seqs, data["prompt_lens"].tolist())}
+    return {prompt_key(s.tokens[: s.prompt_len].tolist()): s for s in _stored_samples(data)}
+
+
+def prompt_key(prompt: list[int]) -> bytes:
+    """A prompt's ids packed (a compact dict key: an earlier run holds tens of thousands of prompts)."""
+    return array("i", prompt).tobytes()
 
 
 def _narrow(tokens: torch.Tensor) -> torch.Tensor:
@@ -158,9 +163,12 @@ def _read_cache(path: Path, meta: dict) -> tuple[list[Sample], DataStats] | None
     if data["meta"] != meta:
         raise ValueError(f"{path} was generated with different settings ({data['meta']}, now {meta}); "
                          f"use a fresh --out directory")
+    return _stored_samples(data), DataStats(**{**data["stats"], "reused_cache": True})
+
+
+def _stored_samples(data: dict) -> list[Sample]:
     seqs = data["tokens"].to(torch.int32).split(data["lengths"].tolist())
-    samples = [Sample(t, p) for t, p in zip(seqs, data["prompt_lens"].tolist())]
-    return samples, DataStats(**{**data["stats"], "reused_cache": True})
+    return [Sample(t, p) for t, p in zip(seqs, data["prompt_lens"].tolist())]
 
 
 def _write_cache(path: Path, meta: dict, samples: list[Sample], stats: DataStats) -> None:
