@@ -192,22 +192,19 @@ def _combined(parts: list[DataStats]) -> DataStats:
 def load_or_generate(out: Path, meta: dict, engine: Engine, prompts: list[list[int]], max_new_tokens: int,
                      progress: Progress, name: str = DATA_FILE,
                      responses: Responses = Responses(),
-                     reuse: Path | None = None) -> tuple[list[Sample], DataStats]:
+                     known: dict[bytes, Sample] | None = None) -> tuple[list[Sample], DataStats]:
     """Generated sequences are cached in out/`name` (flat tokens + lengths) with the settings that made them
     (`meta`); a rerun with the same settings reuses them instead of regenerating, different settings are
     refused. Tokens are stored in 16 bits where the vocabulary fits (the file is half as large: small enough
     to bring back from a device and carry to the next one), and read back as int32. The responses are made
     GENERATION_PART prompts at a time, each part saved as it completes (out/NAME.parts/), so a generation cut
-    by a deadline resumes at its first missing part; the parts go once the whole file is written. `reuse`: an
-    earlier run's data file whose greedy responses are taken for the prompts it holds (`earlier_responses`)."""
+    by a deadline resumes at its first missing part; the parts go once the whole file is written. `known`: an
+    earlier run's greedy responses (`earlier_responses`), taken for the prompts they answer."""
     path = out / name
     meta = meta | responses.meta()
     cached = _read_cache(path, meta)
     if cached is not None:
         return cached
-    if reuse is not None and responses.per_prompt != 1:
-        raise ValueError("--reuse-responses takes greedy responses only (--responses-per-prompt 1)")
-    known = earlier_responses(reuse, meta) if reuse is not None else None
     parts_dir = path.with_suffix(".parts")
     samples, stats, fitted = [], [], 0
     starts = range(0, len(prompts), GENERATION_PART)

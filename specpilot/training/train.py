@@ -63,6 +63,7 @@ from specpilot.training.data import (
     FeatureSource,
     Responses,
     Sample,
+    earlier_responses,
     load_or_generate,
     load_training_prompts,
     make_batch,
@@ -135,6 +136,8 @@ class TrainConfig:
             self.reuse_responses = Path(self.reuse_responses)
             if not self.reuse_responses.is_file():
                 raise ValueError(f"--reuse-responses: {self.reuse_responses} is not a file")
+            if self.responses_per_prompt != 1:
+                raise ValueError("--reuse-responses takes greedy responses only (--responses-per-prompt 1)")
         if self.block_size < 2:
             raise ValueError(f"--block-size must be >= 2, got {self.block_size}")
         if not 0.0 <= self.distill <= 1.0:
@@ -404,7 +407,7 @@ def logit_chunk_elements(device: torch.device) -> int:
     H200 a whole batch, so no recomputation), elsewhere LOGIT_CHUNK_ELEMENTS. The device's total, not its free
     memory: a run and its repeat or resume cut a batch's rows into the same chunks whatever else they hold
     (generated responses, allocator caches), and a chunk's row count picks the head's matmul kernels, whose
-    rounding can differ (the suspected cause of a GPU repeat parting from its run: docs/RESULTS.md)."""
+    rounding can differ (what made a GPU repeat part from its run: docs/RESULTS.md)."""
     if device.type != "cuda":
         return LOGIT_CHUNK_ELEMENTS
     total = torch.cuda.get_device_properties(device).total_memory
@@ -877,10 +880,12 @@ def train_drafter(cfg: TrainConfig, prompts: list[list[int]] | None = None,
                              "the training ones (fewer --num-prompts, or --validation-prompts 0)")
     meta = {"target": engine.checkpoint.source, "dtype": str(engine.dtype), "prompts": prompts_digest(prompts),
             "max_new_tokens": cfg.max_new_tokens, "max_seq_len": engine.context_length}
+    responses = Responses(cfg.responses_per_prompt, cfg.response_temperature)
+    # read once for the training and the validation responses (their settings differ in the prompts only)
+    known = earlier_responses(cfg.reuse_responses, meta | responses.meta()) if cfg.reuse_responses else None
     with _progress() as progress:
         samples, data_stats = load_or_generate(cfg.out, meta, engine, prompts, cfg.max_new_tokens, progress,
-                                               responses=Responses(cfg.responses_per_prompt, cfg.response_temperature),
-                                               reuse=cfg.reuse_responses)
+                                               responses=responses, known=known)
         if not samples:
             raise ValueError("no training sequences: every prompt is longer than --max-seq-len")
         features = FeatureSource(engine, samples, tuple(taps), cfg.cache_features, cfg.batch_size, progress,
@@ -889,7 +894,7 @@ def train_drafter(cfg: TrainConfig, prompts: list[list[int]] | None = None,
         if validation_prompts:
             held_out, _ = load_or_generate(cfg.out, meta | {"prompts": prompts_digest(validation_prompts)}, engine,
                                            validation_prompts, cfg.max_new_tokens, progress, VALIDATION_FILE,
-                                           reuse=cfg.reuse_responses)
+                                           known=known)
             validation = FeatureSource(engine, held_out, tuple(taps), False, VALIDATION_CHUNK, progress,
                                        with_final=cfg.distill > 0)
         trainer = DraftTrainer(cfg, engine, dcfg, samples, features, validation)
@@ -913,7 +918,7 @@ def _check_draft(dcfg: DFlashConfig, tcfg: ModelConfig) -> None:
 
 
 def _report(cfg: TrainConfig, trainer: DraftTrainer, dcfg: DFlashConfig, data: DataStats, finished: bool) -> dict:
-    args = asdict(cfg) | {"out": str(cfg.out), "reuse_responses": cfg.reuse_responses and str(cfg.reuse_responses)}
+    args = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
     return {
         "finished": finished, "args": args, "data": asdict(data),
         "draft": {"num_layers": dcfg.layers.num_layers, "target_layer_ids": dcfg.target_layer_ids,
