@@ -160,8 +160,11 @@ eval_drafter() {
     local draft=$1 out=$2
     mkdir -p "$out"
     local spec=(--speculative-algorithm dflash --speculative-draft-model-path "$draft" --device "$DEVICE")
-    local load=(--dataset humaneval math mtbench sharegpt --num-prompts "${EVAL_PROMPTS:-40}"
-                --max-new-tokens "${EVAL_TOKENS:-256}")
+    local datasets=(humaneval math mtbench sharegpt)
+    local load=(--dataset "${datasets[@]}" --num-prompts "${EVAL_PROMPTS:-40}" --max-new-tokens "${EVAL_TOKENS:-256}")
+    # every dataset's prompts first: one the machine lacks fails here in seconds, not after the others' runs
+    python3 -c "import sys; from specpilot.bench.datasets import load_prompts
+for d in sys.argv[1:]: load_prompts(d, 1)" "${datasets[@]}"
     "${SPECPILOT[@]}" bench "${load[@]}" "${spec[@]}" --repeats "${REPEATS:-2}" --output-dir "$out/bench"
     if [[ ${BASELINE:-1} != 0 ]]; then
         "${SPECPILOT[@]}" bench "${load[@]}" --speculative-algorithm dflash --device "$DEVICE" \

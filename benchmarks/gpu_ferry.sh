@@ -21,7 +21,8 @@
 # or in three: `stage 1 2` then `stage 3 4` (each carrying the two parts, call 1 also .ferry/whl and .ferry/extra),
 # with the shipped drafter's 17.5 MB (specpilot/drafters/assets) and docs/results moved out of the tree for those two
 # calls only; then `run 'CMD'` carrying nothing but what CMD reads, the drafter back in place.
-# Here, for ShareGPT: bash benchmarks/gpu_ferry.sh extra   (.ferry/extra: the opening turns, 1.2 MiB; .ferry/turns:
+# Here, for the bench data: bash benchmarks/gpu_ferry.sh extra   (.ferry/extra: ShareGPT's opening turns and
+#   MT-Bench's questions, 1.2 MiB, which every run finds through PYTHONPATH and SPECPILOT_SHAREGPT; .ferry/turns:
 #   the drafter's multi-turn training export, sharegpt_train_turns.json.gz, 9 MiB, SPECPILOT_SHAREGPT for
 #   `train-drafter --datasets ... sharegpt-turns`, carried by the run call that trains: no part rides with it)
 # A stage call that also carries .ferry/extra (too much beside the last part) leaves it in /tmp/ferry/extra
@@ -83,6 +84,18 @@ extra)
     "${PYTHON:-.venv/bin/python}" scripts/export_sharegpt_first_turns.py --out "$FERRY/extra/sharegpt_first_turns.json.gz"
     "${PYTHON:-.venv/bin/python}" scripts/export_sharegpt_first_turns.py --train-turns \
         --out "$FERRY/turns/sharegpt_train_turns.json.gz"
+    # MT-Bench's questions where the bench looks for them: a package folder holding the file (never imported)
+    "${PYTHON:-.venv/bin/python}" - "$FERRY/extra" <<'EOF'
+import importlib.util, shutil, sys
+from pathlib import Path
+from specpilot.bench.datasets import MTBENCH_PACKAGE_FILE
+name, _, relpath = MTBENCH_PACKAGE_FILE
+package = Path(sys.argv[1]) / name
+shutil.rmtree(package, ignore_errors=True)
+(package / relpath).parent.mkdir(parents=True)
+(package / "__init__.py").touch()
+shutil.copy(Path(importlib.util.find_spec(name).submodule_search_locations[0]) / relpath, package / relpath)
+EOF
     du -sh "$FERRY/extra" "$FERRY/turns"
     ;;
 flashinfer)
@@ -127,6 +140,10 @@ run)
     # the staged copy wins: a carried .ferry/extra can linger, partial, in the device's working tree
     if [ -d /tmp/ferry/extra ]; then mkdir -p "$FERRY" && rm -rf "$FERRY/extra" && ln -s /tmp/ferry/extra "$FERRY/extra"; fi
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    if [ -d "$FERRY/extra" ]; then  # the bench's MT-Bench and ShareGPT prompts (a training call names its own file)
+        export PYTHONPATH=$PYTHONPATH:$PWD/$FERRY/extra
+        export SPECPILOT_SHAREGPT=${SPECPILOT_SHAREGPT:-$PWD/$FERRY/extra/sharegpt_first_turns.json.gz}
+    fi
     eval "$2"
     ;;
 *)

@@ -11,7 +11,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 prompts=${1:-32}; tokens=${2:-256}
 out=${OUT:-/tmp/out}/identity; mkdir -p "$out"
-export PYTHONPATH=$PYTHONPATH:$PWD/.ferry/extra SPECPILOT_SHAREGPT=$PWD/.ferry/extra/sharegpt_first_turns.json.gz
 run() {  # name, repeats, flags...
     local name=$1 repeats=$2; shift 2
     [[ " ${RUNS-greedy-b1 greedy-b32 t08-b1 t08-b32} " == *" $name "* ]] || return 0

