@@ -13,9 +13,10 @@
 #   benchmarks/gpu_drafter.sh variants DIR DEADLINE_S [DATA]
 #       Recipe variants on the same data, each in DIR/NAME with --patience ${PATIENCE:-3} (stop once that many
 #       validations fail to beat the best top-4 tree tau; export the best): $VARIANTS (default "hard distill
-#       rank": the recipe as it is, + --distill 0.5, + --rank-loss 0.5; shapes: deep wide taps8), in order, until DEADLINE_S seconds are
-#       spent; calling it again resumes. The first variant's responses (or DATA) serve the others; with
-#       PARALLEL=N (default 1), N variants train at once on the GPU once those exist, each logging to DIR/NAME.log.
+#       rank": the recipe as it is, + --distill 0.5, + --rank-loss 0.5; shapes: deep wide taps9), in order, until
+#       DEADLINE_S seconds are spent; calling it again resumes. The first variant's responses (or DATA) serve the
+#       others; with PARALLEL=N (default 1), N variants train at once on the GPU once those exist, each logging to
+#       DIR/NAME.log.
 #       Then DIR/curves/training_curves.{png,json}: every variant's validation curves side by side.
 #   benchmarks/gpu_drafter.sh best DIR
 #       The name of DIR's finished variant whose exported drafter validated best (top-4 tree tau), for `eval`.
@@ -89,11 +90,11 @@ EOF
     train "$run" "$left" "$run.gen/data.pt" --epochs "$(cat "$run.epochs")"
 }
 
-# objectives on the recipe's shape, and shapes (bf16 sizes with the recipe's 17.5 MB: deep 20.6, wide 19.2, taps8 19.5,
-# all within issue 25's 25 MB) on its objective
+# objectives on the recipe's shape, and shapes on its objective, each holding the recipe's (so `--init-from shipped`
+# grows the shipped drafter into it; bf16 sizes beside the recipe's 17.5 MB: deep 24.6, wide 24.6, taps9 20.1, all
+# within issue 25's 25 MB; taps9's layers 1 4 8 11 14 17 20 24 27 include the recipe's 1 8 14 20 27)
 declare -A VARIANT_ARGS=([hard]="" [distill]="--distill 0.5" [rank]="--rank-loss 0.5"
-                         [deep]="--num-layers 6 --intermediate-size 320" [wide]="--num-layers 3 --intermediate-size 1024"
-                         [taps8]="--num-taps 8")
+                         [deep]="--num-layers 6" [wide]="--intermediate-size 1024" [taps9]="--num-taps 9")
 
 variants() {
     local dir=$1 deadline=$2 data=${3:-} end runs=() running=0 name

@@ -392,8 +392,9 @@ def _train_drafter_args(p: argparse.ArgumentParser) -> None:
     add(d, "--target-layer-ids", "explicit tapped layers (overrides --num-taps)", nargs="+", type=_nonneg_int)
     add(d, "--mask-token-id", "mask id; default: the tokenizer's mask, else an id plain text never produces",
         type=_nonneg_int)
-    add(d, "--init-from", "start from this DFlash checkpoint's weights (same shapes; 'shipped': the embedded model's "
-                          "drafter) with a fresh optimizer and schedule, instead of random weights")
+    add(d, "--init-from", "start from this DFlash checkpoint's weights ('shipped': the embedded model's drafter) with "
+                          "a fresh optimizer and schedule, instead of random weights; a smaller drafter (fewer layers, "
+                          "a narrower MLP, a subset of the taps) is grown into this run's shape, drafting as before")
     o = p.add_argument_group("optimisation")
     add(o, "--epochs", "passes over the sequences", type=_positive_int)
     add(o, "--batch-size", "sequences per optimizer step", type=_positive_int)

@@ -8,6 +8,7 @@ import os
 import random
 import shutil
 import signal
+from dataclasses import replace
 from statistics import mean
 from types import SimpleNamespace
 
@@ -46,6 +47,7 @@ from specpilot.training.train import (
     default_mask_token_id,
     draft_hidden,
     export_dflash,
+    init_checkpoint,
     init_draft_model,
     load_initial_weights,
     lm_head_loss,
@@ -316,11 +318,57 @@ def test_a_run_continues_an_earlier_drafter(tiny_run, target_dir, tmp_path):
     assert all(torch.equal(v, exported[k]) for k, v in model.state_dict().items())
 
 
+def test_a_grown_drafter_drafts_what_its_source_did(target_dir, tmp_path):
+    """--init-from a smaller drafter: two more layers, a wider MLP and a tap added between the source's two;
+    the grown drafter's logits equal the source's for every block until training moves it, whatever the new tap
+    carries; the new parts are live (moving an added layer's output projection moves the logits)."""
+    target = build_model(load_checkpoint(target_dir), CPU, torch.float32)
+    target.setup_rope(256)
+    B = 5
+    path = write_random_dflash(tmp_path / "d", hidden=64, num_target_layers=3, mask_token_id=319, taps=[0, 2],
+                               block_size=B, num_layers=1, intermediate=96)
+    have = read_dflash_config(path)
+    want = replace(have, layers=replace(have.layers, num_layers=3, intermediate_size=160), target_layer_ids=[0, 1, 2])
+    source = load_dflash_model(path, have, CPU, torch.float32)
+    grown = init_draft_model(want, seed=3, device=CPU)
+    load_initial_weights(grown, want, str(path))
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 319, (2, 23), generator=g)
+    feats = torch.randn(2, 23, 2 * 64, generator=g)
+    middle_tap = torch.randn(2, 23, 64, generator=g)
+    grown_feats = torch.cat([feats[..., :64], middle_tap, feats[..., 64:]], dim=-1)
+    anchors = torch.tensor([[3, 10, 21], [1, 9, 15]])
+    rope = RotaryTable(have.layers.head_dim, have.layers.rope_theta, None, 128, CPU)
+
+    def logits(model, f):
+        return target.logits(draft_hidden(model, target, rope, f, tokens, anchors, have.mask_token_id, B)[:, :, 1:])
+
+    expected = logits(source, feats)
+    torch.testing.assert_close(logits(grown, grown_feats), expected, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        grown.layers[2].self_attn.o_proj.weight.normal_(0, 0.05, generator=g)
+    assert (logits(grown, grown_feats) - expected).abs().max() > 1e-3
+
+
+def test_a_run_grows_an_earlier_drafter(tiny_run, target_dir, tmp_path):
+    """A run of two layers and a wider MLP from the one-layer tiny run: its validation before the first step is the
+    earlier drafter's; it trains and exports its own shape."""
+    done, prompts, first_report = tiny_run
+    report = train_drafter(tiny_config(tmp_path / "grown", target_dir, init_from=str(done), epochs=1, num_layers=2,
+                                       intermediate_size=192), prompts, toy_corpus(6, seed=1))
+    assert report["start_validation"]["tau"] == pytest.approx(first_report["validation"][-1]["tau"], abs=0.1)
+    exported = read_dflash_config(tmp_path / "grown")
+    assert (exported.layers.num_layers, exported.layers.intermediate_size) == (2, 192)
+
+
 def test_init_from_a_drafter_of_other_shapes_names_the_flag(tiny_run, target_dir, tmp_path):
     done, prompts, _ = tiny_run
     with pytest.raises(ValueError, match=r"--init-from .*block_size \(4 against 8\)"):
         train_drafter(tiny_config(tmp_path / "other", target_dir, init_from=str(done), block_size=8), prompts,
                       toy_corpus(6, seed=1))
+    with pytest.raises(ValueError, match=r"--init-from .*num_layers \(1 against 0: a drafter only grows\)"):
+        init_checkpoint(replace(read_dflash_config(done), layers=replace(read_dflash_config(done).layers,
+                                                                          num_layers=0)), str(done))
     with pytest.raises(ValueError, match=r"--init-from .*nowhere.*no config.json"):
         train_drafter(tiny_config(tmp_path / "none", target_dir, init_from=str(tmp_path / "nowhere")), prompts)
 

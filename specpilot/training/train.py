@@ -69,6 +69,7 @@ from specpilot.training.data import (
     make_batch,
     prompts_digest,
 )
+from specpilot.training.grow import grow_drafter, growth_mismatches
 
 STATE_FILE = "trainer_state.pt"
 INIT_STD = 0.02
@@ -236,32 +237,26 @@ def init_draft_model(cfg: DFlashConfig, seed: int, device: torch.device) -> DFla
 
 
 def init_checkpoint(cfg: DFlashConfig, init_from: str) -> tuple[Path, DFlashConfig]:
-    """--init-from's checkpoint directory and config, checked against the run's drafter (before any data is made)."""
+    """--init-from's checkpoint directory and config, checked against the run's drafter (before any data is made):
+    the same shapes, or smaller ones that grow into the run's (training/grow.py)."""
     path = EMBEDDED_DRAFTER if init_from == SHIPPED_DRAFTER else Path(init_from)
     try:
         have = read_dflash_config(path)
     except (FileNotFoundError, ValueError) as err:
         raise ValueError(f"--init-from {init_from}: {err}") from None
-
-    def shapes(c: DFlashConfig) -> dict:
-        lc = c.layers
-        return {"num_layers": lc.num_layers, "hidden_size": lc.hidden_size, "intermediate_size": lc.intermediate_size,
-                "num_heads": lc.num_heads, "num_kv_heads": lc.num_kv_heads, "head_dim": lc.head_dim,
-                "target_layer_ids": c.target_layer_ids, "mask_token_id": c.mask_token_id, "block_size": c.block_size}
-
-    want = shapes(cfg)
-    differ = {k: (v, want[k]) for k, v in shapes(have).items() if v != want[k]}
-    if differ:
-        raise ValueError(f"--init-from {init_from}: its drafter differs from this run's in "
-                         + ", ".join(f"{k} ({a} against {b})" for k, (a, b) in differ.items()))
+    why = growth_mismatches(have, cfg)
+    if why:
+        raise ValueError(f"--init-from {init_from}: its drafter does not fit this run's: " + ", ".join(why))
     return path, have
 
 
 def load_initial_weights(model: DFlashModel, cfg: DFlashConfig, init_from: str) -> None:
     """--init-from: a run continues an earlier drafter (weights only: a fresh optimizer and schedule) instead of
-    starting from noise, so training spreads over runs whose state cannot travel between them."""
+    starting from noise, so training spreads over runs whose state cannot travel between them; a smaller drafter
+    is grown into the run's shape, drafting as it did."""
     path, have = init_checkpoint(cfg, init_from)
-    model.load_state_dict(load_dflash_model(path, have, torch.device("cpu"), torch.float32).state_dict())
+    device = next(model.parameters()).device
+    grow_drafter(model, load_dflash_model(path, have, device, torch.float32), have, cfg)
 
 
 # ---------------------------------------------------------------- the training forward
