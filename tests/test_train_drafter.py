@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 from dataclasses import replace
@@ -47,7 +48,6 @@ from specpilot.training.train import (
     default_mask_token_id,
     draft_hidden,
     export_dflash,
-    init_checkpoint,
     init_draft_model,
     load_initial_weights,
     lm_head_loss,
@@ -366,9 +366,11 @@ def test_init_from_a_drafter_of_other_shapes_names_the_flag(tiny_run, target_dir
     with pytest.raises(ValueError, match=r"--init-from .*block_size \(4 against 8\)"):
         train_drafter(tiny_config(tmp_path / "other", target_dir, init_from=str(done), block_size=8), prompts,
                       toy_corpus(6, seed=1))
-    with pytest.raises(ValueError, match=r"--init-from .*num_layers \(1 against 0: a drafter only grows\)"):
-        init_checkpoint(replace(read_dflash_config(done), layers=replace(read_dflash_config(done).layers,
-                                                                          num_layers=0)), str(done))
+    assert read_dflash_config(done).target_layer_ids == [1]
+    for shape, why in (({"intermediate_size": 64}, r"intermediate_size \(128 against 64: a drafter only grows\)"),
+                       ({"target_layer_ids": [0, 2]}, re.escape("[1] not tapped by this run"))):
+        with pytest.raises(ValueError, match=r"--init-from .*" + why):
+            train_drafter(tiny_config(tmp_path / "smaller", target_dir, init_from=str(done), **shape), prompts)
     with pytest.raises(ValueError, match=r"--init-from .*nowhere.*no config.json"):
         train_drafter(tiny_config(tmp_path / "none", target_dir, init_from=str(tmp_path / "nowhere")), prompts)
 
