@@ -86,15 +86,15 @@ extra)
         --out "$FERRY/turns/sharegpt_train_turns.json.gz"
     # MT-Bench's questions where the bench looks for them: a package folder holding the file (never imported)
     "${PYTHON:-.venv/bin/python}" - "$FERRY/extra" <<'EOF'
-import importlib.util, shutil, sys
+import shutil, sys
 from pathlib import Path
-from specpilot.bench.datasets import MTBENCH_PACKAGE_FILE
+from specpilot.bench.datasets import MTBENCH_PACKAGE_FILE, mtbench_file
 name, _, relpath = MTBENCH_PACKAGE_FILE
 package = Path(sys.argv[1]) / name
 shutil.rmtree(package, ignore_errors=True)
 (package / relpath).parent.mkdir(parents=True)
 (package / "__init__.py").touch()
-shutil.copy(Path(importlib.util.find_spec(name).submodule_search_locations[0]) / relpath, package / relpath)
+shutil.copy(mtbench_file(), package / relpath)
 EOF
     du -sh "$FERRY/extra" "$FERRY/turns"
     ;;

